@@ -1,0 +1,394 @@
+// The typed, DeepSpeed-compatible training config.
+//
+// Every default lives here, as a member initializer, and nowhere else. Each struct lists its
+// JSON keys once, in `fields(v)`: the same list drives parsing (engine/config_reader.cpp), the
+// printing of the effective config, and the "did you mean" suggestions for unknown keys.
+// Key names and defaults follow DeepSpeed (runtime/constants.py, runtime/zero/config.py).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/config_rules.h"
+
+namespace tessera {
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 means dynamic loss scaling
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("loss_scale", loss_scale, at_least(0.0));
+    v("initial_scale_power", initial_scale_power, in_range(0, 127));
+    v("loss_scale_window", loss_scale_window, at_least<int64_t>(1));
+    v("hysteresis", hysteresis, at_least(1));
+    v("consecutive_hysteresis", consecutive_hysteresis);
+    v("min_loss_scale", min_loss_scale, greater_than(0.0));
+  }
+};
+
+struct Bf16Config {
+  bool enabled = false;
+  template <class V> void fields(V& v) { v("enabled", enabled); }
+};
+
+// Optimizer hyper-parameters; which keys are valid depends on the optimizer type.
+struct OptimizerParams {
+  std::string kind;  // the canonical optimizer type, set by OptimizerConfig before visiting
+  double lr = 1e-3;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  bool adam_w_mode = true;  // DeepSpeed's default: "Adam" applies decoupled (AdamW) decay
+  bool torch_adam = false;
+  double momentum = 0.0;    // SGD
+  double dampening = 0.0;   // SGD
+  bool nesterov = false;    // SGD
+  double max_coeff = 10.0;  // Lamb trust-ratio clamp
+  double min_coeff = 0.01;  // Lamb
+  int64_t freeze_step = 100000;     // OneBitAdam: warm-up steps before compression
+  bool cuda_aware = false;          // OneBitAdam
+  std::string comm_backend_name = "nccl";  // OneBitAdam
+
+  template <class V> void fields(V& v) {
+    v("lr", lr, at_least(0.0));
+    if (kind == "SGD") {
+      v("momentum", momentum, at_least(0.0));
+      v("dampening", dampening, at_least(0.0));
+      v("weight_decay", weight_decay, at_least(0.0));
+      v("nesterov", nesterov);
+      return;
+    }
+    v("betas", betas, pair_in_unit_interval());
+    v("eps", eps, greater_than(0.0));
+    v("weight_decay", weight_decay, at_least(0.0));
+    v("bias_correction", bias_correction);
+    if (kind == "Adam" || kind == "AdamW") {
+      v("adam_w_mode", adam_w_mode);
+      v("torch_adam", torch_adam);
+    } else if (kind == "Lamb") {
+      v("max_coeff", max_coeff, greater_than(0.0));
+      v("min_coeff", min_coeff, at_least(0.0));
+    } else if (kind == "OneBitAdam") {
+      v("freeze_step", freeze_step, at_least<int64_t>(0));
+      v("cuda_aware", cuda_aware);
+      v("comm_backend_name", comm_backend_name, one_of({"nccl", "gloo", "mpi", "compressed"}));
+    }
+  }
+};
+
+struct OptimizerConfig {
+  std::string type;
+  OptimizerParams params;
+  template <class V> void fields(V& v) {
+    v("type", type, one_of({"Adam", "AdamW", "SGD", "Lamb", "OneBitAdam"}));
+    params.kind = type;
+    if (type == "AdamW") params.adam_w_mode = true;
+    v("params", params);
+  }
+};
+
+// Learning-rate schedule parameters (DeepSpeed runtime/lr_schedules.py), by schedule type.
+struct SchedulerParams {
+  std::string kind;
+  // WarmupLR, WarmupDecayLR
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";
+  std::optional<int64_t> total_num_steps;  // WarmupDecayLR, WarmupCosineLR (required)
+  // WarmupCosineLR
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 1e-4;
+  // OneCycle
+  std::optional<double> cycle_min_lr;  // required
+  std::optional<double> cycle_max_lr;  // required
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  std::optional<int64_t> cycle_second_step_size;  // defaults to cycle_first_step_size
+  int64_t cycle_first_stair_count = 0;
+  std::optional<int64_t> cycle_second_stair_count;  // defaults to cycle_first_stair_count
+  int64_t decay_step_size = 0;
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8;
+  double cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+
+  template <class V> void fields(V& v) {
+    if (kind == "OneCycle") {
+      v("cycle_min_lr", cycle_min_lr, at_least(0.0));
+      v("cycle_max_lr", cycle_max_lr, at_least(0.0));
+      v("decay_lr_rate", decay_lr_rate, at_least(0.0));
+      v("cycle_first_step_size", cycle_first_step_size, at_least<int64_t>(1));
+      v("cycle_second_step_size", cycle_second_step_size, at_least<int64_t>(1));
+      v("cycle_first_stair_count", cycle_first_stair_count, at_least<int64_t>(0));
+      v("cycle_second_stair_count", cycle_second_stair_count, at_least<int64_t>(0));
+      v("decay_step_size", decay_step_size, at_least<int64_t>(0));
+      v("cycle_momentum", cycle_momentum);
+      v("cycle_min_mom", cycle_min_mom, at_least(0.0));
+      v("cycle_max_mom", cycle_max_mom, at_least(0.0));
+      v("decay_mom_rate", decay_mom_rate, at_least(0.0));
+      return;
+    }
+    if (kind == "WarmupCosineLR") {
+      v("total_num_steps", total_num_steps, at_least<int64_t>(1));
+      v("warmup_min_ratio", warmup_min_ratio, in_range(0.0, 1.0));
+      v("cos_min_ratio", cos_min_ratio, in_range(0.0, 1.0));
+    } else {
+      v("warmup_min_lr", warmup_min_lr, at_least(0.0));
+      v("warmup_max_lr", warmup_max_lr, at_least(0.0));
+      if (kind == "WarmupDecayLR") v("total_num_steps", total_num_steps, at_least<int64_t>(1));
+    }
+    v("warmup_num_steps", warmup_num_steps, at_least<int64_t>(0));
+    v("warmup_type", warmup_type, one_of({"log", "linear"}));
+  }
+};
+
+struct SchedulerConfig {
+  std::string type;
+  SchedulerParams params;
+  template <class V> void fields(V& v) {
+    v("type", type, one_of({"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle"}));
+    params.kind = type;
+    v("params", params);
+  }
+};
+
+struct OffloadOptimizerConfig {
+  std::string device = "none";
+  std::string nvme_path;
+  int buffer_count = 4;
+  bool pin_memory = false;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;
+  template <class V> void fields(V& v) {
+    v("device", device, one_of({"none", "cpu", "nvme"}));
+    v("nvme_path", nvme_path);
+    v("buffer_count", buffer_count, at_least(1));
+    v("pin_memory", pin_memory);
+    v("pipeline_read", pipeline_read);
+    v("pipeline_write", pipeline_write);
+    v("fast_init", fast_init);
+    v("ratio", ratio, in_range(0.0, 1.0));
+  }
+};
+
+struct OffloadParamConfig {
+  std::string device = "none";
+  std::string nvme_path;
+  int buffer_count = 5;
+  int64_t buffer_size = 100000000;
+  int64_t max_in_cpu = 1000000000;
+  bool pin_memory = false;
+  template <class V> void fields(V& v) {
+    v("device", device, one_of({"none", "cpu", "nvme"}));
+    v("nvme_path", nvme_path);
+    v("buffer_count", buffer_count, at_least(1));
+    v("buffer_size", buffer_size, at_least<int64_t>(1));
+    v("max_in_cpu", max_in_cpu, at_least<int64_t>(0));
+    v("pin_memory", pin_memory);
+  }
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  std::optional<bool> overlap_comm;  // resolved: true for stage 3, false otherwise (DeepSpeed)
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500000000;
+  bool load_from_fp32_weights = true;
+  bool round_robin_gradients = false;
+  bool ignore_unused_parameters = true;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+  int64_t sub_group_size = 1000000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_model_persistence_threshold = INT64_MAX;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+
+  template <class V> void fields(V& v) {
+    v("stage", stage, in_range(0, 3));
+    v("contiguous_gradients", contiguous_gradients);
+    v("overlap_comm", overlap_comm);
+    v("reduce_scatter", reduce_scatter);
+    v("reduce_bucket_size", reduce_bucket_size, at_least<int64_t>(1));
+    v("allgather_partitions", allgather_partitions);
+    v("allgather_bucket_size", allgather_bucket_size, at_least<int64_t>(1));
+    v("load_from_fp32_weights", load_from_fp32_weights);
+    v("round_robin_gradients", round_robin_gradients);
+    v("ignore_unused_parameters", ignore_unused_parameters);
+    v("offload_optimizer", offload_optimizer);
+    v("offload_param", offload_param);
+    v("sub_group_size", sub_group_size, at_least<int64_t>(1));
+    v("stage3_prefetch_bucket_size", stage3_prefetch_bucket_size, at_least<int64_t>(0));
+    v("stage3_param_persistence_threshold", stage3_param_persistence_threshold, at_least<int64_t>(0));
+    v("stage3_model_persistence_threshold", stage3_model_persistence_threshold, at_least<int64_t>(0));
+    v("stage3_max_live_parameters", stage3_max_live_parameters, at_least<int64_t>(0));
+    v("stage3_max_reuse_distance", stage3_max_reuse_distance, at_least<int64_t>(0));
+    v("stage3_gather_16bit_weights_on_model_save", stage3_gather_16bit_weights_on_model_save);
+  }
+};
+
+// Asynchronous I/O for NVMe offload (DeepSpeed swap_tensor/constants.py).
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int queue_depth = 8;
+  int intra_op_parallelism = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+  template <class V> void fields(V& v) {
+    v("block_size", block_size, at_least<int64_t>(512));
+    v("queue_depth", queue_depth, at_least(1));
+    v("intra_op_parallelism", intra_op_parallelism, at_least(1));
+    v("single_submit", single_submit);
+    v("overlap_events", overlap_events);
+    v("use_gds", use_gds);
+  }
+};
+
+struct TensorParallelConfig {
+  int tp_size = 1;
+  template <class V> void fields(V& v) { v.aliased("tp_size", "autotp_size", tp_size, at_least(1)); }
+};
+
+struct PipelineConfig {
+  int stages = 1;
+  std::string partition_method = "parameters";
+  std::optional<int64_t> micro_batches;  // resolved: gradient_accumulation_steps
+  int activation_checkpoint_interval = 0;
+  template <class V> void fields(V& v) {
+    v("stages", stages, at_least(1));
+    v("partition_method", partition_method, partition_method_rule());
+    v("micro_batches", micro_batches, at_least<int64_t>(1));
+    v("activation_checkpoint_interval", activation_checkpoint_interval, at_least(0));
+  }
+};
+
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool contiguous_memory_optimization = false;
+  bool cpu_checkpointing = false;
+  std::optional<int64_t> number_checkpoints;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+  template <class V> void fields(V& v) {
+    v("partition_activations", partition_activations);
+    v("contiguous_memory_optimization", contiguous_memory_optimization);
+    v("cpu_checkpointing", cpu_checkpointing);
+    v("number_checkpoints", number_checkpoints, at_least<int64_t>(1));
+    v("synchronize_checkpoint_boundary", synchronize_checkpoint_boundary);
+    v("profile", profile);
+  }
+};
+
+struct ParallelWriteConfig {
+  bool pipeline_stage = false;
+  template <class V> void fields(V& v) { v("pipeline_stage", pipeline_stage); }
+};
+
+struct CheckpointConfig {
+  std::string tag_validation = "Warn";
+  bool load_universal = false;
+  bool use_node_local_storage = false;
+  ParallelWriteConfig parallel_write;
+  template <class V> void fields(V& v) {
+    v("tag_validation", tag_validation, one_of({"Ignore", "Warn", "Fail"}));
+    v("load_universal", load_universal);
+    v("use_node_local_storage", use_node_local_storage);
+    v("parallel_write", parallel_write);
+  }
+};
+
+// csv_monitor and tensorboard share DeepSpeed's shape.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("output_path", output_path);
+    v("job_name", job_name);
+  }
+};
+
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;
+  bool prof_all = true;
+  bool debug = false;
+  std::vector<std::string> prof_ops;
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("verbose", verbose);
+    v("prof_all", prof_all);
+    v("debug", debug);
+    v("prof_ops", prof_ops);
+  }
+};
+
+struct Config {
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<OptimizerConfig> optimizer;
+  std::optional<SchedulerConfig> scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  double gradient_clipping = 0.0;
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  TensorParallelConfig tensor_parallel;
+  PipelineConfig pipeline;
+  ActivationCheckpointingConfig activation_checkpointing;
+  CheckpointConfig checkpoint;
+  MonitorConfig csv_monitor;
+  MonitorConfig tensorboard;
+  CommsLoggerConfig comms_logger;
+  // tessera's own switch: "warn" downgrades unknown and unsupported keys to warnings, for
+  // configs carried over from elsewhere.
+  std::string unknown_keys = "error";
+
+  template <class V> void fields(V& v) {
+    v("train_batch_size", train_batch_size, at_least<int64_t>(1));
+    v("train_micro_batch_size_per_gpu", train_micro_batch_size_per_gpu, at_least<int64_t>(1));
+    v("gradient_accumulation_steps", gradient_accumulation_steps, at_least<int64_t>(1));
+    v("optimizer", optimizer);
+    v("scheduler", scheduler);
+    v("fp16", fp16);
+    v.aliased("bf16", "bfloat16", bf16);
+    v("gradient_clipping", gradient_clipping, at_least(0.0));
+    v("steps_per_print", steps_per_print, at_least<int64_t>(1));
+    v("wall_clock_breakdown", wall_clock_breakdown);
+    v("zero_optimization", zero_optimization);
+    v("aio", aio);
+    v("tensor_parallel", tensor_parallel);
+    v("pipeline", pipeline);
+    v("activation_checkpointing", activation_checkpointing);
+    v("checkpoint", checkpoint);
+    v("csv_monitor", csv_monitor);
+    v("tensorboard", tensorboard);
+    v("comms_logger", comms_logger);
+    v("unknown_keys", unknown_keys, one_of({"error", "warn"}));
+  }
+};
+
+}  // namespace tessera

@@ -1,0 +1,132 @@
+// What the config means once the world size is known: parallel degrees, the batch triple, and
+// the contradictions between keys that no single key's rule can see.
+#include <cmath>
+#include <string>
+
+#include "engine/config_io.h"
+#include "parallel/topology.h"
+
+namespace tessera {
+
+namespace {
+
+std::string s(int64_t x) { return std::to_string(x); }
+
+// DeepSpeed's _set_batch_related_parameters, with the arithmetic shown in every error:
+// train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size.
+void resolve_batch(Config& c, int dp, ConfigReport& report) {
+  auto& tb = c.train_batch_size;
+  auto& mb = c.train_micro_batch_size_per_gpu;
+  auto& gas = c.gradient_accumulation_steps;
+  const std::string dps = "data-parallel size " + s(dp);
+  if (tb && mb && gas) {
+    if (*tb != *mb * *gas * dp)
+      report.error("train_batch_size",
+                   "train_batch_size " + s(*tb) + " != train_micro_batch_size_per_gpu " + s(*mb) +
+                       " x gradient_accumulation_steps " + s(*gas) + " x " + dps + " (= " + s(*mb * *gas * dp) +
+                       "); fix one of them or leave one out to have it derived");
+  } else if (tb && mb) {
+    if (*tb % (*mb * dp) != 0)
+      report.error("train_batch_size", "train_batch_size " + s(*tb) + " is not divisible by train_micro_batch_size_per_gpu " +
+                                           s(*mb) + " x " + dps + " (= " + s(*mb * dp) +
+                                           "), so gradient_accumulation_steps cannot be derived");
+    else
+      gas = *tb / (*mb * dp);
+  } else if (tb && gas) {
+    if (*tb % (*gas * dp) != 0)
+      report.error("train_batch_size", "train_batch_size " + s(*tb) + " is not divisible by gradient_accumulation_steps " +
+                                           s(*gas) + " x " + dps + " (= " + s(*gas * dp) +
+                                           "), so train_micro_batch_size_per_gpu cannot be derived");
+    else
+      mb = *tb / (*gas * dp);
+  } else if (mb && gas) {
+    tb = *mb * *gas * dp;
+  } else if (tb) {
+    if (*tb % dp != 0)
+      report.error("train_batch_size", "train_batch_size " + s(*tb) + " is not divisible by the " + dps);
+    else
+      gas = 1, mb = *tb / dp;
+  } else if (mb) {
+    gas = 1, tb = *mb * dp;
+  } else {
+    report.error("train_batch_size",
+                 "either train_batch_size or train_micro_batch_size_per_gpu must be set (the third of "
+                 "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+                 "data-parallel size is derived)");
+  }
+}
+
+void check_offload(const std::string& path, const std::string& device, const std::string& nvme_path,
+                   ConfigReport& report) {
+  if (device == "nvme" && nvme_path.empty())
+    report.error(path + ".nvme_path", "offload device \"nvme\" needs nvme_path: the directory for swap files");
+}
+
+}  // namespace
+
+ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
+  ResolvedLayout layout;
+  layout.world_size = world_size;
+  std::string grid_error;
+  auto grid = make_grid_shape(world_size, c.tensor_parallel.tp_size, c.pipeline.stages, &grid_error);
+  if (!grid) {
+    report.error("tensor_parallel.tp_size", grid_error);
+  } else {
+    layout.tensor = grid->tensor, layout.pipe = grid->pipe, layout.data = grid->data;
+    resolve_batch(c, grid->data, report);
+  }
+
+  // Pipeline micro-batches are the gradient-accumulation steps of one pipeline batch.
+  if (c.pipeline.micro_batches && c.gradient_accumulation_steps &&
+      *c.pipeline.micro_batches != *c.gradient_accumulation_steps)
+    report.error("pipeline.micro_batches", "pipeline.micro_batches " + s(*c.pipeline.micro_batches) +
+                                               " != gradient_accumulation_steps " + s(*c.gradient_accumulation_steps) +
+                                               "; a pipeline runs one micro-batch per accumulation step");
+  if (!c.pipeline.micro_batches) c.pipeline.micro_batches = c.gradient_accumulation_steps;
+
+  auto& z = c.zero_optimization;
+  if (!z.overlap_comm) z.overlap_comm = z.stage == 3;  // DeepSpeed's default
+
+  if (c.fp16.enabled && c.bf16.enabled)
+    report.error("bf16.enabled", "fp16.enabled and bf16.enabled are both true; choose one");
+  if (c.fp16.enabled && c.fp16.loss_scale == 0 &&
+      c.fp16.min_loss_scale > std::ldexp(1.0, c.fp16.initial_scale_power))
+    report.error("fp16.min_loss_scale", "min_loss_scale " + std::to_string(c.fp16.min_loss_scale) +
+                                            " is above the initial scale 2^" + s(c.fp16.initial_scale_power));
+
+  const std::string stage = s(z.stage);
+  if (z.offload_param.device != "none" && z.stage != 3)
+    report.error("zero_optimization.offload_param.device",
+                 "offload_param needs ZeRO stage 3 (parameters are partitioned only there); "
+                 "zero_optimization.stage is " + stage);
+  if (z.offload_optimizer.device != "none" && z.stage == 0)
+    report.error("zero_optimization.offload_optimizer.device",
+                 "offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the partitioned optimizer states); "
+                 "zero_optimization.stage is 0");
+  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
+    report.error("zero_optimization.offload_optimizer.ratio", "a partial offload ratio needs ZeRO stage 3");
+  check_offload("zero_optimization.offload_optimizer", z.offload_optimizer.device, z.offload_optimizer.nvme_path, report);
+  check_offload("zero_optimization.offload_param", z.offload_param.device, z.offload_param.nvme_path, report);
+
+  if (c.scheduler) {
+    const auto& p = c.scheduler->params;
+    const std::string& type = c.scheduler->type;
+    if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && !p.total_num_steps)
+      report.error("scheduler.params.total_num_steps", type + " needs total_num_steps");
+    if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && p.total_num_steps &&
+        *p.total_num_steps < p.warmup_num_steps)
+      report.error("scheduler.params.total_num_steps", "total_num_steps " + s(*p.total_num_steps) +
+                                                           " is below warmup_num_steps " + s(p.warmup_num_steps));
+    if ((type == "WarmupLR" || type == "WarmupDecayLR") && p.warmup_min_lr > p.warmup_max_lr)
+      report.error("scheduler.params.warmup_min_lr", "warmup_min_lr is above warmup_max_lr");
+    if (type == "OneCycle") {
+      if (!p.cycle_min_lr) report.error("scheduler.params.cycle_min_lr", "OneCycle needs cycle_min_lr");
+      if (!p.cycle_max_lr) report.error("scheduler.params.cycle_max_lr", "OneCycle needs cycle_max_lr");
+      if (p.cycle_min_lr && p.cycle_max_lr && *p.cycle_min_lr > *p.cycle_max_lr)
+        report.error("scheduler.params.cycle_min_lr", "cycle_min_lr is above cycle_max_lr");
+    }
+  }
+  return layout;
+}
+
+}  // namespace tessera

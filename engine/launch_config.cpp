@@ -1,0 +1,84 @@
+// Reading and checking the launch config (engine/launch_config.h).
+#include "engine/launch_config.h"
+
+#include <climits>
+
+#include "engine/config_visitor.h"
+
+namespace tessera {
+
+using nlohmann::json;
+
+// The variables the launcher sets for each rank (rank_environment in engine/launcher.cpp).
+// `env` may not set them: a second, silently losing value would be a trap.
+static const char* const kLauncherVariables[] = {
+    "RANK",      "WORLD_SIZE",      "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK",        "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",      "TESSERA_TIMEOUT_S",
+};
+
+static void check_launch_config(const LaunchConfig& c, ConfigReport& report) {
+  if (c.node_rank >= c.nnodes)
+    report.error("node_rank", "found " + std::to_string(c.node_rank) + ", expected a value < nnodes (" +
+                                  std::to_string(c.nnodes) + "): node ranks count from 0");
+  if (int64_t(c.nnodes) * c.nproc_per_node > INT_MAX)
+    report.error("nproc_per_node", "nnodes * nproc_per_node does not fit in an int");
+  if (c.hosts.method != "local")
+    report.error("hosts.method", "\"" + c.hosts.method +
+                                     "\" is not implemented yet; use \"local\" and run `tessera launch "
+                                     "--nnodes N --node-rank K` on each node");
+  else if (!c.hosts.hostfile.empty())
+    report.warning("hosts.hostfile", "ignored: hosts.method is \"local\"");
+  for (const auto& [name, value] : c.env) {
+    std::string path = "env." + name;
+    if (name.empty() || name.find('=') != std::string::npos) {
+      report.error(path, "not a valid environment variable name");
+      continue;
+    }
+    for (const char* reserved : kLauncherVariables)
+      if (name == reserved) report.error(path, "set by the launcher for each rank; use the launch config's own keys");
+    if (name == "OMP_NUM_THREADS") report.error(path, "set \"omp_num_threads\" instead");
+  }
+}
+
+LaunchConfig parse_launch_config(const json& j, ConfigReport& report) {
+  if (!j.is_object()) {
+    report.error("", "the launch config must be a JSON object { ... }, found " + config_detail::shown(j));
+    return {};
+  }
+  // The switch itself is read first: it decides how the rest of the keys are treated.
+  auto policy = j.find("unknown_keys");
+  bool unknown_is_error = !(policy != j.end() && policy->is_string() && policy->get<std::string>() == "warn");
+  ConfigReport own;  // cross-key checks only make sense on keys that parsed cleanly
+  LaunchConfig config = parse_section<LaunchConfig>(j, own, "", unknown_is_error);
+  if (own.ok()) check_launch_config(config, own);
+  report.issues.insert(report.issues.end(), own.issues.begin(), own.issues.end());
+  return config;
+}
+
+LaunchConfig load_launch_config(const std::string& path_or_json, const json& overrides,
+                                std::vector<std::string>* warnings) {
+  size_t first = path_or_json.find_first_not_of(" \t\r\n");
+  bool inline_json = first != std::string::npos && path_or_json[first] == '{';
+  std::string source = path_or_json.empty() ? "the launch options"
+                       : inline_json        ? "the launch config text"
+                                            : "'" + path_or_json + "'";
+  ConfigReport report;
+  LaunchConfig config;
+  std::optional<json> j = json::object();
+  if (!path_or_json.empty())
+    j = parse_json_text(inline_json ? path_or_json : read_text_file(path_or_json), source, report);
+  if (j) {
+    // A non-object file is reported as such by the parser rather than replaced by the overrides.
+    if (j->is_object()) j->merge_patch(overrides);
+    config = parse_launch_config(*j, report);
+  }
+  if (warnings)
+    for (const auto& i : report.issues)
+      if (i.severity == ConfigIssue::Severity::Warning) warnings->push_back(i.str());
+  if (!report.ok()) throw ConfigError("invalid launch config " + source + ":\n" + report.errors());
+  return config;
+}
+
+json launch_config_to_json(const LaunchConfig& config) { return section_to_json(config); }
+
+}  // namespace tessera

@@ -1,0 +1,227 @@
+#include "parallel/communicator.h"
+
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "parallel/c10d_compat.h"
+
+namespace tessera {
+
+ChunkRange chunk_range(int64_t n, int p, int r) {
+  int64_t base = n / p, extra = n % p;
+  int64_t begin = r * base + std::min<int64_t>(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+// ---- CommHandle ------------------------------------------------------------------------------
+
+CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what)
+    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)) {}
+
+void CommHandle::wait() {
+  if (!work_) return;
+  auto work = std::move(work_);
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw CommError(what_ + " failed: " + e.what() +
+                    "\n(a rank in this group exited or stopped calling collectives, or the timeout "
+                    "TESSERA_TIMEOUT_S passed)");
+  }
+  if (finish_) finish_();
+}
+
+// ---- Communicator ----------------------------------------------------------------------------
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::Min: return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    default: return c10d::ReduceOp(c10d::ReduceOp::SUM);  // Avg = Sum, then a local division
+  }
+}
+
+void check_flat(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined() && t.is_contiguous(), "tessera: ", what, " needs a defined, contiguous tensor");
+}
+
+}  // namespace
+
+Communicator::Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::string name, std::vector<int> ranks,
+                           int rank, CommunicatorOptions options)
+    : backend_(std::move(backend)), name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), options_(options) {}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::describe() const {
+  std::string list;
+  for (size_t i = 0; i < ranks_.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(ranks_[i]);
+  if (ranks_.size() > 16) list += ", ...";
+  return "group '" + name_ + "' (" + std::to_string(ranks_.size()) + " ranks: global " + list + ")";
+}
+
+std::string Communicator::label(const char* collective, const at::Tensor& t) const {
+  return std::string(collective) + " of " + std::to_string(t.numel()) + " " + std::string(t.dtype().name()) +
+         " elements on " + describe();
+}
+
+CommHandle Communicator::issue(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                               std::function<void()> finish) {
+  try {
+    return CommHandle(start(), std::move(finish), what);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(what + " failed to start: " + e.what());
+  }
+}
+
+CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
+  check_flat(tensor, "all_reduce");
+  std::function<void()> finish;
+  if (op == ReduceOp::Avg) finish = [tensor, p = size()]() mutable { tensor.div_(p); };
+  return issue(label("all_reduce", tensor), [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    return backend_->allreduce(tensors, o);
+  }, std::move(finish));
+}
+
+CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+  check_flat(input, "reduce_scatter");
+  check_flat(output, "reduce_scatter");
+  const int64_t n = input.numel();
+  TORCH_CHECK(output.numel() == chunk_range(n, size(), rank_).size(), "tessera: reduce_scatter output has ",
+              output.numel(), " elements, this rank's chunk of ", n, " has ", chunk_range(n, size(), rank_).size());
+  const bool even = n % size() == 0;
+  if (!even || !native_reduce_scatter_ || options_.force_alltoall_reduce_scatter || op == ReduceOp::Min)
+    return reduce_scatter_by_alltoall(input, output, op);
+  std::function<void()> finish;
+  if (op == ReduceOp::Avg) finish = [output, p = size()]() mutable { output.div_(p); };
+  try {
+    at::Tensor in = input.view({-1}), out = output.view({-1});
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = to_c10d(op);
+    auto work = backend_->_reduce_scatter_base(out, in, o);
+    ++native_reduce_scatters_;
+    return CommHandle(std::move(work), std::move(finish), label("reduce_scatter", input));
+  } catch (const std::exception& e) {
+    if (!is_unsupported_collective(e)) throw CommError(label("reduce_scatter", input) + " failed to start: " + e.what());
+    native_reduce_scatter_ = false;  // this backend has none: use the all-to-all form from now on
+    return reduce_scatter_by_alltoall(input, output, op);
+  }
+}
+
+CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+  const int p = size();
+  const int64_t n = input.numel(), mine = output.numel();
+  std::vector<int64_t> send_counts(p), recv_counts(p, mine);
+  for (int r = 0; r < p; ++r) send_counts[r] = chunk_range(n, p, r).size();
+  // Row r of `received` is rank r's contribution to this rank's chunk.
+  at::Tensor received = at::empty({p * mine}, input.options());
+  ++alltoall_reduce_scatters_;
+  auto finish = [received, output, op, p, mine]() mutable {
+    at::Tensor rows = received.view({p, mine});
+    at::Tensor out = output.view({mine});
+    if (op == ReduceOp::Max) at::amax_out(out, rows, {0});
+    else if (op == ReduceOp::Min) at::amin_out(out, rows, {0});
+    else at::sum_out(out, rows, {0});
+    if (op == ReduceOp::Avg) out.div_(p);
+  };
+  return issue(label("reduce_scatter (all-to-all)", input), [&] {
+    at::Tensor in = input.view({-1});
+    return backend_->alltoall_base(received, in, recv_counts, send_counts);
+  }, std::move(finish));
+}
+
+CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& output) {
+  check_flat(input, "all_gather");
+  check_flat(output, "all_gather");
+  const int p = size();
+  const int64_t n = output.numel();
+  TORCH_CHECK(input.numel() == chunk_range(n, p, rank_).size(), "tessera: all_gather input has ", input.numel(),
+              " elements, this rank's chunk of ", n, " has ", chunk_range(n, p, rank_).size());
+  if (n % p == 0) {
+    return issue(label("all_gather", output), [&] {
+      at::Tensor in = input.view({-1}), out = output.view({-1});
+      return backend_->_allgather_base(out, in);
+    });
+  }
+  // Uneven chunks differ by at most one element: gather padded rows, then copy the valid parts.
+  const int64_t row = chunk_range(n, p, 0).size();
+  at::Tensor padded_in = at::zeros({row}, input.options());
+  padded_in.narrow(0, 0, input.numel()).copy_(input.view({-1}));
+  at::Tensor padded_out = at::empty({p * row}, output.options());
+  auto finish = [padded_out, output, n, p, row]() mutable {
+    at::Tensor out = output.view({-1});
+    for (int r = 0; r < p; ++r) {
+      ChunkRange c = chunk_range(n, p, r);
+      out.narrow(0, c.begin, c.size()).copy_(padded_out.narrow(0, r * row, c.size()));
+    }
+  };
+  return issue(label("all_gather", output), [&] { return backend_->_allgather_base(padded_out, padded_in); },
+               std::move(finish));
+}
+
+CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {
+  check_flat(tensor, "broadcast");
+  return issue(label("broadcast", tensor), [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return backend_->broadcast(tensors, o);
+  });
+}
+
+CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& output) {
+  check_flat(input, "all_to_all");
+  check_flat(output, "all_to_all");
+  TORCH_CHECK(input.numel() == output.numel() && input.numel() % size() == 0,
+              "tessera: all_to_all needs input and output of the same size, divisible by the group size");
+  return issue(label("all_to_all", input), [&] {
+    at::Tensor in = input.view({-1}), out = output.view({-1});
+    std::vector<int64_t> equal;  // empty split lists mean equal splits
+    return backend_->alltoall_base(out, in, equal, equal);
+  });
+}
+
+CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
+  check_flat(tensor, "send");
+  return issue(label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    return backend_->send(tensors, peer, tag);
+  });
+}
+
+CommHandle Communicator::recv_async(at::Tensor& tensor, int peer, int tag) {
+  check_flat(tensor, "recv");
+  return issue(label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    return backend_->recv(tensors, peer, tag);
+  });
+}
+
+CommHandle Communicator::barrier_async() {
+  return issue("barrier on " + describe(), [&] { return backend_->barrier(); });
+}
+
+void Communicator::all_reduce(at::Tensor& t, ReduceOp op) { all_reduce_async(t, op).wait(); }
+void Communicator::reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) {
+  reduce_scatter_async(in, out, op).wait();
+}
+void Communicator::all_gather(const at::Tensor& in, at::Tensor& out) { all_gather_async(in, out).wait(); }
+void Communicator::broadcast(at::Tensor& t, int root) { broadcast_async(t, root).wait(); }
+void Communicator::all_to_all(const at::Tensor& in, at::Tensor& out) { all_to_all_async(in, out).wait(); }
+void Communicator::send(at::Tensor& t, int peer, int tag) { send_async(t, peer, tag).wait(); }
+void Communicator::recv(at::Tensor& t, int peer, int tag) { recv_async(t, peer, tag).wait(); }
+void Communicator::barrier() { barrier_async().wait(); }
+
+}  // namespace tessera

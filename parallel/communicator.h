@@ -1,0 +1,124 @@
+// Collectives on one process group, over flat tensors.
+//
+// Every collective comes in two forms: `x(...)` waits, `x_async(...)` returns a CommHandle to wait
+// on later (to overlap communication with compute). A failure — a dead peer, a timeout — surfaces
+// as CommError naming the collective, the group and its ranks, so no rank hangs silently.
+//
+// Flat slices: reduce_scatter and all_gather split a flat tensor of n elements across the group's
+// p ranks in balanced chunks, chunk r = [r·n/p ...) with the first n mod p ranks one element longer
+// (see chunk_range). Where the backend lacks a native reduce-scatter, or the chunks are uneven, the
+// reduce-scatter runs as one all-to-all plus a local sum: each rank sends n − n_r and receives
+// (p − 1)·n_r elements, exactly what a ring reduce-scatter moves, never an allreduce in disguise.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+
+namespace c10d {
+class Backend;
+class Work;
+}  // namespace c10d
+
+namespace tessera {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+class CommError : public std::runtime_error {
+ public:
+  explicit CommError(const std::string& what) : std::runtime_error(what) {}
+};
+
+// [begin, end) of rank r's chunk when n elements are split over p ranks.
+struct ChunkRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+ChunkRange chunk_range(int64_t n, int p, int r);
+
+// A collective in flight. wait() blocks until it is done (and its local post-processing, such as
+// the sum after an all-to-all, has run); it throws CommError on failure.
+class CommHandle {
+ public:
+  CommHandle() = default;
+  CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what);
+  void wait();
+  bool pending() const { return static_cast<bool>(work_); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> finish_;
+  std::string what_;
+};
+
+struct CommunicatorOptions {
+  // Use the all-to-all reduce-scatter even where the backend has a native one (for tests/benchmarks).
+  bool force_alltoall_reduce_scatter = false;
+};
+
+class Communicator {
+ public:
+  // `ranks` are the global ranks of the group's members, in group-rank order.
+  Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::string name, std::vector<int> ranks, int rank,
+               CommunicatorOptions options = {});
+  ~Communicator();
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }  // this process's rank within the group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return ranks_; }
+  std::string describe() const;  // "group 'data' (global ranks 0, 2)"
+
+  // In place on `tensor`.
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  CommHandle all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+
+  // `input`: the flat tensor of n elements; `output`: this rank's chunk, chunk_range(n, size, rank).
+  void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
+  CommHandle reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
+
+  // `input`: this rank's chunk of `output`, a flat tensor of n elements.
+  void all_gather(const at::Tensor& input, at::Tensor& output);
+  CommHandle all_gather_async(const at::Tensor& input, at::Tensor& output);
+
+  void broadcast(at::Tensor& tensor, int root);  // root is a group rank
+  CommHandle broadcast_async(at::Tensor& tensor, int root);
+
+  // Equal splits: chunk j of `input` goes to group rank j; chunk i of `output` comes from rank i.
+  void all_to_all(const at::Tensor& input, at::Tensor& output);
+  CommHandle all_to_all_async(const at::Tensor& input, at::Tensor& output);
+
+  void send(at::Tensor& tensor, int peer, int tag = 0);  // peer is a group rank
+  CommHandle send_async(at::Tensor& tensor, int peer, int tag = 0);
+  void recv(at::Tensor& tensor, int peer, int tag = 0);
+  CommHandle recv_async(at::Tensor& tensor, int peer, int tag = 0);
+
+  void barrier();
+  CommHandle barrier_async();
+
+  // How many reduce-scatters ran natively and as all-to-all (for tests and benchmarks).
+  int64_t native_reduce_scatters() const { return native_reduce_scatters_; }
+  int64_t alltoall_reduce_scatters() const { return alltoall_reduce_scatters_; }
+
+ private:
+  CommHandle reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op);
+  CommHandle issue(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                   std::function<void()> finish = {});
+  std::string label(const char* collective, const at::Tensor& t) const;
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_;
+  CommunicatorOptions options_;
+  bool native_reduce_scatter_ = true;  // cleared when the backend says it has none
+  int64_t native_reduce_scatters_ = 0;
+  int64_t alltoall_reduce_scatters_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,63 @@
+#include "parallel/parallel_context.h"
+
+#include <algorithm>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+namespace tessera {
+
+std::unique_ptr<ParallelContext> ParallelContext::from_environment(const ParallelOptions& options) {
+  return std::make_unique<ParallelContext>(rendezvous_info_from_environment(), options);
+}
+
+ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptions& options) : info_(info) {
+  std::string error;
+  auto grid = make_grid_shape(info.world_size, options.tensor, options.pipe, &error);
+  if (!grid) throw std::invalid_argument("tessera: " + error);
+  grid_ = *grid;
+
+  if (options.backend == "nccl" || (options.backend == "auto" && nccl_available())) backend_ = BackendKind::Nccl;
+  else if (options.backend != "gloo" && options.backend != "auto")
+    throw std::invalid_argument("tessera: unknown backend '" + options.backend + "' (expected auto, gloo or nccl)");
+
+  store_ = rendezvous(info_);
+  std::vector<int> everyone(info.world_size);
+  for (int r = 0; r < info.world_size; ++r) everyone[r] = r;
+  world_ = make_group("world", everyone, options);
+  data_ = make_group("data", grid_.group_of(Axis::Data, info.rank), options);
+  tensor_ = make_group("tensor", grid_.group_of(Axis::Tensor, info.rank), options);
+  pipe_ = make_group("pipe", grid_.group_of(Axis::Pipe, info.rank), options);
+  model_ = make_group("model", grid_.group_of(Axis::Model, info.rank), options);
+}
+
+ParallelContext::~ParallelContext() = default;
+
+std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& name, std::vector<int> ranks,
+                                                          const ParallelOptions& options) {
+  // Each group meets under its own store prefix, named by its axis and first member, so groups of
+  // the same axis never mix and no rank needs to create groups it is not in.
+  std::string prefix = "tessera/group/" + name + "/" + std::to_string(ranks.front());
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+  int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), info_.rank) - ranks.begin());
+  auto backend = make_backend(backend_, store, group_rank, static_cast<int>(ranks.size()), info_.timeout);
+  return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank, options.communicator);
+}
+
+Communicator& ParallelContext::group(Axis axis) {
+  switch (axis) {
+    case Axis::Data: return data();
+    case Axis::Tensor: return tensor();
+    case Axis::Pipe: return pipe();
+    case Axis::Model: return model();
+  }
+  return world();
+}
+
+std::string ParallelContext::describe() const {
+  Coordinates c = coordinates();
+  return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (pipe " +
+         std::to_string(c.pipe) + ", data " + std::to_string(c.data) + ", tensor " + std::to_string(c.tensor) +
+         ") in " + grid_.str() + ", " + backend_name(backend_);
+}
+
+}  // namespace tessera

@@ -1,0 +1,60 @@
+// ParallelContext: this process's place in the `pipe × data × tensor` grid and one Communicator per
+// axis. Built once per process (from the environment, see parallel/rendezvous.h) and passed
+// explicitly to whatever needs it; there is no global state.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallel/c10d_compat.h"
+#include "parallel/communicator.h"
+#include "parallel/rendezvous.h"
+#include "parallel/topology.h"
+
+namespace tessera {
+
+struct ParallelOptions {
+  int tensor = 1;  // tensor_parallel.tp_size
+  int pipe = 1;    // pipeline.stages
+  std::string backend = "auto";  // "auto" (nccl with a GPU, else gloo), "gloo", "nccl"
+  CommunicatorOptions communicator;
+};
+
+class ParallelContext {
+ public:
+  // Rendezvous from the environment, then one process group per axis.
+  static std::unique_ptr<ParallelContext> from_environment(const ParallelOptions& options = {});
+  ParallelContext(const RendezvousInfo& info, const ParallelOptions& options);
+  ~ParallelContext();
+  ParallelContext(const ParallelContext&) = delete;
+  ParallelContext& operator=(const ParallelContext&) = delete;
+
+  int rank() const { return info_.rank; }
+  int world_size() const { return info_.world_size; }
+  int local_rank() const { return info_.local_rank; }
+  int local_world_size() const { return info_.local_world_size; }
+  const RendezvousInfo& rendezvous_info() const { return info_; }
+  const GridShape& grid() const { return grid_; }
+  Coordinates coordinates() const { return grid_.coordinates_of(info_.rank); }
+  BackendKind backend() const { return backend_; }
+
+  Communicator& world() { return *world_; }
+  Communicator& data() { return *data_; }
+  Communicator& tensor() { return *tensor_; }
+  Communicator& pipe() { return *pipe_; }
+  Communicator& model() { return *model_; }  // tensor × pipe: one model replica
+  Communicator& group(Axis axis);
+
+  std::string describe() const;  // "rank 3 of 4 (pipe 0, data 1, tensor 1) in pipe 1 x data 2 x tensor 2, gloo"
+
+ private:
+  std::unique_ptr<Communicator> make_group(const std::string& name, std::vector<int> ranks, const ParallelOptions& o);
+
+  RendezvousInfo info_;
+  GridShape grid_;
+  BackendKind backend_ = BackendKind::Gloo;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,165 @@
+#include "parallel/rendezvous.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+extern char** environ;
+
+namespace tessera {
+
+namespace {
+
+std::map<std::string, std::string> process_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+class Env {
+ public:
+  explicit Env(const std::map<std::string, std::string>& vars) : vars_(vars) {}
+  bool has(const std::string& name) const { return vars_.count(name) > 0; }
+  std::string text(const std::string& name, const std::string& fallback) const {
+    auto it = vars_.find(name);
+    return it == vars_.end() || it->second.empty() ? fallback : it->second;
+  }
+  int integer(const std::string& name, int fallback) const {
+    auto it = vars_.find(name);
+    if (it == vars_.end() || it->second.empty()) return fallback;
+    // SLURM writes per-node counts like "2(x3)": the leading number is the one we want.
+    char* end = nullptr;
+    long value = std::strtol(it->second.c_str(), &end, 10);
+    if (end == it->second.c_str())
+      throw RendezvousError("environment variable " + name + "=\"" + it->second + "\" is not an integer");
+    return static_cast<int>(value);
+  }
+
+ private:
+  const std::map<std::string, std::string>& vars_;
+};
+
+std::string hostname() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  std::string first = nodelist.substr(0, nodelist.find(','));
+  size_t open = nodelist.find('[');
+  if (open == std::string::npos || open > first.size()) return first;
+  // "node[03-05,09]": the prefix plus the first number of the range list, zero padding kept.
+  size_t stop = nodelist.find_first_of("-,]", open + 1);
+  return nodelist.substr(0, open) + nodelist.substr(open + 1, stop - open - 1);
+}
+
+RendezvousInfo rendezvous_info_from_environment(const std::map<std::string, std::string>& vars) {
+  std::map<std::string, std::string> own;
+  if (vars.empty()) own = process_environment();
+  Env env(vars.empty() ? own : vars);
+  RendezvousInfo info;
+  if (env.has("RANK") && env.has("WORLD_SIZE")) {
+    info.source = "torchrun";
+    info.rank = env.integer("RANK", 0);
+    info.world_size = env.integer("WORLD_SIZE", 1);
+    info.local_rank = env.integer("LOCAL_RANK", 0);
+    info.local_world_size = env.integer("LOCAL_WORLD_SIZE", info.world_size);
+  } else if (env.has("SLURM_PROCID") && env.has("SLURM_NTASKS")) {
+    info.source = "slurm";
+    info.rank = env.integer("SLURM_PROCID", 0);
+    info.world_size = env.integer("SLURM_NTASKS", 1);
+    info.local_rank = env.integer("SLURM_LOCALID", 0);
+    info.local_world_size = env.integer("SLURM_NTASKS_PER_NODE", env.integer("SLURM_TASKS_PER_NODE", 1));
+    if (!env.has("MASTER_ADDR") && env.has("SLURM_JOB_NODELIST"))
+      info.master_addr = first_slurm_host(env.text("SLURM_JOB_NODELIST", ""));
+  } else if (env.has("OMPI_COMM_WORLD_RANK") && env.has("OMPI_COMM_WORLD_SIZE")) {
+    info.source = "openmpi";
+    info.rank = env.integer("OMPI_COMM_WORLD_RANK", 0);
+    info.world_size = env.integer("OMPI_COMM_WORLD_SIZE", 1);
+    info.local_rank = env.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    info.local_world_size = env.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    if (!env.has("MASTER_ADDR") && info.local_world_size != info.world_size)
+      throw RendezvousError("Open MPI launch across nodes: set MASTER_ADDR to rank 0's host (mpirun -x MASTER_ADDR=...)");
+  }
+  info.master_addr = env.text("MASTER_ADDR", info.master_addr);
+  info.master_port = env.integer("MASTER_PORT", info.master_port);
+  double timeout_s = std::atof(env.text("TESSERA_TIMEOUT_S", "300").c_str());
+  if (timeout_s <= 0) throw RendezvousError("TESSERA_TIMEOUT_S must be a positive number of seconds");
+  info.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+
+  const std::string from = " (from " + info.source + "'s environment)";
+  if (info.world_size < 1) throw RendezvousError("world size " + std::to_string(info.world_size) + " < 1" + from);
+  if (info.rank < 0 || info.rank >= info.world_size)
+    throw RendezvousError("rank " + std::to_string(info.rank) + " is outside [0, " +
+                          std::to_string(info.world_size) + ")" + from);
+  if (info.local_rank < 0 || info.local_rank >= std::max(info.local_world_size, 1))
+    throw RendezvousError("local rank " + std::to_string(info.local_rank) + " is outside [0, " +
+                          std::to_string(info.local_world_size) + ")" + from);
+  if (info.master_port < 1 || info.master_port > 65535)
+    throw RendezvousError("MASTER_PORT " + std::to_string(info.master_port) + " is not a TCP port");
+  return info;
+}
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info) {
+  if (info.world_size == 1) return c10::make_intrusive<c10d::HashStore>();
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + info.timeout;
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%g", info.timeout.count() / 1000.0);
+  const std::string where = info.master_addr + ":" + std::to_string(info.master_port);
+
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(info.master_port);
+  options.isServer = info.rank == 0;
+  options.numWorkers = std::nullopt;  // tessera does its own check-in below, to name who is missing
+  options.waitWorkers = false;
+  options.timeout = info.timeout;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+  } catch (const std::exception& e) {
+    if (info.rank == 0)
+      throw RendezvousError("rank 0 could not host the rendezvous store on " + where +
+                            " (is the port in use? set MASTER_PORT): " + e.what());
+    throw RendezvousError("rank " + std::to_string(info.rank) + " could not reach the rendezvous store at " + where +
+                          " hosted by rank 0 within " + std::string(seconds) + " s: rank 0 never arrived. (" +
+                          e.what() + ")");
+  }
+
+  // Each rank leaves its name and bumps a counter; only on timeout are the names read, to say who
+  // is missing (polling one counter scales to thousands of ranks).
+  const std::string prefix = "tessera/rendezvous/";
+  store->set(prefix + std::to_string(info.rank), std::string(hostname() + " pid " + std::to_string(getpid())));
+  store->add(prefix + "arrived", 1);
+  while (store->add(prefix + "arrived", 0) < info.world_size) {
+    if (Clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < info.world_size; ++r)
+        if (!store->check({prefix + std::to_string(r)})) missing.push_back(r);
+      std::string names;
+      for (size_t i = 0; i < missing.size() && i < 16; ++i) names += (i ? ", " : "") + std::to_string(missing[i]);
+      if (missing.size() > 16) names += ", ...";
+      throw RendezvousError("rendezvous at " + where + " timed out after " + seconds + " s: " +
+                            std::to_string(missing.size()) + " of " + std::to_string(info.world_size) +
+                            " ranks never arrived (missing rank" + (missing.size() > 1 ? "s " : " ") + names +
+                            "); this is rank " + std::to_string(info.rank) + " on " + hostname());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return store;
+}
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+#include "subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace tessera::testing {
+
+static double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Started start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  Started s;
+  s.started_at = now_s();
+  s.pid = fork();
+  if (s.pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  s.output_fd = fds[0];
+  return s;
+}
+
+RunResult finish(const Started& s, double timeout_s) {
+  RunResult r;
+  char buf[4096];
+  bool open = true;
+  while (open) {
+    double left = s.started_at + timeout_s - now_s();
+    if (left <= 0) {
+      r.timed_out = true;
+      kill(-s.pid, SIGKILL);
+      break;
+    }
+    pollfd p{s.output_fd, POLLIN, 0};
+    int ready = poll(&p, 1, static_cast<int>(std::min(left, 0.2) * 1000) + 1);
+    if (ready > 0) {
+      ssize_t n = read(s.output_fd, buf, sizeof(buf));
+      if (n <= 0) open = false;
+      else r.output.append(buf, n);
+    }
+  }
+  close(s.output_fd);
+  int status = 0;
+  waitpid(s.pid, &status, 0);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = now_s() - s.started_at;
+  return r;
+}
+
+RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, double timeout_s) {
+  return finish(start(argv, env), timeout_s);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace tessera::testing

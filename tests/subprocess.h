@@ -1,0 +1,32 @@
+// Runs a program for a test: extra environment, combined stdout+stderr captured, a wall-clock
+// limit after which the whole process group is killed (so a hung test fails instead of hanging).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tessera::testing {
+
+struct RunResult {
+  int status = -1;        // exit status, or 128 + signal
+  bool timed_out = false;
+  double seconds = 0;
+  std::string output;     // stdout and stderr, interleaved
+};
+
+RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+              double timeout_s = 60);
+
+// Starts without waiting; finish() collects it.
+struct Started {
+  int pid = -1;
+  int output_fd = -1;
+  double started_at = 0;
+};
+Started start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+RunResult finish(const Started& s, double timeout_s = 60);
+
+bool contains(const std::string& text, const std::string& part);
+
+}  // namespace tessera::testing

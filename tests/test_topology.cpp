@@ -1,0 +1,64 @@
+#include <catch2/catch.hpp>
+
+#include "parallel/communicator.h"
+#include "parallel/topology.h"
+
+using namespace tessera;
+
+TEST_CASE("grid shape divides the world into pipe x data x tensor") {
+  std::string error;
+  auto g = make_grid_shape(16, 2, 4, &error);
+  REQUIRE(g);
+  CHECK(g->pipe == 4);
+  CHECK(g->data == 2);
+  CHECK(g->tensor == 2);
+  CHECK_FALSE(make_grid_shape(6, 4, 1, &error));
+  CHECK(error.find("world size 6 is not divisible by tensor_parallel.tp_size (4) x pipeline.stages (1) = 4") !=
+        std::string::npos);
+  CHECK_FALSE(make_grid_shape(4, 0, 1, &error));
+}
+
+TEST_CASE("tensor varies fastest, then data, then pipe") {
+  GridShape g{2, 2, 2};  // pipe, data, tensor
+  CHECK(g.coordinates_of(0) == Coordinates{0, 0, 0});
+  CHECK(g.coordinates_of(1) == Coordinates{0, 0, 1});
+  CHECK(g.coordinates_of(2) == Coordinates{0, 1, 0});
+  CHECK(g.coordinates_of(5) == Coordinates{1, 0, 1});
+  for (int r = 0; r < 8; ++r) CHECK(g.rank_of(g.coordinates_of(r)) == r);
+  CHECK(g.group_of(Axis::Tensor, 5) == std::vector<int>{4, 5});
+  CHECK(g.group_of(Axis::Data, 5) == std::vector<int>{5, 7});
+  CHECK(g.group_of(Axis::Pipe, 5) == std::vector<int>{1, 5});
+  CHECK(g.group_of(Axis::Model, 5) == std::vector<int>{0, 1, 4, 5});
+  CHECK(g.group_of(Axis::Model, 2) == std::vector<int>{2, 3, 6, 7});
+}
+
+TEST_CASE("every axis's groups partition the world") {
+  GridShape g{3, 2, 4};
+  for (Axis axis : {Axis::Pipe, Axis::Data, Axis::Tensor, Axis::Model}) {
+    std::vector<int> count(g.world_size(), 0);
+    for (const auto& group : g.all_groups(axis))
+      for (int r : group) ++count[r];
+    for (int c : count) CHECK(c == 1);
+  }
+  CHECK(g.all_groups(Axis::Tensor).size() == 6);
+  CHECK(g.all_groups(Axis::Data).size() == 12);
+  CHECK(g.all_groups(Axis::Pipe).size() == 8);
+  CHECK(g.all_groups(Axis::Model).size() == 2);
+}
+
+TEST_CASE("balanced chunks cover [0, n) with sizes differing by at most one") {
+  for (int64_t n : {0, 1, 7, 8, 1001}) {
+    for (int p : {1, 2, 3, 4}) {
+      int64_t next = 0;
+      for (int r = 0; r < p; ++r) {
+        ChunkRange c = chunk_range(n, p, r);
+        CHECK(c.begin == next);
+        CHECK((c.size() == n / p || c.size() == n / p + 1));
+        next = c.end;
+      }
+      CHECK(next == n);
+    }
+  }
+  CHECK(chunk_range(7, 2, 0).size() == 4);
+  CHECK(chunk_range(7, 2, 1).begin == 4);
+}

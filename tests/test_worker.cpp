@@ -1,0 +1,165 @@
+// The program each rank runs in the multi-rank tests (started by `tessera launch` or by a test).
+//
+//   tessera_test_worker collectives [--tp N]   every collective against values computed by hand
+//   tessera_test_worker context                rendezvous, print the context, exit
+//   tessera_test_worker dead-peer              the last rank exits; the others call all_reduce
+//
+// Each check failure throws; the exit status is 1 with the message on stderr.
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "parallel/parallel_context.h"
+
+using namespace tessera;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  if (!at::allclose(got, want)) {
+    std::ostringstream s;
+    s << what << "\n got  " << got.slice(0, 0, 8) << "\n want " << want.slice(0, 0, 8);
+    throw std::runtime_error("check failed: " + s.str());
+  }
+}
+
+// Rank r contributes x_r[i] = i + 1000·r (as floats): every reduction has a closed form.
+at::Tensor contribution(int64_t n, int r) { return at::arange(n, at::kFloat) + 1000.0f * r; }
+
+void check_group(Communicator& g, int64_t n) {
+  const int p = g.size(), me = g.rank();
+  const std::string where = " (" + g.name() + ", n=" + std::to_string(n) + ")";
+  const double rank_sum = 1000.0 * p * (p - 1) / 2;
+  at::Tensor base = at::arange(n, at::kFloat);
+
+  at::Tensor x = contribution(n, me);
+  g.all_reduce(x, ReduceOp::Sum);
+  expect_equal(x, base * p + rank_sum, "all_reduce sum" + where);
+  x = contribution(n, me);
+  g.all_reduce(x, ReduceOp::Avg);
+  expect_equal(x, base + rank_sum / p, "all_reduce avg" + where);
+  x = contribution(n, me);
+  g.all_reduce(x, ReduceOp::Max);
+  expect_equal(x, base + 1000.0f * (p - 1), "all_reduce max" + where);
+
+  ChunkRange mine = chunk_range(n, p, me);
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+    at::Tensor out = at::empty({mine.size()}, at::kFloat);
+    g.reduce_scatter(contribution(n, me), out, op);
+    at::Tensor slice = base.narrow(0, mine.begin, mine.size());
+    at::Tensor want = op == ReduceOp::Sum ? slice * p + rank_sum
+                      : op == ReduceOp::Avg ? slice + rank_sum / p
+                                            : slice + 1000.0f * (p - 1);
+    expect_equal(out, want, "reduce_scatter op " + std::to_string(int(op)) + where);
+  }
+
+  at::Tensor gathered = at::empty({n}, at::kFloat);
+  g.all_gather(base.narrow(0, mine.begin, mine.size()).contiguous(), gathered);
+  expect_equal(gathered, base, "all_gather" + where);
+
+  at::Tensor b = me == p - 1 ? base.clone() : at::zeros({n}, at::kFloat);
+  g.broadcast(b, p - 1);
+  expect_equal(b, base, "broadcast from the last rank" + where);
+}
+
+void check_collectives(ParallelContext& ctx) {
+  Communicator& world = ctx.world();
+  const int p = world.size(), me = world.rank();
+  for (int64_t n : {1, 7, 8, 1000, 1001, 4096 * 3 + 5}) {
+    if (n < p) continue;  // every rank needs a non-empty chunk for all_gather's input
+    check_group(world, n);
+  }
+  check_group(ctx.data(), 1003);
+  check_group(ctx.tensor(), 10);
+
+  // all_to_all: chunk j of rank i holds 100·i + j; afterwards chunk i of rank j holds 100·i + j.
+  const int64_t k = 3;
+  at::Tensor send = at::empty({p * k}, at::kFloat), recv = at::empty({p * k}, at::kFloat);
+  for (int j = 0; j < p; ++j) send.narrow(0, j * k, k).fill_(100.0f * me + j);
+  world.all_to_all(send, recv);
+  for (int i = 0; i < p; ++i)
+    expect_equal(recv.narrow(0, i * k, k), at::full({k}, 100.0f * i + me, at::kFloat), "all_to_all");
+
+  // send/recv around a ring, even ranks sending first so the pattern cannot deadlock.
+  at::Tensor out = at::full({5}, float(me), at::kFloat), in = at::empty({5}, at::kFloat);
+  int next = (me + 1) % p, prev = (me + p - 1) % p;
+  if (p > 1) {
+    auto s = world.send_async(out, next);
+    world.recv(in, prev);
+    s.wait();
+    expect_equal(in, at::full({5}, float(prev), at::kFloat), "send/recv ring");
+  }
+
+  // Async: two collectives in flight at once, waited in order.
+  at::Tensor a = contribution(100, me), c = contribution(33, me);
+  auto ha = world.all_reduce_async(a);
+  auto hc = world.all_reduce_async(c, ReduceOp::Max);
+  ha.wait();
+  hc.wait();
+  expect_equal(a, at::arange(100, at::kFloat) * p + 1000.0 * p * (p - 1) / 2, "async all_reduce");
+  expect_equal(c, at::arange(33, at::kFloat) + 1000.0f * (p - 1), "async all_reduce max");
+  world.barrier();
+}
+
+int run(const std::string& mode, int tp, bool force_alltoall) {
+  ParallelOptions options;
+  options.tensor = tp;
+  options.backend = "gloo";
+  options.communicator.force_alltoall_reduce_scatter = force_alltoall;
+  auto ctx = ParallelContext::from_environment(options);
+  if (mode == "context") {
+    std::printf("%s\n", ctx->describe().c_str());
+    ctx->world().barrier();
+    return 0;
+  }
+  if (mode == "collectives") {
+    check_collectives(*ctx);
+    std::printf("collectives ok on rank %d (native reduce-scatters %lld, all-to-all %lld)\n", ctx->rank(),
+                (long long)ctx->world().native_reduce_scatters(), (long long)ctx->world().alltoall_reduce_scatters());
+    return 0;
+  }
+  if (mode == "dead-peer") {
+    at::Tensor x = at::ones({1000}, at::kFloat);
+    ctx->world().all_reduce(x);  // everyone alive here
+    if (ctx->rank() == ctx->world_size() - 1) {
+      std::fflush(stdout);
+      _exit(3);  // dies without a word, as a crashed rank would
+    }
+    ctx->world().all_reduce(x);
+    std::printf("unexpected: all_reduce succeeded without the last rank\n");
+    return 0;
+  }
+  std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "collectives";
+  int tp = 1;
+  bool force_alltoall = false;
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--alltoall-reduce-scatter")) force_alltoall = true;
+  }
+  try {
+    return run(mode, tp, force_alltoall);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "worker error: %s\n", e.what());
+    return 1;
+  }
+}
