@@ -59,9 +59,7 @@ LaunchConfig load_launch_config(const std::string& path_or_json, const json& ove
                                 std::vector<std::string>* warnings) {
   size_t first = path_or_json.find_first_not_of(" \t\r\n");
   bool inline_json = first != std::string::npos && path_or_json[first] == '{';
-  std::string source = path_or_json.empty() ? "the launch options"
-                       : inline_json        ? "the launch config text"
-                                            : "'" + path_or_json + "'";
+  std::string source = inline_json ? "the launch config text" : "'" + path_or_json + "'";
   ConfigReport report;
   LaunchConfig config;
   std::optional<json> j = json::object();
@@ -75,7 +73,9 @@ LaunchConfig load_launch_config(const std::string& path_or_json, const json& ove
   if (warnings)
     for (const auto& i : report.issues)
       if (i.severity == ConfigIssue::Severity::Warning) warnings->push_back(i.str());
-  if (!report.ok()) throw ConfigError("invalid launch config " + source + ":\n" + report.errors());
+  if (!report.ok())
+    throw ConfigError((path_or_json.empty() ? "invalid launch options" : "invalid launch config " + source) + ":\n" +
+                      report.errors());
   return config;
 }
 

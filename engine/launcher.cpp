@@ -27,7 +27,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
+#include <stdexcept>
 
 extern char** environ;
 
@@ -229,7 +231,8 @@ class Job {
       handle_interrupts();
       if (all_exited()) break;
       wait_for_events();
-      if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_survivors();
+      if (stopping_ && !killed_ && Clock::now() >= kill_deadline_)
+        kill_survivors("after the " + format_seconds(config_.grace_period_s) + " s grace period");
     }
     for (auto& r : ranks_) r.out.finish(), r.err.finish();
     // Whatever the ranks left running in their groups goes too (the zombies still hold the ids).
@@ -267,11 +270,18 @@ class Job {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
 
+    // exec_status is closed by a successful exec (O_CLOEXEC) and carries errno when exec fails.
     int out[2] = {-1, -1}, err[2] = {-1, -1}, exec_status[2] = {-1, -1};
-    if (config_.tag_output && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0))
-      return std::string("cannot create a pipe: ") + std::strerror(errno);
-    // Closed by a successful exec (O_CLOEXEC); carries errno when exec fails.
-    if (::pipe2(exec_status, O_CLOEXEC) != 0) return std::string("cannot create a pipe: ") + std::strerror(errno);
+    auto close_all = [&](std::initializer_list<int> fds) {
+      for (int fd : fds)
+        if (fd >= 0) ::close(fd);
+    };
+    if ((config_.tag_output && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) ||
+        ::pipe2(exec_status, O_CLOEXEC) != 0) {
+      int e = errno;
+      close_all({out[0], out[1], err[0], err[1], exec_status[0], exec_status[1]});
+      return std::string("could not be started: cannot create a pipe: ") + std::strerror(e);
+    }
 
     // No handler may run in the child between fork and exec: block everything across fork.
     sigset_t all, previous_mask;
@@ -295,11 +305,9 @@ class Job {
     }
     int fork_errno = errno;
     ::sigprocmask(SIG_SETMASK, &previous_mask, nullptr);
-    for (int fd : {out[1], err[1], exec_status[1]})
-      if (fd >= 0) ::close(fd);
+    close_all({out[1], err[1], exec_status[1]});  // the child's ends
     if (pid < 0) {
-      for (int fd : {out[0], err[0], exec_status[0]})
-        if (fd >= 0) ::close(fd);
+      close_all({out[0], err[0], exec_status[0]});
       return std::string("could not be started: fork failed: ") + std::strerror(fork_errno);
     }
     // Also here, not only in the child: the group must exist before we might signal it.
@@ -353,7 +361,14 @@ class Job {
     for (auto& r : ranks_) {
       if (r.pid <= 0 || r.exited) continue;
       siginfo_t info{};
-      if (::waitid(P_PID, id_t(r.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != r.pid) continue;
+      int rc = ::waitid(P_PID, id_t(r.pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (rc != 0 && errno == ECHILD) {  // reaped behind our back (a waitpid(-1) elsewhere in the process)
+        r.exited = true, r.status = 1, r.how = "was reaped by someone else: its exit status is lost";
+        r.pid = -1;  // its pid may already be reused: never signal it
+        on_failure(r);
+        continue;
+      }
+      if (rc != 0 || info.si_pid != r.pid) continue;
       r.exited = true;
       if (info.si_code == CLD_EXITED) {
         r.status = info.si_status;
@@ -380,7 +395,7 @@ class Job {
         interrupted_by_ = g_first_interrupt;
         begin_stop(interrupted_by_);  // forwarded as received: SIGINT stays SIGINT
       } else if (!killed_) {
-        kill_survivors();  // asked again while stopping: do not wait out the grace period
+        kill_survivors("on a second signal");  // asked again while stopping: do not wait out the grace period
       }
     }
   }
@@ -393,8 +408,9 @@ class Job {
                                         std::chrono::duration<double>(config_.grace_period_s));
   }
 
-  void kill_survivors() {
+  void kill_survivors(const std::string& why) {
     killed_ = true;
+    killed_why_ = why;
     killed_count_ = running();
     signal_groups(SIGKILL);
   }
@@ -423,8 +439,7 @@ class Job {
     if (stopped_ == 0) return "";
     std::string s = lead + std::to_string(stopped_) + " rank(s)";
     if (killed_count_ > 0)
-      s += " (" + std::to_string(killed_count_) + " killed after the " + format_seconds(config_.grace_period_s) +
-           " s grace period)";
+      s += " (" + std::to_string(killed_count_) + " killed " + killed_why_ + ")";
     return s;
   }
 
@@ -439,7 +454,8 @@ class Job {
   int interrupted_by_ = 0;
   sig_atomic_t interrupts_seen_ = 0;
   int stopped_ = 0;       // ranks still running when the stop began
-  int killed_count_ = 0;  // ranks still running when the grace period ran out
+  int killed_count_ = 0;  // ranks still running when SIGKILL was sent
+  std::string killed_why_;
 };
 
 }  // namespace

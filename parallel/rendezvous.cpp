@@ -142,7 +142,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info) {
   // Each rank leaves its name and bumps a counter; only on timeout are the names read, to say who
   // is missing (polling one counter scales to thousands of ranks).
   const std::string prefix = "tessera/rendezvous/";
-  store->set(prefix + std::to_string(info.rank), std::string(hostname() + " pid " + std::to_string(getpid())));
+  std::string me = hostname() + " pid " + std::to_string(getpid());
+  store->set(prefix + std::to_string(info.rank), std::vector<uint8_t>(me.begin(), me.end()));
   store->add(prefix + "arrived", 1);
   while (store->add(prefix + "arrived", 0) < info.world_size) {
     if (Clock::now() >= deadline) {

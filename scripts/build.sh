@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing (scripts/setup.sh), configures CMake with Ninja and ccache against the
-# LibTorch inside the venv's PyTorch, and builds. Extra arguments go to `cmake --build`.
+# LibTorch inside the venv's PyTorch, and builds everything, or the targets given as arguments.
 #   BUILD_DIR  build folder (default build)     JOBS  parallel compile jobs (default: nproc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +14,6 @@ if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/.tessera-python" 2>/dev/nul
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython_EXECUTABLE="$python" ${CMAKE_ARGS:-}
   echo "$python" > "$build/.tessera-python"
 fi
-cmake --build "$build" -j "${JOBS:-$(nproc)}" "$@"
+targets=()
+[ $# -gt 0 ] && targets=(--target "$@")
+cmake --build "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}"

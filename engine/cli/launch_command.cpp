@@ -1,0 +1,96 @@
+// `tessera launch [OPTIONS] -- PROGRAM [ARGS...]`: the command line of the launcher
+// (engine/launcher.h). Flags override the keys of the --config file: they are merged into its
+// JSON before parsing, so a flag's value gets the same checks, and errors, as the key.
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/cli/commands.h"
+#include "engine/launch_config.h"
+#include "engine/launcher.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr const char* kUsage = "usage: tessera launch [OPTIONS] -- PROGRAM [ARGS...]";
+
+struct LaunchFlags {
+  std::string config;
+  std::optional<int> nproc_per_node, nnodes, node_rank, master_port;
+  std::optional<std::string> master_addr;
+  std::optional<double> grace_period_s, timeout_s;
+  bool tag_output = false;
+  CLI::Option* tag_output_flag = nullptr;
+  std::vector<std::string> command;
+};
+
+// The flags that were given, as launch-config JSON keys.
+nlohmann::json overrides_from(const LaunchFlags& f) {
+  nlohmann::json j = nlohmann::json::object();
+  if (f.nproc_per_node) j["nproc_per_node"] = *f.nproc_per_node;
+  if (f.nnodes) j["nnodes"] = *f.nnodes;
+  if (f.node_rank) j["node_rank"] = *f.node_rank;
+  if (f.master_addr) j["master_addr"] = *f.master_addr;
+  if (f.master_port) j["master_port"] = *f.master_port;
+  if (f.grace_period_s) j["grace_period_s"] = *f.grace_period_s;
+  if (f.timeout_s) j["timeout_s"] = *f.timeout_s;
+  if (f.tag_output_flag->count() > 0) j["tag_output"] = f.tag_output;
+  return j;
+}
+
+int run_launch(const LaunchFlags& flags, const std::vector<std::string>& extras) {
+  // Options after the program need `--` before the program; say so rather than run without them.
+  for (const auto& e : extras) {
+    if (e == "--") continue;
+    std::cerr << "tessera launch: unknown option '" << e << "'; put the program and its arguments after `--`\n"
+              << kUsage << "\n";
+    return 2;
+  }
+  if (flags.command.empty()) {
+    std::cerr << "tessera launch: no program given\n" << kUsage << "\n";
+    return 2;
+  }
+  try {
+    std::vector<std::string> warnings;
+    LaunchConfig config = load_launch_config(flags.config, overrides_from(flags), &warnings);
+    for (const auto& w : warnings) std::cerr << "tessera launch: " << w << "\n";
+    return launch(config, flags.command);
+  } catch (const ConfigError& e) {
+    std::cerr << "tessera launch: " << e.what();
+    if (std::string(e.what()).back() != '\n') std::cerr << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "tessera launch: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
+
+void register_launch_command(CLI::App& app, int& exit_code) {
+  // Owned by the callback, which CLI11 keeps as long as the App.
+  auto flags = std::make_shared<LaunchFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "launch", "Start this node's ranks of a job, like torchrun: tessera launch [OPTIONS] -- PROGRAM [ARGS...]");
+  sub->add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node, "Ranks to start on this node (1)");
+  sub->add_option("--nnodes", flags->nnodes, "Nodes in the job (1); run the launcher on each");
+  sub->add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0 .. nnodes-1 (0)");
+  sub->add_option("--master-addr,--master_addr", flags->master_addr, "Address of rank 0's node (127.0.0.1)");
+  sub->add_option("--master-port,--master_port", flags->master_port, "Rendezvous port on the master (29500)");
+  sub->add_option("--config", flags->config, "Launch config JSON file; flags override its keys");
+  flags->tag_output_flag =
+      sub->add_flag("--tag-output,--tag_output", flags->tag_output, "Prefix each output line with [rankN]: ");
+  sub->add_option("--grace-period", flags->grace_period_s,
+                  "Seconds between SIGTERM and SIGKILL when stopping ranks after a failure (5)");
+  sub->add_option("--timeout", flags->timeout_s, "Rendezvous/collective timeout in seconds, as TESSERA_TIMEOUT_S (300)");
+  sub->add_option("program", flags->command, "The program to run as every rank, and its arguments (after --)");
+  // Unknown options land in remaining() and are reported by run_launch with a hint about `--`.
+  sub->allow_extras();
+  sub->callback([sub, flags, &exit_code] { exit_code = run_launch(*flags, sub->remaining()); });
+}
+
+}  // namespace tessera
