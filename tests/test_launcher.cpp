@@ -1,6 +1,7 @@
 // `tessera launch`: the environment each rank gets, tagged output, stopping every rank when one
 // fails or the launcher is told to stop, and the launch config's parsing and errors.
 // The ranks are `sh -c` scripts, so each test takes a second or less.
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -29,7 +29,16 @@ struct TempDir {
     char pattern[] = "/tmp/tessera_launch_XXXXXX";
     path = ::mkdtemp(pattern);
   }
-  ~TempDir() { std::filesystem::remove_all(path); }
+  // Files are flat; plain POSIX calls, because std::filesystem::remove_all resolves to a broken
+  // copy exported by libtorch.so in the torch 2.11 wheel (it crashes).
+  ~TempDir() {
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(d))
+        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ::unlink(file(e->d_name).c_str());
+      ::closedir(d);
+    }
+    ::rmdir(path.c_str());
+  }
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
