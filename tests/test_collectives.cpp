@@ -24,7 +24,7 @@ TEST_CASE("collectives on 2 ranks") {
   CHECK(contains(r.output, "collectives ok on rank 1"));
 }
 
-TEST_CASE("collectives on 4 ranks, with tensor-parallel groups of 2") {
+TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
   auto r = launch(4, {"collectives", "--tp", "2"}, 29742);
   INFO(r.output);
   CHECK(r.status == 0);

@@ -221,7 +221,7 @@ TEST_CASE("invalid JSON is reported with line and column") {
   CHECK(contains(c.report.errors(), "line 3"));
 }
 
-TEST_CASE("comments are allowed, as in DeepSpeed's hjson") {
+TEST_CASE("comments are allowed as in DeepSpeed's hjson") {
   auto c = check("{\n  // the global batch\n  \"train_batch_size\": 8 /* eight */\n}");
   CHECK(c.report.ok());
 }
@@ -248,7 +248,7 @@ TEST_CASE("load_config throws one error listing every problem") {
   }
 }
 
-TEST_CASE("Hugging Face style DeepSpeed configs get clear errors for every \"auto\"") {
+TEST_CASE("Hugging Face style DeepSpeed configs get clear errors for every auto value") {
   auto c = check(read_text_file(TESSERA_SOURCE_DIR "/tests/data/hf_trainer_zero2.json"), 2);
   CHECK(has_error(c.report, "train_batch_size", "\"auto\""));
   CHECK(has_error(c.report, "optimizer.params.lr", "\"auto\""));

@@ -76,7 +76,7 @@ std::vector<std::string> launch_argv(std::vector<std::string> options, const std
 
 }  // namespace
 
-TEST_CASE("launch: each rank gets torchrun's environment; tag_output prefixes every line") {
+TEST_CASE("launch: each rank gets torchrun's environment and tag_output prefixes every line") {
   auto r = tessera::testing::run(
       launch_argv({"--nproc-per-node", "2", "--master-port", "29561", "--tag-output"},
                   "echo \"rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE group=$GROUP_RANK "
@@ -94,7 +94,7 @@ TEST_CASE("launch: each rank gets torchrun's environment; tag_output prefixes ev
   }
 }
 
-TEST_CASE("launch: flags override the config file; env and omp_num_threads reach the ranks") {
+TEST_CASE("launch: flags override the config file and env and omp_num_threads reach the ranks") {
   TempDir dir;
   write_file(dir.file("launch.json"),
              R"({"nproc_per_node": 3, "master_port": 29562, "omp_num_threads": 3, "timeout_s": 2.5,
@@ -175,7 +175,7 @@ TEST_CASE("launch: SIGTERM to the launcher stops every rank and exits 143") {
   CHECK(process_gone(rank1));
 }
 
-TEST_CASE("launch: a program that cannot run, or none at all, is a clear error") {
+TEST_CASE("launch: a program that cannot run or none at all is a clear error") {
   auto missing = tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", "2", "--",
                                         "/nonexistent/tessera-program"},
                                        {}, 30);
@@ -191,7 +191,7 @@ TEST_CASE("launch: a program that cannot run, or none at all, is a clear error")
   CHECK(contains(bad_flag.output, "nproc_per_node: found 0, expected a value >= 1"));
 }
 
-TEST_CASE("launch config: a good file, and defaults") {
+TEST_CASE("launch config: a good file and defaults") {
   TempDir dir;
   write_file(dir.file("launch.json"), R"({
     // comments are allowed, as in the training config
@@ -239,7 +239,7 @@ TEST_CASE("launch config: a good file, and defaults") {
   CHECK(load_launch_config(R"({"nproc_per_node": 3})", {{"nproc_per_node", 2}}).nproc_per_node == 2);
 }
 
-TEST_CASE("launch config: every error, each with its JSON path") {
+TEST_CASE("launch config: every error names its JSON path") {
   auto error_of = [](const std::string& text, nlohmann::json overrides = nlohmann::json::object()) {
     try {
       load_launch_config(text, overrides);

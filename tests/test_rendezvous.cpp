@@ -21,7 +21,7 @@ TEST_CASE("torchrun's variables") {
   CHECK(info.timeout.count() == 2500);
 }
 
-TEST_CASE("SLURM's variables, with the master taken from the node list") {
+TEST_CASE("SLURM's variables with the master taken from the node list") {
   auto info = rendezvous_info_from_environment({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
                                                 {"SLURM_NTASKS_PER_NODE", "4(x2)"},
                                                 {"SLURM_JOB_NODELIST", "gpu[07-08]"}});
@@ -62,7 +62,7 @@ TEST_CASE("inconsistent variables are clear errors") {
                     Catch::Contains("MASTER_PORT 70000"));
 }
 
-TEST_CASE("a rank that never arrives makes the others fail within the timeout, naming it") {
+TEST_CASE("a rank that never arrives makes the others fail within the timeout naming it") {
   // Rank 0 of 3 alone (ranks 1 and 2 are never started).
   auto r = tessera::testing::run({TESSERA_WORKER_PATH, "context"},
                                  {{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"},
@@ -74,7 +74,7 @@ TEST_CASE("a rank that never arrives makes the others fail within the timeout, n
   CHECK(contains(r.output, "2 of 3 ranks never arrived (missing ranks 1, 2)"));
 }
 
-TEST_CASE("a rank whose master never arrives fails within the timeout, naming rank 0") {
+TEST_CASE("a rank whose master never arrives fails within the timeout naming rank 0") {
   auto r = tessera::testing::run({TESSERA_WORKER_PATH, "context"},
                                  {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
                                   {"MASTER_PORT", "29732"}, {"TESSERA_TIMEOUT_S", "2"}},

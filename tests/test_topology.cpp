@@ -18,7 +18,7 @@ TEST_CASE("grid shape divides the world into pipe x data x tensor") {
   CHECK_FALSE(make_grid_shape(4, 0, 1, &error));
 }
 
-TEST_CASE("tensor varies fastest, then data, then pipe") {
+TEST_CASE("tensor varies fastest then data then pipe") {
   GridShape g{2, 2, 2};  // pipe, data, tensor
   CHECK(g.coordinates_of(0) == Coordinates{0, 0, 0});
   CHECK(g.coordinates_of(1) == Coordinates{0, 0, 1});
@@ -46,7 +46,7 @@ TEST_CASE("every axis's groups partition the world") {
   CHECK(g.all_groups(Axis::Model).size() == 2);
 }
 
-TEST_CASE("balanced chunks cover [0, n) with sizes differing by at most one") {
+TEST_CASE("balanced chunks cover the range with sizes differing by at most one") {
   for (int64_t n : {0, 1, 7, 8, 1001}) {
     for (int p : {1, 2, 3, 4}) {
       int64_t next = 0;
