@@ -1,0 +1,124 @@
+// AVX2 + FMA CPU Adam kernel: 8 fp32 lanes per vector. This file alone is compiled with
+// -mavx2 -mfma -mf16c; it runs only after cpu_adam.cpp has checked that the CPU supports those
+// (F16C for the fp16 copy). The arithmetic is cpu_adam_scalar.cpp's, with fused multiply-adds;
+// the structure is cpu_adam_avx512.cpp's at half the width.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "csrc/cpu_adam.h"
+
+namespace tessera::detail {
+namespace {
+
+constexpr int kWidth = 8;
+
+enum class HalfMode { None, BFloat16, Float16 };
+
+// The step's scalars, broadcast once per call rather than once per vector.
+struct Constants {
+  __m256 step_size, inv_sqrt_bc2, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  __m256 l2_decay, decoupled_keep, grad_scale;
+  bool has_l2, has_decoupled, has_grad_scale;
+
+  explicit Constants(const AdamKernelArgs& a)
+      : step_size(_mm256_set1_ps(a.step_size)), inv_sqrt_bc2(_mm256_set1_ps(a.inv_sqrt_bc2)),
+        beta1(_mm256_set1_ps(a.beta1)), one_minus_beta1(_mm256_set1_ps(a.one_minus_beta1)),
+        beta2(_mm256_set1_ps(a.beta2)), one_minus_beta2(_mm256_set1_ps(a.one_minus_beta2)),
+        eps(_mm256_set1_ps(a.eps)), l2_decay(_mm256_set1_ps(a.l2_decay)),
+        decoupled_keep(_mm256_set1_ps(a.decoupled_keep)), grad_scale(_mm256_set1_ps(a.grad_scale)),
+        has_l2(a.has_l2), has_decoupled(a.has_decoupled), has_grad_scale(a.has_grad_scale) {}
+};
+
+// bf16 -> fp32 is exact: widen each 16-bit lane to 32 bits and shift it into the top half.
+inline __m256 load_bf16(const uint16_t* src) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// fp32 -> bf16, round to nearest even: add 0x7FFF plus the lowest kept bit, keep the top 16 bits;
+// NaN lanes become 0x7FC0 (as c10::BFloat16, so copies match torch's conversion bit for bit).
+inline void store_bf16(uint16_t* dst, __m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+  // Narrow 8 x 32 -> 8 x 16 bits. packus works within 128-bit lanes, leaving the results in
+  // 64-bit blocks 0 and 2; gather those two. (Values are <= 0xFFFF, so saturation never applies.)
+  const __m256i packed = _mm256_packus_epi32(rounded, rounded);
+  const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);  // blocks 0, 2 into the low half
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(ordered));
+}
+
+// fp32 -> IEEE fp16 in hardware (F16C's VCVTPS2PH), round to nearest even.
+inline void store_fp16(uint16_t* dst, __m256 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                   _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// One vector of the update (equations in cpu_adam.h). Pointers address the vector's first element.
+template <GradType kGrad, HalfMode kHalf>
+inline void step_vector(const Constants& c, float* p, const void* grad, float* m, float* v, uint16_t* half) {
+  __m256 g = kGrad == GradType::Float32 ? _mm256_loadu_ps(static_cast<const float*>(grad))
+                                        : load_bf16(static_cast<const uint16_t*>(grad));
+  __m256 param = _mm256_loadu_ps(p);
+  if (c.has_grad_scale) g = _mm256_mul_ps(g, c.grad_scale);
+  if (c.has_l2) g = _mm256_fmadd_ps(c.l2_decay, param, g);
+  if (c.has_decoupled) param = _mm256_mul_ps(param, c.decoupled_keep);
+  const __m256 mi = _mm256_fmadd_ps(c.beta1, _mm256_loadu_ps(m), _mm256_mul_ps(c.one_minus_beta1, g));
+  const __m256 vi = _mm256_fmadd_ps(c.beta2, _mm256_loadu_ps(v), _mm256_mul_ps(c.one_minus_beta2, _mm256_mul_ps(g, g)));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), c.inv_sqrt_bc2, c.eps);
+  param = _mm256_fnmadd_ps(c.step_size, _mm256_div_ps(mi, denom), param);  // p - step_size * m/denom
+  _mm256_storeu_ps(p, param);
+  _mm256_storeu_ps(m, mi);
+  _mm256_storeu_ps(v, vi);
+  if (kHalf == HalfMode::BFloat16) store_bf16(half, param);
+  if (kHalf == HalfMode::Float16) store_fp16(half, param);
+}
+
+template <GradType kGrad, HalfMode kHalf>
+void run(const AdamKernelArgs& a, int64_t begin, int64_t end) {
+  using GradElem = std::conditional_t<kGrad == GradType::Float32, float, uint16_t>;
+  const Constants c(a);
+  const GradElem* grads = static_cast<const GradElem*>(a.grads);
+  uint16_t* half = static_cast<uint16_t*>(a.half_copy);
+  int64_t i = begin;
+  for (; i + kWidth <= end; i += kWidth)
+    step_vector<kGrad, kHalf>(c, a.params + i, grads + i, a.exp_avg + i, a.exp_avg_sq + i,
+                              kHalf == HalfMode::None ? nullptr : half + i);
+  // The array's last, partial vector: run the same instructions on a zero-padded copy, so a tail
+  // element is computed exactly as it would be in a full vector (zeros give m = v = 0, no update).
+  const int64_t r = end - i;
+  if (r == 0) return;
+  alignas(32) float p[kWidth] = {}, m[kWidth] = {}, v[kWidth] = {};
+  alignas(32) GradElem g[kWidth] = {};
+  alignas(32) uint16_t h[kWidth];
+  std::memcpy(p, a.params + i, r * sizeof(float));
+  std::memcpy(m, a.exp_avg + i, r * sizeof(float));
+  std::memcpy(v, a.exp_avg_sq + i, r * sizeof(float));
+  std::memcpy(g, grads + i, r * sizeof(GradElem));
+  step_vector<kGrad, kHalf>(c, p, g, m, v, h);
+  std::memcpy(a.params + i, p, r * sizeof(float));
+  std::memcpy(a.exp_avg + i, m, r * sizeof(float));
+  std::memcpy(a.exp_avg_sq + i, v, r * sizeof(float));
+  if (kHalf != HalfMode::None) std::memcpy(half + i, h, r * sizeof(uint16_t));
+}
+
+template <GradType kGrad>
+void run_grad(const AdamKernelArgs& a, int64_t begin, int64_t end) {
+  if (!a.half_copy) return run<kGrad, HalfMode::None>(a, begin, end);
+  if (a.half_type == HalfType::BFloat16) return run<kGrad, HalfMode::BFloat16>(a, begin, end);
+  return run<kGrad, HalfMode::Float16>(a, begin, end);
+}
+
+}  // namespace
+
+void adam_kernel_avx2(const AdamKernelArgs& a, int64_t begin, int64_t end) {
+  if (a.grad_type == GradType::Float32) return run_grad<GradType::Float32>(a, begin, end);
+  return run_grad<GradType::BFloat16>(a, begin, end);
+}
+
+}  // namespace tessera::detail
