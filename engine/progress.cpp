@@ -1,0 +1,69 @@
+#include "engine/progress.h"
+
+#include <sys/resource.h>
+
+#include <cstdio>
+
+namespace tessera {
+
+ProgressMeter::ProgressMeter(int64_t steps_per_print, bool breakdown, bool printer, int data_parallel_size)
+    : steps_per_print_(steps_per_print),
+      breakdown_(breakdown),
+      printer_(printer),
+      dp_(data_parallel_size),
+      interval_start_(std::chrono::steady_clock::now()) {}
+
+void ProgressMeter::add_samples(int64_t samples, int64_t tokens) {
+  samples_ += samples;
+  tokens_ += tokens;
+}
+
+void ProgressMeter::add_times(const StepTimes& t) {
+  times_.forward_s += t.forward_s;
+  times_.backward_s += t.backward_s;
+  times_.reduce_s += t.reduce_s;
+  times_.optimizer_s += t.optimizer_s;
+  if (t.optimizer_s > 0) ++steps_;
+}
+
+void ProgressMeter::add_loss(double loss) {
+  loss_sum_ += loss;
+  ++losses_;
+}
+
+std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr, double loss_scale,
+                                double grad_norm) {
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - interval_start_).count();
+  const double steps = steps_ ? double(steps_) : 1.0;
+  char buf[512];
+  int n = std::snprintf(buf, sizeof(buf), "step %lld | loss %.4f | lr %.3e | loss scale %g | grad norm %.4f",
+                        (long long)global_step, mean_loss, lr, loss_scale, grad_norm);
+  // Every data-parallel rank draws the same number of samples: this rank's count times dp.
+  if (samples_ > 0) n += std::snprintf(buf + n, sizeof(buf) - n, " | %.1f samples/s", samples_ * dp_ / seconds);
+  if (tokens_ > 0) n += std::snprintf(buf + n, sizeof(buf) - n, " | %.0f tokens/s", tokens_ * dp_ / seconds);
+  n += std::snprintf(buf + n, sizeof(buf) - n, " | step %.1f ms | peak rss %.2f GiB", 1000 * seconds / steps,
+                     peak_rss_bytes() / double(1 << 30));
+  std::string out(buf);
+  if (breakdown_) {
+    std::snprintf(buf, sizeof(buf),
+                  "\n  time per step: forward+data %.1f ms | backward %.1f ms | reduce wait %.1f ms | "
+                  "optimizer+allgather %.1f ms",
+                  1000 * times_.forward_s / steps, 1000 * times_.backward_s / steps, 1000 * times_.reduce_s / steps,
+                  1000 * times_.optimizer_s / steps);
+    out += buf;
+  }
+  interval_start_ = now;
+  samples_ = tokens_ = losses_ = steps_ = 0;
+  loss_sum_ = 0;
+  times_ = StepTimes{};
+  return out;
+}
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return int64_t(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace tessera

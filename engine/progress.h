@@ -1,0 +1,44 @@
+// The progress line printed every `steps_per_print` optimizer steps on rank 0:
+//   step 20 | loss 2.4311 | lr 3.000e-04 | loss scale 1 | grad norm 0.8123 | 912.4 samples/s |
+//   116787 tokens/s | step 140.2 ms | peak rss 1.21 GiB
+// With wall_clock_breakdown, a second line splits the step time into forward (the user's code and
+// data between backward calls), backward, gradient reduction waits, and optimizer (+ allgather).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct StepTimes {
+  double forward_s = 0, backward_s = 0, reduce_s = 0, optimizer_s = 0;
+};
+
+class ProgressMeter {
+ public:
+  ProgressMeter(int64_t steps_per_print, bool breakdown, bool printer, int data_parallel_size);
+
+  void add_samples(int64_t samples, int64_t tokens);
+  void add_times(const StepTimes& t);
+  void add_loss(double loss);  // one micro-step's loss on this rank
+  bool due(int64_t global_step) const { return global_step % steps_per_print_ == 0; }
+  // Formats the line (the caller averages the loss across ranks first) and resets the interval.
+  std::string line(int64_t global_step, double mean_loss, double lr, double loss_scale, double grad_norm);
+  double interval_mean_loss() const { return losses_ ? loss_sum_ / losses_ : 0; }
+  bool printer() const { return printer_; }
+
+ private:
+  int64_t steps_per_print_;
+  bool breakdown_, printer_;
+  int dp_;
+  std::chrono::steady_clock::time_point interval_start_;
+  int64_t samples_ = 0, tokens_ = 0, losses_ = 0, steps_ = 0;
+  double loss_sum_ = 0;
+  StepTimes times_;
+};
+
+// Peak resident set size of this process, in bytes.
+int64_t peak_rss_bytes();
+
+}  // namespace tessera

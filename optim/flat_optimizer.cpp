@@ -1,0 +1,145 @@
+#include "optim/flat_optimizer.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace tessera {
+
+namespace {
+
+class Adam final : public FlatOptimizer {
+ public:
+  Adam(const OptimizerParams& p, int64_t n, const at::TensorOptions& o)
+      : p_(p), exp_avg_(at::zeros({n}, o)), exp_avg_sq_(at::zeros({n}, o)) {}
+
+  void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
+    const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
+    const double bc1 = p_.bias_correction ? 1 - std::pow(beta1, double(in.step)) : 1.0;
+    const double bc2 = p_.bias_correction ? 1 - std::pow(beta2, double(in.step)) : 1.0;
+    for (const auto& s : segments) {
+      const int64_t n = s.params.numel();
+      at::Tensor m = exp_avg_.narrow(0, s.local_offset, n), v = exp_avg_sq_.narrow(0, s.local_offset, n);
+      at::Tensor g = s.grads * in.grad_scale;
+      if (!p_.adam_w_mode && in.weight_decay != 0) g.add_(s.params, in.weight_decay);
+      m.mul_(beta1).add_(g, 1 - beta1);
+      v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+      at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(p_.eps);
+      if (p_.adam_w_mode && in.weight_decay != 0) s.params.mul_(1 - in.lr * in.weight_decay);
+      s.params.addcdiv_(m, denom, -in.lr / bc1);
+    }
+  }
+  int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
+  const char* name() const override { return p_.adam_w_mode ? "AdamW" : "Adam"; }
+
+ private:
+  OptimizerParams p_;
+  at::Tensor exp_avg_, exp_avg_sq_;
+};
+
+class Sgd final : public FlatOptimizer {
+ public:
+  Sgd(const OptimizerParams& p, int64_t n, const at::TensorOptions& o) : p_(p) {
+    if (p_.momentum != 0) momentum_buffer_ = at::zeros({n}, o);
+  }
+  void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
+    const double mu = in.beta1.value_or(p_.momentum);
+    for (const auto& s : segments) {
+      at::Tensor d = s.grads * in.grad_scale;
+      if (in.weight_decay != 0) d.add_(s.params, in.weight_decay);
+      if (momentum_buffer_.defined()) {
+        at::Tensor b = momentum_buffer_.narrow(0, s.local_offset, s.params.numel());
+        if (!started_) b.copy_(d);  // torch: the first buffer is the gradient itself
+        else b.mul_(mu).add_(d, 1 - p_.dampening);
+        if (p_.nesterov) d.add_(b, mu);
+        else d = b;
+      }
+      s.params.add_(d, -in.lr);
+    }
+    started_ = true;
+  }
+  int64_t state_bytes() const override { return momentum_buffer_.defined() ? momentum_buffer_.nbytes() : 0; }
+  const char* name() const override { return "SGD"; }
+
+ private:
+  OptimizerParams p_;
+  at::Tensor momentum_buffer_;
+  bool started_ = false;
+};
+
+class Lamb final : public FlatOptimizer {
+ public:
+  Lamb(const OptimizerParams& p, int64_t n, const at::TensorOptions& o, LambContext ctx)
+      : p_(p), exp_avg_(at::zeros({n}, o)), exp_avg_sq_(at::zeros({n}, o)), ctx_(std::move(ctx)) {}
+
+  void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
+    const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
+    const double bc1 = p_.bias_correction ? 1 - std::pow(beta1, double(in.step)) : 1.0;
+    const double bc2 = p_.bias_correction ? 1 - std::pow(beta2, double(in.step)) : 1.0;
+    // Phase 1: moments and the raw update u, kept for phase 2; partial squared norms per parameter.
+    std::vector<at::Tensor> updates;
+    for (const auto& s : segments) {
+      const int64_t n = s.params.numel();
+      at::Tensor m = exp_avg_.narrow(0, s.local_offset, n), v = exp_avg_sq_.narrow(0, s.local_offset, n);
+      at::Tensor g = s.grads * in.grad_scale;
+      m.mul_(beta1).add_(g, 1 - beta1);
+      v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+      at::Tensor u = (m / bc1).div_(v.div(bc2).sqrt_().add_(p_.eps));
+      if (in.weight_decay != 0) u.add_(s.params, in.weight_decay);
+      updates.push_back(u);
+    }
+    at::Tensor sums = at::zeros({2 * ctx_.num_params}, at::kDouble);  // [‖p‖² per param, ‖u‖² per param]
+    double* sum = sums.data_ptr<double>();
+    for_each_piece(segments, updates, [&](const ShardPiece& piece, const at::Tensor& p, const at::Tensor& u) {
+      sum[piece.param] += p.pow(2).sum().item<double>();
+      sum[ctx_.num_params + piece.param] += u.pow(2).sum().item<double>();
+    });
+    if (ctx_.sum_across_ranks) ctx_.sum_across_ranks(sums);
+    // Phase 2: p ← p − lr · trust · u, with the trust ratio of the whole parameter.
+    for_each_piece(segments, updates, [&](const ShardPiece& piece, const at::Tensor& p, const at::Tensor& u) {
+      const double w = std::sqrt(sum[piece.param]), un = std::sqrt(sum[ctx_.num_params + piece.param]);
+      double trust = (w > 0 && un > 0) ? w / un : 1.0;
+      trust = std::min(std::max(trust, p_.min_coeff), p_.max_coeff);
+      p.add_(u, -in.lr * trust);
+    });
+  }
+  int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
+  const char* name() const override { return "Lamb"; }
+
+ private:
+  // Calls f(piece, params view, update view) for each parameter piece inside the segments.
+  template <class F>
+  void for_each_piece(const std::vector<ShardSegment>& segments, const std::vector<at::Tensor>& updates, F f) {
+    for (const auto& piece : ctx_.pieces) {
+      for (size_t i = 0; i < segments.size(); ++i) {
+        const auto& s = segments[i];
+        const int64_t begin = piece.local_offset - s.local_offset;
+        if (begin < 0 || begin + piece.numel > s.params.numel()) continue;
+        f(piece, s.params.narrow(0, begin, piece.numel), updates[i].narrow(0, begin, piece.numel));
+        break;
+      }
+    }
+  }
+
+  OptimizerParams p_;
+  at::Tensor exp_avg_, exp_avg_sq_;
+  LambContext ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<FlatOptimizer> make_flat_optimizer(const OptimizerConfig& config, int64_t shard_numel,
+                                                   const at::TensorOptions& options, LambContext lamb) {
+  const auto& t = config.type;
+  if (t == "Adam" || t == "AdamW") return std::make_unique<Adam>(config.params, shard_numel, options);
+  if (t == "SGD") return std::make_unique<Sgd>(config.params, shard_numel, options);
+  if (t == "Lamb") return std::make_unique<Lamb>(config.params, shard_numel, options, std::move(lamb));
+  throw std::invalid_argument("tessera: optimizer.type \"" + t +
+                              "\" is not available in the engine yet (Adam, AdamW, SGD and Lamb are)");
+}
+
+}  // namespace tessera

@@ -1,0 +1,339 @@
+#include "zero/zero_optimizer.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+#include "parallel/parallel_context.h"
+
+namespace tessera {
+
+// One parameter group: its layout and buffers (see zero/flat_layout.h for the byte layout).
+struct ZeroOptimizer::Group {
+  FlatLayout layout;
+  std::vector<at::Tensor> params;  // the model's tensors, now views into `compute`
+  at::Tensor compute;              // flat, compute dtype: what the model reads
+  at::Tensor master;               // fp32 local shard (mixed precision only)
+  at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stage 2)
+  std::vector<at::Tensor> staging; // stage 2: a bucket's gradients while it fills
+  std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
+  std::vector<bool> launched;      // per bucket: reduction launched this micro-step
+  std::unique_ptr<FlatOptimizer> optimizer;
+  double lr_scale = 1;
+  double weight_decay = 0;
+  bool mixed() const { return master.defined(); }
+};
+
+namespace {
+
+// Autograd calls this right after a parameter's gradient has been accumulated into `.grad`.
+class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  GradReadyHook(ZeroOptimizer* owner, int group, int param) : owner_(owner), group_(group), param_(param) {}
+  void operator()(const torch::autograd::Variable& tensor) override {
+    owner_->on_grad_ready(group_, param_, tensor.grad());
+    tensor.mutable_grad().reset();  // folded into the engine's buffers: release autograd's copy
+  }
+
+ private:
+  ZeroOptimizer* owner_;
+  int group_, param_;
+};
+
+at::ScalarType compute_dtype_of(const Config& c) {
+  if (c.bf16.enabled) return at::kBFloat16;
+  if (c.fp16.enabled) return at::kHalf;
+  return at::kFloat;
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, ModelDescription& model)
+    : stage_(config.zero_optimization.stage),
+      bucket_numel_(config.zero_optimization.reduce_bucket_size),
+      allgather_numel_(config.zero_optimization.allgather_bucket_size),
+      data_(parallel.data()),
+      compute_dtype_(compute_dtype_of(config)) {
+  if (!config.optimizer)
+    throw std::invalid_argument("tessera: the config has no \"optimizer\" section; the engine needs one "
+                                "(client-side optimizers are not supported)");
+  if (stage_ > 2)
+    throw std::invalid_argument("tessera: zero_optimization.stage 3 is not implemented yet (stages 0, 1, 2 are)");
+  if (config.zero_optimization.offload_optimizer.device != "none")
+    throw std::invalid_argument("tessera: zero_optimization.offload_optimizer is not implemented yet");
+  const int dp = data_.size();
+  const int partitions = stage_ == 0 ? 1 : dp;
+  const int rank = stage_ == 0 ? 0 : data_.rank();
+  const double base_lr = config.optimizer->params.lr;
+  std::set<const void*> seen;
+  at::Tensor scratch;  // keeps the largest staging size in sync across groups
+
+  for (size_t gi = 0; gi < model.groups.size(); ++gi) {
+    auto& spec = model.groups[gi];
+    auto g = std::make_unique<Group>();
+    std::vector<int64_t> numels;
+    for (auto& p : spec.params) {
+      if (!p.defined() || !p.requires_grad() || !p.is_leaf())
+        throw std::invalid_argument("tessera: parameter " + std::to_string(numels.size()) + " of group " +
+                                    std::to_string(gi) + " must be a defined leaf tensor that requires grad");
+      if (!seen.insert(p.unsafeGetTensorImpl()).second)
+        throw std::invalid_argument("tessera: a parameter appears twice in the model description");
+      numels.push_back(p.numel());
+    }
+    if (numels.empty()) continue;
+    g->layout = FlatLayout::build(numels, partitions, bucket_numel_);
+    const auto& L = g->layout;
+    const auto device = spec.params.front().device();
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+
+    // Gather the initial values into one fp32 flat buffer (exact master weights), then cast.
+    at::Tensor init = at::zeros({L.total}, f32);
+    for (size_t i = 0; i < spec.params.size(); ++i)
+      init.narrow(0, L.params[i].offset, L.params[i].numel).copy_(spec.params[i].detach().reshape({-1}));
+    g->compute = compute_dtype_ == at::kFloat ? init : init.to(compute_dtype_);
+    if (compute_dtype_ != at::kFloat) {
+      g->master = at::empty({L.shard_numel}, f32);
+      for (size_t b = 0; b < L.buckets.size(); ++b)
+        g->master.narrow(0, L.buckets[b].shard_offset, L.buckets[b].shard)
+            .copy_(init.narrow(0, L.flat_of_local(rank, b), L.buckets[b].shard));
+    }
+    init = at::Tensor();
+
+    // The model's tensors become views into the compute buffer (same objects, new storage).
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      auto& p = spec.params[i];
+      p.set_data(g->compute.narrow(0, L.params[i].offset, L.params[i].numel).view(p.sizes()));
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          p, std::make_unique<GradReadyHook>(this, static_cast<int>(groups_.size()), static_cast<int>(i)));
+      g->params.push_back(p);
+    }
+    g->grads = at::zeros({stage_ == 2 ? L.shard_numel : L.total}, f32);
+    g->staging.resize(L.buckets.size());
+    g->pending.resize(L.buckets.size());
+    g->launched.assign(L.buckets.size(), false);
+    for (size_t b = 0; b < L.buckets.size(); ++b) g->pending[b] = static_cast<int>(L.buckets[b].params.size());
+
+    LambContext lamb;
+    lamb.pieces = L.pieces(rank);
+    lamb.num_params = static_cast<int>(L.params.size());
+    if (partitions > 1) lamb.sum_across_ranks = [this](at::Tensor& t) { data_.all_reduce(t); };
+    g->optimizer = make_flat_optimizer(*config.optimizer, L.shard_numel, f32, std::move(lamb));
+    g->lr_scale = spec.lr ? *spec.lr / base_lr : 1.0;
+    g->weight_decay = spec.weight_decay.value_or(config.optimizer->params.weight_decay);
+    groups_.push_back(std::move(g));
+  }
+  if (groups_.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  try {
+    wait_all();
+  } catch (...) {
+  }
+}
+
+void ZeroOptimizer::begin_backward(bool boundary) { boundary_ = boundary; }
+
+void ZeroOptimizer::on_grad_ready(int group, int param, const at::Tensor& grad) {
+  Group& g = *groups_[group];
+  const FlatParam& fp = g.layout.params[param];
+  const FlatBucket& b = g.layout.buckets[fp.bucket];
+  at::Tensor flat = grad.reshape({-1});
+  if (stage_ < 2) {
+    g.grads.narrow(0, fp.offset, fp.numel).add_(flat);
+  } else {
+    if (!g.staging[fp.bucket].defined()) g.staging[fp.bucket] = acquire_staging(b.numel);
+    g.staging[fp.bucket].narrow(0, fp.offset - b.offset, fp.numel).add_(flat);
+  }
+  if (--g.pending[fp.bucket] == 0 && (stage_ == 2 || boundary_)) launch_bucket(g, fp.bucket);
+}
+
+void ZeroOptimizer::launch_bucket(Group& g, int bucket) {
+  g.launched[bucket] = true;
+  const FlatBucket& b = g.layout.buckets[bucket];
+  const int dp = data_.size();
+  if (stage_ == 0) {
+    if (dp == 1) return;
+    at::Tensor view = g.grads.narrow(0, b.offset, b.numel);
+    in_flight_.push_back({data_.all_reduce_async(view, ReduceOp::Avg), {}});
+    return;
+  }
+  const int64_t own = g.layout.flat_of_local(data_.rank(), bucket);
+  if (stage_ == 1) {
+    if (dp == 1) return;
+    at::Tensor out = at::empty({b.shard}, g.grads.options());
+    at::Tensor mine = g.grads.narrow(0, own, b.shard);
+    temp_bytes_peak_ = std::max<int64_t>(temp_bytes_peak_, out.nbytes());
+    in_flight_.push_back({data_.reduce_scatter_async(g.grads.narrow(0, b.offset, b.numel), out, ReduceOp::Avg),
+                          [mine, out]() mutable { mine.copy_(out); }});
+    return;
+  }
+  // Stage 2: reduce-scatter the staging buffer, add this rank's chunk into its gradient shard.
+  if (!g.staging[bucket].defined()) g.staging[bucket] = acquire_staging(b.numel);  // no gradient arrived
+  at::Tensor staging = g.staging[bucket];
+  g.staging[bucket] = at::Tensor();
+  at::Tensor shard = g.grads.narrow(0, b.shard_offset, b.shard);
+  auto release = [this, staging]() { staging_free_.push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging); };
+  if (dp == 1) {
+    shard.add_(staging);
+    release();
+    return;
+  }
+  at::Tensor out = at::empty({b.shard}, g.grads.options());
+  temp_bytes_peak_ = std::max<int64_t>(temp_bytes_peak_, out.nbytes());
+  in_flight_.push_back({data_.reduce_scatter_async(staging, out, ReduceOp::Avg),
+                        [shard, out, release]() mutable {
+                          shard.add_(out);
+                          release();
+                        }});
+}
+
+at::Tensor ZeroOptimizer::acquire_staging(int64_t numel) {
+  // Reuse a free staging buffer; while none is free, finish the oldest reduction (bounded memory).
+  while (staging_free_.empty() && !in_flight_.empty()) wait_oldest();
+  at::Tensor base;
+  for (size_t i = 0; i < staging_free_.size(); ++i) {
+    if (staging_free_[i].numel() >= numel) {
+      base = staging_free_[i];
+      staging_free_.erase(staging_free_.begin() + i);
+      break;
+    }
+  }
+  if (!base.defined()) {
+    int64_t largest = numel;
+    for (const auto& g : groups_)
+      for (const auto& b : g->layout.buckets) largest = std::max(largest, b.numel);
+    base = at::empty({largest}, at::TensorOptions().dtype(at::kFloat).device(groups_.front()->grads.device()));
+    staging_bytes_ += base.nbytes();
+  }
+  return base.narrow(0, 0, numel).zero_();
+}
+
+void ZeroOptimizer::wait_oldest() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  f.handle.wait();
+  if (f.finish) f.finish();
+}
+
+void ZeroOptimizer::wait_all() {
+  while (!in_flight_.empty()) wait_oldest();
+}
+
+void ZeroOptimizer::end_backward() {
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+      if (!g.launched[b] && (stage_ == 2 || boundary_)) launch_bucket(g, static_cast<int>(b));
+      g.launched[b] = false;
+      g.pending[b] = static_cast<int>(g.layout.buckets[b].params.size());
+    }
+  }
+  wait_all();
+}
+
+std::vector<ShardSegment> ZeroOptimizer::segments(Group& g) {
+  const int rank = stage_ == 0 ? 0 : data_.rank();
+  std::vector<ShardSegment> out;
+  for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+    const FlatBucket& k = g.layout.buckets[b];
+    const int64_t flat = g.layout.flat_of_local(rank, b);
+    ShardSegment s;
+    s.params = g.mixed() ? g.master.narrow(0, k.shard_offset, k.shard) : g.compute.narrow(0, flat, k.shard);
+    s.grads = stage_ == 2 ? g.grads.narrow(0, k.shard_offset, k.shard) : g.grads.narrow(0, flat, k.shard);
+    s.local_offset = k.shard_offset;
+    out.push_back(s);
+  }
+  return out;
+}
+
+double ZeroOptimizer::local_grad_sumsq(Group& g) {
+  double sumsq = 0;
+  for (const auto& s : segments(g)) {
+    const double n = s.grads.norm().item<double>();
+    sumsq += n * n;
+  }
+  return sumsq;
+}
+
+void ZeroOptimizer::allgather_parameters(Group& g) {
+  const int rank = data_.rank();
+  std::vector<std::pair<CommHandle, at::Tensor>> pending;  // the handle and its input, kept alive
+  int64_t in_flight = 0;
+  for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+    const FlatBucket& k = g.layout.buckets[b];
+    // The input is this rank's chunk of the output: copy it, as Gloo does not promise in-place.
+    at::Tensor chunk = g.compute.narrow(0, g.layout.flat_of_local(rank, b), k.shard).clone();
+    at::Tensor whole = g.compute.narrow(0, k.offset, k.numel);
+    pending.emplace_back(data_.all_gather_async(chunk, whole), chunk);
+    in_flight += k.numel;
+    if (in_flight >= allgather_numel_) {  // at most allgather_bucket_size elements in flight
+      for (auto& p : pending) p.first.wait();
+      pending.clear();
+      in_flight = 0;
+    }
+  }
+  for (auto& p : pending) p.first.wait();
+}
+
+ZeroStepResult ZeroOptimizer::step(double loss_scale, double clip, const StepInputs& inputs) {
+  wait_all();
+  ZeroStepResult result;
+  // One norm for all groups and ranks; an inf/nan anywhere makes the sum inf/nan everywhere.
+  double sumsq = 0;
+  for (auto& g : groups_) sumsq += local_grad_sumsq(*g);
+  at::Tensor total = at::full({1}, sumsq, at::kDouble);
+  if (stage_ > 0 && data_.size() > 1) data_.all_reduce(total);
+  sumsq = total.item<double>();
+  at::Tensor flag = at::full({1}, std::isfinite(sumsq) ? 0.0f : 1.0f, at::kFloat);
+  if (data_.size() > 1) data_.all_reduce(flag, ReduceOp::Max);  // every rank decides alike
+  if (flag.item<float>() != 0) {
+    result.overflow = true;
+    result.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    return result;
+  }
+  result.grad_norm = std::sqrt(sumsq) / loss_scale;
+  double coef = 1.0 / loss_scale;
+  if (clip > 0 && result.grad_norm > clip) coef *= clip / (result.grad_norm + 1e-6);  // DeepSpeed's rule
+
+  const int rank = stage_ == 0 ? 0 : data_.rank();
+  for (auto& gp : groups_) {
+    Group& g = *gp;
+    StepInputs in = inputs;
+    in.lr = inputs.lr * g.lr_scale;
+    in.weight_decay = g.weight_decay;
+    in.grad_scale = coef;
+    g.optimizer->step(in, segments(g));
+    if (g.mixed())  // the compute copy of this rank's chunk, from the fp32 master
+      for (size_t b = 0; b < g.layout.buckets.size(); ++b)
+        g.compute.narrow(0, g.layout.flat_of_local(rank, b), g.layout.buckets[b].shard)
+            .copy_(g.master.narrow(0, g.layout.buckets[b].shard_offset, g.layout.buckets[b].shard));
+    if (stage_ > 0 && data_.size() > 1) allgather_parameters(g);
+  }
+  return result;
+}
+
+void ZeroOptimizer::zero_grad() {
+  for (auto& g : groups_) g->grads.zero_();
+}
+
+MemoryReport ZeroOptimizer::memory() const {
+  MemoryReport m;
+  for (const auto& g : groups_) {
+    m.parameters += g->compute.nbytes();
+    if (g->mixed()) m.master_parameters += g->master.nbytes();
+    m.gradients += g->grads.nbytes();
+    m.optimizer_states += g->optimizer->state_bytes();
+  }
+  m.buckets = staging_bytes_ + temp_bytes_peak_;
+  return m;
+}
+
+}  // namespace tessera
