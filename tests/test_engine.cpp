@@ -97,3 +97,22 @@ TEST_CASE("per-rank memory of each ZeRO stage matches the accounting") {
     CHECK(std::abs(total - expected[stage]) <= 16 * 4); // at most one padding element per group and buffer
   }
 }
+
+TEST_CASE("per-rank memory with bf16 compute: 2 bytes of parameters, fp32 master, fp32 gradient accumulation") {
+  // bf16 params 2Ψ; fp32 master 4Ψ (stage 0) or 4Ψ/N; fp32 grads 4Ψ (stages 0-1) or 4Ψ/N; Adam 8Ψ or 8Ψ/N.
+  const double psi = 1528, n = 2;
+  const double master[3] = {4 * psi, 4 * psi / n, 4 * psi / n};
+  const double grads[3] = {4 * psi, 4 * psi, 4 * psi / n};
+  const double states[3] = {8 * psi, 8 * psi / n, 8 * psi / n};
+  for (int stage : {0, 1, 2}) {
+    auto r = train(2, {"--stage", std::to_string(stage), "--dtype", "bf16", "--steps", "1", "--memory"});
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(r.output, m, std::regex("memory: params (\\d+) master (\\d+) grads (\\d+) states (\\d+)")));
+    CHECK(std::abs(std::stod(m[1]) - 2 * psi) <= 2 * 2);
+    CHECK(std::abs(std::stod(m[2]) - master[stage]) <= 4 * 2);
+    CHECK(std::abs(std::stod(m[3]) - grads[stage]) <= 4 * 2);
+    CHECK(std::abs(std::stod(m[4]) - states[stage]) <= 8 * 2);
+  }
+}
