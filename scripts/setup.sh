@@ -14,7 +14,7 @@ python=${TESSERA_PYTHON:-python3}
 
 apt_packages=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 libcli11-dev liburing-dev libaio-dev
-  libgloo-dev ninja-build ccache libopenmpi-dev fortunes dataset-fashion-mnist
+  libgloo-dev zlib1g-dev ninja-build ccache libopenmpi-dev fortunes dataset-fashion-mnist
 )
 
 log() { echo "[setup] $*" >&2; }

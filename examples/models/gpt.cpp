@@ -1,0 +1,131 @@
+#include "examples/models/gpt.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/normal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace tessera::examples {
+
+namespace {
+
+// Offsets of a block's parameters from its first one.
+enum BlockParam : int64_t {
+  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB, kPerBlock
+};
+
+constexpr double kLayerNormEps = 1e-5;
+
+}  // namespace
+
+int64_t Gpt::add(const std::string& name, at::Tensor value) {
+  value.set_requires_grad(true);
+  params_.push_back(std::move(value));
+  names_.push_back(name);
+  return static_cast<int64_t>(params_.size()) - 1;
+}
+
+Gpt::Gpt(GptConfig config, uint64_t seed) : config_(config) {
+  const GptConfig& c = config_;
+  if (c.vocab < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1)
+    throw std::invalid_argument("GptConfig: every size must be >= 1");
+  if (c.n_embd % c.n_head != 0)
+    throw std::invalid_argument("GptConfig: n_embd (" + std::to_string(c.n_embd) + ") must be a multiple of n_head (" +
+                                std::to_string(c.n_head) + ")");
+
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double std_dev = 0.02;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  auto normal = [&](std::vector<int64_t> shape, double s) { return at::normal(0.0, s, shape, gen, at::kFloat); };
+  auto zeros = [](std::vector<int64_t> shape) { return at::zeros(shape, at::kFloat); };
+  auto ones = [](std::vector<int64_t> shape) { return at::ones(shape, at::kFloat); };
+
+  const int64_t C = c.n_embd;
+  wte_ = add("transformer.wte.weight", normal({c.vocab, C}, std_dev));
+  wpe_ = add("transformer.wpe.weight", normal({c.block_size, C}, std_dev));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    block_.push_back(add(p + "ln_1.weight", ones({C})));
+    add(p + "ln_1.bias", zeros({C}));
+    add(p + "attn.c_attn.weight", normal({3 * C, C}, std_dev));
+    add(p + "attn.c_attn.bias", zeros({3 * C}));
+    add(p + "attn.c_proj.weight", normal({C, C}, residual_std));
+    add(p + "attn.c_proj.bias", zeros({C}));
+    add(p + "ln_2.weight", ones({C}));
+    add(p + "ln_2.bias", zeros({C}));
+    add(p + "mlp.c_fc.weight", normal({4 * C, C}, std_dev));
+    add(p + "mlp.c_fc.bias", zeros({4 * C}));
+    add(p + "mlp.c_proj.weight", normal({C, 4 * C}, residual_std));
+    add(p + "mlp.c_proj.bias", zeros({C}));
+  }
+  ln_f_ = add("transformer.ln_f.weight", ones({C}));
+  add("transformer.ln_f.bias", zeros({C}));
+}
+
+int64_t Gpt::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  return n;
+}
+
+at::Tensor Gpt::forward(const at::Tensor& idx_in) {
+  const GptConfig& c = config_;
+  const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
+  if (idx_in.dim() != 2) throw std::invalid_argument("Gpt::forward: idx must be [batch, seq_len]");
+  const int64_t B = idx_in.size(0), T = idx_in.size(1);
+  if (T > c.block_size)
+    throw std::invalid_argument("Gpt::forward: sequence of " + std::to_string(T) + " tokens exceeds block_size " +
+                                std::to_string(c.block_size));
+  const int64_t C = c.n_embd, H = c.n_head, D = C / H;
+  const at::Tensor idx = idx_in.to(p[wte_].device(), at::kLong);
+
+  at::Tensor pos = at::arange(T, idx.options());
+  at::Tensor x = at::embedding(p[wte_], idx).add(at::embedding(p[wpe_], pos));  // [B, T, C], parameter dtype
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const at::Tensor* w = &p[block_[l]];
+    at::Tensor h = at::layer_norm(x, {C}, w[kLn1W], w[kLn1B], kLayerNormEps);
+    at::Tensor qkv = at::linear(h, w[kAttnW], w[kAttnB]);  // [B, T, 3C]
+    std::vector<at::Tensor> parts = qkv.split(C, 2);
+    auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // [B, H, T, D]
+    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                                    /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    y = y.transpose(1, 2).reshape({B, T, C});
+    x = x.add(at::linear(y, w[kAttnProjW], w[kAttnProjB]));
+    h = at::layer_norm(x, {C}, w[kLn2W], w[kLn2B], kLayerNormEps);
+    h = at::gelu(at::linear(h, w[kFcW], w[kFcB]), "tanh");
+    x = x.add(at::linear(h, w[kMlpProjW], w[kMlpProjB]));
+  }
+  x = at::layer_norm(x, {C}, p[ln_f_], p[ln_f_ + 1], kLayerNormEps);
+  return at::linear(x, p[wte_]);  // tied LM head
+}
+
+at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  at::Tensor logits = forward(idx);
+  at::Tensor t = targets.to(logits.device(), at::kLong).reshape({-1});
+  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
+}
+
+ModelDescription Gpt::param_groups(double weight_decay) const {
+  ParamGroup decay, no_decay;
+  decay.name = "decay";
+  decay.weight_decay = weight_decay;
+  no_decay.name = "no_decay";
+  no_decay.weight_decay = 0.0;
+  for (const auto& t : params_) (t.dim() >= 2 ? decay : no_decay).params.push_back(t);
+  ModelDescription model;
+  model.groups.push_back(std::move(decay));
+  model.groups.push_back(std::move(no_decay));
+  return model;
+}
+
+}  // namespace tessera::examples

@@ -1,0 +1,70 @@
+// A GPT-2-style byte-level language model written directly with ATen ops (no torch::nn), sized to
+// train on a CPU in minutes and to exercise the engine: every parameter is a plain leaf tensor the
+// engine can re-point into its flat buffers.
+//
+//   token embedding (vocab × n_embd) + learned position embedding (block_size × n_embd)
+//   n_layer × pre-LayerNorm block:
+//       x += c_proj(causal_self_attention(c_attn(ln_1(x))))      scaled_dot_product_attention
+//       x += c_proj(gelu_tanh(c_fc(ln_2(x))))                     MLP 4×
+//   ln_f, then the LM head TIED to the token embedding (logits = x · wteᵀ), as in GPT-2/nanoGPT
+//   loss: cross-entropy, computed in fp32 whatever the parameter dtype
+//
+// Parameters are read from `parameters()` at every forward, never from copies taken at
+// construction: the engine may re-point each tensor (`set_`) into its flat buffer, or replace the
+// tensors in the vector returned by reference (to change their dtype to bf16 or their device).
+// Activations follow the parameters' dtype and device; inputs are moved to the parameters' device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"  // ModelDescription
+
+namespace tessera::examples {
+
+struct GptConfig {
+  int64_t vocab = 256;
+  int64_t block_size = 128;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+};
+
+class Gpt {
+ public:
+  // Deterministic initialization from `seed` (GPT-2's): linear and embedding weights N(0, 0.02),
+  // the residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2·n_layer)), biases 0,
+  // LayerNorm weight 1 and bias 0. Every rank building with the same seed gets the same model.
+  Gpt(GptConfig config, uint64_t seed);
+
+  const GptConfig& config() const { return config_; }
+  // The parameters, in a fixed order; leaf tensors with requires_grad. The engine may replace them.
+  std::vector<at::Tensor>& parameters() { return params_; }
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+  // nanoGPT's names, same order: "transformer.wte.weight", "transformer.h.0.ln_1.weight", ...
+  std::vector<std::string> parameter_names() const { return names_; }
+  int64_t num_parameters() const;
+
+  // idx: int64 [B, T] with T <= block_size. Returns logits [B, T, vocab] in the parameters' dtype.
+  at::Tensor forward(const at::Tensor& idx);
+  // Mean cross-entropy over B·T positions, fp32 scalar.
+  at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+
+  // Two groups, as nanoGPT's configure_optimizers: "decay" (every parameter with dim >= 2: the
+  // linear weights and both embeddings) with `weight_decay`, "no_decay" (biases, LayerNorm) with 0.
+  ModelDescription param_groups(double weight_decay) const;
+
+ private:
+  int64_t add(const std::string& name, at::Tensor value);
+
+  GptConfig config_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  int64_t wte_ = -1, wpe_ = -1, ln_f_ = -1;
+  std::vector<int64_t> block_;  // index of each block's first parameter (ln_1.weight); 12 per block
+};
+
+}  // namespace tessera::examples
