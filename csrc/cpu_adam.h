@@ -73,6 +73,12 @@ const char* cpu_adam_isa();       // isa_name(cpu_adam_best_isa())
 // the array's last vector is ever partial). 16K elements = 64 KiB per fp32 stream.
 constexpr int64_t kCpuAdamTile = 16384;
 
+// How far ahead the SIMD kernels prefetch each input stream, in elements (2 KiB of fp32). A
+// vector's divide and square root take long enough that the hardware prefetchers alone leave the
+// memory bus idle between requests; prefetching this far ahead measured +12-15% from DRAM on one
+// core (Xeon, AVX-512) and changes nothing in cache.
+constexpr int64_t kCpuAdamPrefetchElements = 512;
+
 namespace detail {
 
 // What every ISA kernel receives: the step's constants, computed once per call in double and

@@ -2,7 +2,11 @@
 // -mavx2 -mfma -mf16c; it runs only after cpu_adam.cpp has checked that the CPU supports those
 // (F16C for the fp16 copy). The arithmetic is cpu_adam_scalar.cpp's, with fused multiply-adds;
 // the structure is cpu_adam_avx512.cpp's at half the width.
+// GCC 12 reports its own _mm*_undefined_* helpers as "may be used uninitialized" (GCC PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cstdint>
 #include <cstring>
@@ -59,6 +63,15 @@ inline void store_fp16(uint16_t* dst, __m256 x) {
                    _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// Prefetches the element kCpuAdamPrefetchElements ahead of x into L1 (see cpu_adam.h). Prefetches
+// never fault, so reaching past the array's end is harmless; the address is computed as an
+// integer so that no pointer is formed past the array.
+template <class T>
+inline void prefetch_ahead(const T* x) {
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(x) + kCpuAdamPrefetchElements * sizeof(T);
+  _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+}
+
 // One vector of the update (equations in cpu_adam.h). Pointers address the vector's first element.
 template <GradType kGrad, HalfMode kHalf>
 inline void step_vector(const Constants& c, float* p, const void* grad, float* m, float* v, uint16_t* half) {
@@ -83,11 +96,26 @@ template <GradType kGrad, HalfMode kHalf>
 void run(const AdamKernelArgs& a, int64_t begin, int64_t end) {
   using GradElem = std::conditional_t<kGrad == GradType::Float32, float, uint16_t>;
   const Constants c(a);
-  const GradElem* grads = static_cast<const GradElem*>(a.grads);
-  uint16_t* half = static_cast<uint16_t*>(a.half_copy);
+  // Local copies: the vector stores may alias anything (__m256 is may_alias), which would make the
+  // compiler reload a's pointers every iteration.
+  float* const params = a.params;
+  float* const exp_avg = a.exp_avg;
+  float* const exp_avg_sq = a.exp_avg_sq;
+  const GradElem* const grads = static_cast<const GradElem*>(a.grads);
+  uint16_t* const half = static_cast<uint16_t*>(a.half_copy);
   int64_t i = begin;
+  // Two vectors per iteration, so that each 64-byte line of an fp32 stream is prefetched once.
+  for (; i + 2 * kWidth <= end; i += 2 * kWidth) {
+    prefetch_ahead(params + i);
+    prefetch_ahead(grads + i);
+    prefetch_ahead(exp_avg + i);
+    prefetch_ahead(exp_avg_sq + i);
+    for (int64_t j = i; j < i + 2 * kWidth; j += kWidth)
+      step_vector<kGrad, kHalf>(c, params + j, grads + j, exp_avg + j, exp_avg_sq + j,
+                                kHalf == HalfMode::None ? nullptr : half + j);
+  }
   for (; i + kWidth <= end; i += kWidth)
-    step_vector<kGrad, kHalf>(c, a.params + i, grads + i, a.exp_avg + i, a.exp_avg_sq + i,
+    step_vector<kGrad, kHalf>(c, params + i, grads + i, exp_avg + i, exp_avg_sq + i,
                               kHalf == HalfMode::None ? nullptr : half + i);
   // The array's last, partial vector: run the same instructions on a zero-padded copy, so a tail
   // element is computed exactly as it would be in a full vector (zeros give m = v = 0, no update).
@@ -96,14 +124,14 @@ void run(const AdamKernelArgs& a, int64_t begin, int64_t end) {
   alignas(32) float p[kWidth] = {}, m[kWidth] = {}, v[kWidth] = {};
   alignas(32) GradElem g[kWidth] = {};
   alignas(32) uint16_t h[kWidth];
-  std::memcpy(p, a.params + i, r * sizeof(float));
-  std::memcpy(m, a.exp_avg + i, r * sizeof(float));
-  std::memcpy(v, a.exp_avg_sq + i, r * sizeof(float));
+  std::memcpy(p, params + i, r * sizeof(float));
+  std::memcpy(m, exp_avg + i, r * sizeof(float));
+  std::memcpy(v, exp_avg_sq + i, r * sizeof(float));
   std::memcpy(g, grads + i, r * sizeof(GradElem));
   step_vector<kGrad, kHalf>(c, p, g, m, v, h);
-  std::memcpy(a.params + i, p, r * sizeof(float));
-  std::memcpy(a.exp_avg + i, m, r * sizeof(float));
-  std::memcpy(a.exp_avg_sq + i, v, r * sizeof(float));
+  std::memcpy(params + i, p, r * sizeof(float));
+  std::memcpy(exp_avg + i, m, r * sizeof(float));
+  std::memcpy(exp_avg_sq + i, v, r * sizeof(float));
   if (kHalf != HalfMode::None) std::memcpy(half + i, h, r * sizeof(uint16_t));
 }
 

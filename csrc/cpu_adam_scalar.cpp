@@ -1,6 +1,7 @@
 // Portable CPU Adam kernel: one element at a time, for x86-64 CPUs without AVX2+FMA (and as the
 // plainest statement of the arithmetic the SIMD kernels vectorize). Compiled for baseline x86-64
-// with -ffp-contract=off, so every operation rounds exactly as written (no fused multiply-add).
+// with -ffp-contract=off, so every operation rounds exactly as written (no fused multiply-add), and
+// -fno-math-errno, so std::sqrt is the SQRTSS instruction rather than a libm call.
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -13,8 +13,11 @@
 // its own `micro`. So the data, and in exact arithmetic the whole run, depend only on
 // train_batch_size, not on how it is split over ranks and accumulation steps. At the end rank 0
 // prints `final loss: <value>`: the last optimizer step's loss (mean over its micro-steps),
-// averaged over the data-parallel ranks.
+// averaged over the data-parallel ranks. Just before it, rank 0 prints every rank's peak resident
+// set size (getrusage's ru_maxrss, the whole process), for bench/run_engine_vs_ddp.sh:
+//   peak rss per rank (bytes): 412381184 409845760
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 
 #include <cstdio>
@@ -24,6 +27,7 @@
 
 #include "engine/config_io.h"
 #include "engine/engine.h"
+#include "engine/progress.h"  // peak_rss_bytes
 #include "examples/data/fortunes_corpus.h"
 #include "examples/models/gpt.h"
 #include "parallel/parallel_context.h"
@@ -159,6 +163,16 @@ int run(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+  }
+
+  // Every data-parallel rank's peak RSS, gathered to rank 0 (they differ at ZeRO 1/2).
+  at::Tensor my_rss = at::full({1}, peak_rss_bytes(), at::kLong);
+  at::Tensor all_rss = at::empty({dp}, at::kLong);
+  ctx->data().all_gather(my_rss, all_rss);
+  if (leader) {
+    std::printf("peak rss per rank (bytes):");
+    for (int64_t r = 0; r < dp; ++r) std::printf(" %lld", (long long)all_rss[r].item<int64_t>());
+    std::printf("\n");
   }
 
   const double final_loss = data_parallel_mean(*ctx, last_loss);

@@ -8,9 +8,24 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "csrc/cpu_adam.h"
+
 namespace tessera {
 
 namespace {
+
+void write_compute_copy(const ShardSegment& s) {
+  if (s.compute_copy.defined()) s.compute_copy.copy_(s.params);
+}
+
+// The SIMD CPU kernel applies to fp32 CPU tensors in one contiguous run (csrc/cpu_adam.h).
+bool cpu_kernel_applies(const ShardSegment& s) {
+  auto fp32_cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
+  if (!fp32_cpu(s.params) || !fp32_cpu(s.grads)) return false;
+  if (!s.compute_copy.defined()) return true;
+  const auto t = s.compute_copy.scalar_type();
+  return s.compute_copy.is_cpu() && s.compute_copy.is_contiguous() && (t == at::kBFloat16 || t == at::kHalf);
+}
 
 class Adam final : public FlatOptimizer {
  public:
@@ -24,6 +39,19 @@ class Adam final : public FlatOptimizer {
     for (const auto& s : segments) {
       const int64_t n = s.params.numel();
       at::Tensor m = exp_avg_.narrow(0, s.local_offset, n), v = exp_avg_sq_.narrow(0, s.local_offset, n);
+      if (cpu_kernel_applies(s)) {
+        AdamParams k;
+        k.lr = float(in.lr), k.beta1 = float(beta1), k.beta2 = float(beta2), k.eps = float(p_.eps);
+        k.weight_decay = float(in.weight_decay), k.adamw_mode = p_.adam_w_mode;
+        k.bias_correction = p_.bias_correction, k.step = in.step, k.grad_scale = float(in.grad_scale);
+        void* copy = s.compute_copy.defined() ? s.compute_copy.data_ptr() : nullptr;
+        HalfType copy_type = s.compute_copy.defined() && s.compute_copy.scalar_type() == at::kHalf
+                                 ? HalfType::Float16 : HalfType::BFloat16;
+        cpu_adam_step(k, s.params.data_ptr<float>(), s.grads.data_ptr<float>(), GradType::Float32,
+                      m.data_ptr<float>(), v.data_ptr<float>(), n, copy, copy_type);
+        continue;
+      }
+      // Any other device or layout: the same formulas with ATen operations.
       at::Tensor g = s.grads * in.grad_scale;
       if (!p_.adam_w_mode && in.weight_decay != 0) g.add_(s.params, in.weight_decay);
       m.mul_(beta1).add_(g, 1 - beta1);
@@ -31,6 +59,7 @@ class Adam final : public FlatOptimizer {
       at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(p_.eps);
       if (p_.adam_w_mode && in.weight_decay != 0) s.params.mul_(1 - in.lr * in.weight_decay);
       s.params.addcdiv_(m, denom, -in.lr / bc1);
+      write_compute_copy(s);
     }
   }
   int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
@@ -59,6 +88,7 @@ class Sgd final : public FlatOptimizer {
         else d = b;
       }
       s.params.add_(d, -in.lr);
+      write_compute_copy(s);
     }
     started_ = true;
   }
@@ -106,6 +136,7 @@ class Lamb final : public FlatOptimizer {
       trust = std::min(std::max(trust, p_.min_coeff), p_.max_coeff);
       p.add_(u, -in.lr * trust);
     });
+    for (const auto& s : segments) write_compute_copy(s);
   }
   int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   const char* name() const override { return "Lamb"; }

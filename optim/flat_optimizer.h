@@ -25,11 +25,14 @@
 namespace tessera {
 
 // One contiguous run of this rank's shard: fp32 master parameters and fp32 gradients (views), and
-// where the run starts in the shard (the optimizer's states are laid out like the shard).
+// where the run starts in the shard (the optimizer's states are laid out like the shard). Every
+// optimizer writes the updated parameters into `compute_copy` when it is defined (Adam on the CPU
+// fuses that write into its single pass over memory: csrc/cpu_adam.h).
 struct ShardSegment {
   at::Tensor params;
   at::Tensor grads;
   int64_t local_offset = 0;
+  at::Tensor compute_copy;  // mixed precision: the bf16/fp16 chunk to receive the updated params
 };
 
 struct StepInputs {

@@ -249,6 +249,7 @@ std::vector<ShardSegment> ZeroOptimizer::segments(Group& g) {
     s.params = g.mixed() ? g.master.narrow(0, k.shard_offset, k.shard) : g.compute.narrow(0, flat, k.shard);
     s.grads = stage_ == 2 ? g.grads.narrow(0, k.shard_offset, k.shard) : g.grads.narrow(0, flat, k.shard);
     s.local_offset = k.shard_offset;
+    if (g.mixed()) s.compute_copy = g.compute.narrow(0, flat, k.shard);
     out.push_back(s);
   }
   return out;
@@ -303,18 +304,13 @@ ZeroStepResult ZeroOptimizer::step(double loss_scale, double clip, const StepInp
   double coef = 1.0 / loss_scale;
   if (clip > 0 && result.grad_norm > clip) coef *= clip / (result.grad_norm + 1e-6);  // DeepSpeed's rule
 
-  const int rank = stage_ == 0 ? 0 : data_.rank();
   for (auto& gp : groups_) {
     Group& g = *gp;
     StepInputs in = inputs;
     in.lr = inputs.lr * g.lr_scale;
     in.weight_decay = g.weight_decay;
     in.grad_scale = coef;
-    g.optimizer->step(in, segments(g));
-    if (g.mixed())  // the compute copy of this rank's chunk, from the fp32 master
-      for (size_t b = 0; b < g.layout.buckets.size(); ++b)
-        g.compute.narrow(0, g.layout.flat_of_local(rank, b), g.layout.buckets[b].shard)
-            .copy_(g.master.narrow(0, g.layout.buckets[b].shard_offset, g.layout.buckets[b].shard));
+    g.optimizer->step(in, segments(g));  // also writes the compute copy of this rank's chunks
     if (stage_ > 0 && data_.size() > 1) allgather_parameters(g);
   }
   return result;
