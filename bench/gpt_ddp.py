@@ -18,7 +18,7 @@ rank r trains on rows [r·micro, (r+1)·micro).
 Training: fp32, torch.optim.AdamW (lr, betas, eps, weight decay groups as nanoGPT and Gpt's
 param_groups: decay = dim >= 2, no_decay = biases and LayerNorm), fused=True when the CPU build has
 the fused kernel, else foreach; clip_grad_norm_ at --clip (0: none); DistributedDataParallel with
-gradient_as_bucket_view=True and --bucket-cap-mb.
+gradient_as_bucket_view=True and --bucket-cap-mb (DDP's default when omitted).
 
 Run under a launcher that sets RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (tessera launch, torchrun).
 The first --warmup steps are not timed. Rank 0 prints one JSON line:
@@ -226,7 +226,9 @@ def main():
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping max norm (0: none)")
-    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb (MiB)")
+    ap.add_argument("--bucket-cap-mb", type=float, default=None,
+                    help="DDP bucket_cap_mb (MiB); omitted: DDP's default, 25 MiB plus a 1 MiB first bucket "
+                         "(an explicit value also caps the first bucket, so every bucket is this size)")
     ap.add_argument("--fortunes", default=FORTUNES)
     args = ap.parse_args()
     if args.steps <= args.warmup:
@@ -282,7 +284,8 @@ def main():
             "final_loss": round(mean_loss.item() / world, 6),
             "time_per_step_ms": {k: round(v / timed, 2) for k, v in split.items()},
             "parameters": sum(p.numel() for p in params), "adamw": kernel, "threads": torch.get_num_threads(),
-            "bucket_cap_mb": args.bucket_cap_mb, "torch": torch.__version__,
+            "bucket_cap_mb": args.bucket_cap_mb if args.bucket_cap_mb is not None else "default",
+            "torch": torch.__version__,
         }), flush=True)
     dist.destroy_process_group()
 

@@ -7,14 +7,19 @@
 #
 #   bench/run_engine_vs_ddp.sh [STEPS=100] [MICRO=8] [ROUNDS=1]
 #
-# Each run trains STEPS steps; the first STEPS/5 are warm-up, not timed (tessera: steps_per_print =
-# STEPS/5 and the first progress interval is dropped; DDP: --warmup STEPS/5). With ROUNDS > 1 the
-# four runs are interleaved round by round and each impl's median round (by samples/s) is reported.
+# Each run trains STEPS steps (rounded down to a multiple of 5); the first STEPS/5 are warm-up, not
+# timed (tessera: steps_per_print = STEPS/5 and the first progress interval is dropped; DDP:
+# --warmup STEPS/5). With ROUNDS > 1 the four runs are interleaved round by round and each impl's
+# median round (by samples/s) is reported.
 # Prints one JSON line per impl: samples_per_s, step_ms, peak_rss_bytes per rank, the time split per
 # step, final_loss (the two sides start from the same weights and see the same batches, so they
 # agree closely), and ratio_vs_ddp = samples_per_s / DDP's.
-#   REDUCE_BUCKET  tessera's reduce_bucket_size/allgather_bucket_size in elements (default 5e6);
-#                  DDP's bucket_cap_mb is set to the same bytes (fp32)
+#   REDUCE_BUCKET  tessera's reduce_bucket_size/allgather_bucket_size in elements (default 5e6)
+#   DDP_BUCKET     "match" (default): DDP's bucket_cap_mb = REDUCE_BUCKET × 4 bytes, so both sides
+#                  bucket alike (an explicit bucket_cap_mb also drops DDP's 1 MiB first bucket; at
+#                  5e6 the whole 842,496-parameter model is one bucket on both sides and all gradient
+#                  communication happens after backward); "default": DDP's own (25 MiB + a 1 MiB first
+#                  bucket, which overlaps with backward); or a number of MiB
 #   KEEP_LOGS=1    keep the runs' logs (their folder is printed on stderr)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,13 +49,17 @@ for stage in 0 1 2; do
 }
 EOF
 done
-bucket_mb=$("$python" -c "print(float('$bucket') * 4 / 2**20)")
+case "${DDP_BUCKET:-match}" in
+  match) ddp_bucket=(--bucket-cap-mb "$("$python" -c "print(float('$bucket') * 4 / 2**20)")") ;;
+  default) ddp_bucket=() ;;
+  *) ddp_bucket=(--bucket-cap-mb "$DDP_BUCKET") ;;
+esac
 
 port=29830
 for round in $(seq 1 "$rounds"); do
   echo "round $round/$rounds: ddp" >&2
   build/bin/tessera launch --nproc-per-node 2 --master-port $((port++)) -- "$python" bench/gpt_ddp.py \
-    --steps "$steps" --warmup "$interval" --micro "$micro" --bucket-cap-mb "$bucket_mb" > "$out/ddp.$round.log"
+    --steps "$steps" --warmup "$interval" --micro "$micro" "${ddp_bucket[@]}" > "$out/ddp.$round.log"
   for stage in 0 1 2; do
     echo "round $round/$rounds: tessera ZeRO $stage" >&2
     build/bin/tessera launch --nproc-per-node 2 --master-port $((port++)) -- build/bin/train_gpt \
