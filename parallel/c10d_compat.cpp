@@ -39,7 +39,9 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
   } else {
     options = c10d::ProcessGroupGloo::Options::create_default(timeout);
   }
-  options->threads = 1;  // one worker thread per group: collectives on a group run in order anyway
+  // Gloo's worker threads per group (torch.distributed's default, 2): two buckets in flight can
+  // progress at once, which keeps the reduction of the last buckets short after backward.
+  options->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 }
 

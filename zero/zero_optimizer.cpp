@@ -287,15 +287,19 @@ void ZeroOptimizer::allgather_parameters(Group& g) {
 ZeroStepResult ZeroOptimizer::step(double loss_scale, double clip, const StepInputs& inputs) {
   wait_all();
   ZeroStepResult result;
-  // One norm for all groups and ranks; an inf/nan anywhere makes the sum inf/nan everywhere.
+  // One norm for all groups and ranks, and with it the overflow decision, alike on every rank with
+  // no extra collective: at stage 0 every rank holds the same averaged gradients (an inf/nan on
+  // one rank reached all of them through the allreduce); at stages 1–2 the sum of the shards'
+  // squares over the data-parallel group carries an inf/nan from any rank. (The engine runs pure
+  // data parallelism today, so the data group is the world; model-parallel groups will add a MAX.)
   double sumsq = 0;
   for (auto& g : groups_) sumsq += local_grad_sumsq(*g);
-  at::Tensor total = at::full({1}, sumsq, at::kDouble);
-  if (stage_ > 0 && data_.size() > 1) data_.all_reduce(total);
-  sumsq = total.item<double>();
-  at::Tensor flag = at::full({1}, std::isfinite(sumsq) ? 0.0f : 1.0f, at::kFloat);
-  if (data_.size() > 1) data_.all_reduce(flag, ReduceOp::Max);  // every rank decides alike
-  if (flag.item<float>() != 0) {
+  if (stage_ > 0 && data_.size() > 1) {
+    at::Tensor total = at::full({1}, sumsq, at::kDouble);
+    data_.all_reduce(total);
+    sumsq = total.item<double>();
+  }
+  if (!std::isfinite(sumsq)) {
     result.overflow = true;
     result.grad_norm = std::numeric_limits<double>::quiet_NaN();
     return result;
