@@ -29,6 +29,7 @@
 #include "engine/engine.h"
 #include "examples/data/fashion_mnist.h"
 #include "examples/models/cnn.h"
+#include "examples/train_args.h"
 #include "parallel/parallel_context.h"
 
 using namespace tessera;
@@ -38,52 +39,7 @@ namespace {
 
 constexpr int64_t kEvalChunk = 500;  // test images per forward (bounds the activations)
 
-struct Args {
-  std::string config;
-  int64_t steps = -1;
-  uint64_t seed = 1234;
-  int64_t eval_every = 0;
-};
-
 const char* kUsage = "usage: train_cnn --config FILE --steps N [--seed S] [--eval-every K]";
-
-int64_t integer(const std::string& flag, const std::string& value) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used == value.size() && v >= 0) return v;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument(flag + ": not a non-negative integer: " + value);
-}
-
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::puts(kUsage);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value\n" + kUsage);
-    const std::string value = argv[++i];
-    if (flag == "--config") a.config = value;
-    else if (flag == "--steps") a.steps = integer(flag, value);
-    else if (flag == "--seed") a.seed = static_cast<uint64_t>(integer(flag, value));
-    else if (flag == "--eval-every") a.eval_every = integer(flag, value);
-    else throw std::invalid_argument("unknown flag " + flag + "\n" + kUsage);
-  }
-  if (a.config.empty() || a.steps < 1)
-    throw std::invalid_argument(std::string("--config FILE and --steps N (N >= 1) are required\n") + kUsage);
-  return a;
-}
-
-// Mean over the data-parallel ranks of a per-rank value.
-double data_parallel_mean(ParallelContext& ctx, double value) {
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  ctx.data().all_reduce(t, ReduceOp::Avg);
-  return t.item<double>();
-}
 
 struct TestResult {
   double loss = 0, accuracy = 0;
@@ -108,7 +64,7 @@ TestResult evaluate(Cnn& model, const FashionMnist& data, ParallelContext& ctx) 
 }
 
 int run(int argc, char** argv) {
-  const Args args = parse_args(argc, argv);
+  const TrainArgs args = parse_train_args(argc, argv, kUsage);
 
   // The world size comes from the environment before any connection: the config needs it to
   // resolve the parallel degrees and the batch triple.

@@ -1,4 +1,5 @@
 #include "examples/data/fashion_mnist.h"
+#include "examples/data/splitmix.h"
 
 #include <ATen/ops/empty.h>
 
@@ -12,13 +13,6 @@
 namespace tessera::examples {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 std::vector<uint8_t> read_gzip(const std::string& path) {
   struct stat st {};

@@ -1,4 +1,5 @@
 #include "examples/data/fortunes_corpus.h"
+#include "examples/data/splitmix.h"
 
 #include <ATen/ops/empty.h>
 
@@ -14,13 +15,6 @@ namespace tessera::examples {
 namespace fs = std::filesystem;
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

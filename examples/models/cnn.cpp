@@ -1,4 +1,5 @@
 #include "examples/models/cnn.h"
+#include "examples/models/param_groups.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/conv2d.h>
@@ -71,17 +72,6 @@ int64_t Cnn::correct(const at::Tensor& logits, const at::Tensor& labels) {
   return logits.argmax(1).eq(labels.to(logits.device(), at::kLong)).sum().item<int64_t>();
 }
 
-ModelDescription Cnn::param_groups(double weight_decay) const {
-  ParamGroup decay, no_decay;
-  decay.name = "decay";
-  decay.weight_decay = weight_decay;
-  no_decay.name = "no_decay";
-  no_decay.weight_decay = 0.0;
-  for (const auto& t : params_) (t.dim() >= 2 ? decay : no_decay).params.push_back(t);
-  ModelDescription model;
-  model.groups.push_back(std::move(decay));
-  model.groups.push_back(std::move(no_decay));
-  return model;
-}
+ModelDescription Cnn::param_groups(double weight_decay) const { return decay_groups(params_, weight_decay); }
 
 }  // namespace tessera::examples

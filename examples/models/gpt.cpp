@@ -1,4 +1,5 @@
 #include "examples/models/gpt.h"
+#include "examples/models/param_groups.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
@@ -115,17 +116,6 @@ at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
 }
 
-ModelDescription Gpt::param_groups(double weight_decay) const {
-  ParamGroup decay, no_decay;
-  decay.name = "decay";
-  decay.weight_decay = weight_decay;
-  no_decay.name = "no_decay";
-  no_decay.weight_decay = 0.0;
-  for (const auto& t : params_) (t.dim() >= 2 ? decay : no_decay).params.push_back(t);
-  ModelDescription model;
-  model.groups.push_back(std::move(decay));
-  model.groups.push_back(std::move(no_decay));
-  return model;
-}
+ModelDescription Gpt::param_groups(double weight_decay) const { return decay_groups(params_, weight_decay); }
 
 }  // namespace tessera::examples

@@ -1,0 +1,28 @@
+// What the example training programs share: their flags and the data-parallel mean of a value.
+//   --config FILE (required), --steps N optimizer steps (required), --seed S (1234),
+//   --eval-every K (0: never)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+class ParallelContext;
+}
+
+namespace tessera::examples {
+
+struct TrainArgs {
+  std::string config;
+  int64_t steps = -1;
+  uint64_t seed = 1234;
+  int64_t eval_every = 0;
+};
+
+// Parses argv; prints `usage` and exits 0 for -h/--help; throws std::invalid_argument otherwise.
+TrainArgs parse_train_args(int argc, char** argv, const char* usage);
+
+// The mean over the data-parallel ranks of a per-rank value (every rank must call it).
+double data_parallel_mean(ParallelContext& ctx, double value);
+
+}  // namespace tessera::examples
