@@ -73,7 +73,6 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
   const int rank = stage_ == 0 ? 0 : data_.rank();
   const double base_lr = config.optimizer->params.lr;
   std::set<const void*> seen;
-  at::Tensor scratch;  // keeps the largest staging size in sync across groups
 
   for (size_t gi = 0; gi < model.groups.size(); ++gi) {
     auto& spec = model.groups[gi];
