@@ -24,10 +24,6 @@ using namespace tessera;
 
 namespace {
 
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("check failed: " + what);
-}
-
 void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   if (!at::allclose(got, want)) {
     std::ostringstream s;
