@@ -7,6 +7,8 @@
 #
 #   TESSERA_VENV   where the virtual environment lives (default ~/.cache/tessera/venv)
 #   TESSERA_PYTHON the interpreter to create it with (default python3)
+#   TESSERA_TORCH_PYTHON  instead of the venv, build against this interpreter's own torch, as it is
+#                  (nothing is installed into it; it needs torch 2.x, and matplotlib for `tessera plot`)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${TESSERA_VENV:-$HOME/.cache/tessera/venv}
@@ -15,6 +17,7 @@ python=${TESSERA_PYTHON:-python3}
 apt_packages=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 libcli11-dev liburing-dev libaio-dev
   libgloo-dev zlib1g-dev ninja-build ccache libopenmpi-dev fortunes dataset-fashion-mnist
+  python3-dev  # Python.h for the extension tessera._C, when the venv comes from Debian's python3
 )
 
 log() { echo "[setup] $*" >&2; }
@@ -29,6 +32,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+if [ -n "${TESSERA_TORCH_PYTHON:-}" ]; then
+  if ! "$TESSERA_TORCH_PYTHON" -c 'import torch' >/dev/null 2>&1; then
+    log "TESSERA_TORCH_PYTHON=$TESSERA_TORCH_PYTHON cannot import torch"
+    exit 1
+  fi
+  "$TESSERA_TORCH_PYTHON" -c 'import sys; print(sys.executable)'
+  exit 0
 fi
 
 # The venv is rebuilt only when requirements.txt changes (its hash is stamped inside the venv).

@@ -5,8 +5,13 @@
 //
 //   tessera_engine_worker --stage S --mb M --gas G --steps N [--dtype fp32|bf16|fp16]
 //       [--optimizer adamw|adam|sgd|lamb] [--clip C] [--bucket B] [--inject-inf-step K] [--memory]
+//       [--hidden H] [--memory-sweep]
 //
 // Prints "engine ok: max |dparam| X, max |dloss| Y" on rank 0 when within tolerance, else exits 1.
+// --hidden H widens the MLP to 16 -> H -> H -> 8 (H·H + 26·H parameters; 0, the default, keeps
+// the 1528-parameter one). --memory-sweep skips the reference: for ZeRO 0/1/2 × fp32/bf16 it builds
+// an Engine over a fresh model, trains --steps steps and prints its memory on rank 0, one line each
+// (tests/test_estimator.cpp compares them with the memory estimator).
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_sgd.h>
@@ -43,16 +48,24 @@ struct Args {
   std::string dtype = "fp32", optimizer = "adamw";
   double clip = 0;
   bool memory = false;
+  int hidden = 0;
+  bool memory_sweep = false;
 };
 
 // A two-layer MLP with a bias-free third layer: parameters of several shapes and sizes.
 struct Mlp {
   std::vector<at::Tensor> params;
-  explicit Mlp(uint64_t seed) {
+  explicit Mlp(uint64_t seed, int hidden = 0) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     auto make = [&](std::vector<int64_t> shape, double scale) {
       return (at::randn(shape, gen, at::kFloat) * scale).set_requires_grad(true);
     };
+    if (hidden > 0) {
+      const int64_t H = hidden;
+      const double s = 1.0 / std::sqrt(static_cast<double>(H));
+      params = {make({H, 16}, 0.25), make({H}, 0.1), make({H, H}, s), make({H}, 0.1), make({8, H}, s)};
+      return;
+    }
     params = {make({32, 16}, 0.25), make({32}, 0.1), make({24, 32}, 0.18), make({24}, 0.1), make({8, 24}, 0.2)};
   }
   at::Tensor loss(const at::Tensor& x, const at::Tensor& y) const {
@@ -95,10 +108,10 @@ std::string config_text(const Args& a) {
 
 // The reference: one process, the whole global batch, torch's fused optimizers (or LAMB written out).
 struct Reference {
-  Mlp model{42};
+  Mlp model;
   std::vector<at::Tensor> m, v, momentum, steps;
   Args a;
-  explicit Reference(const Args& args) : a(args) {
+  explicit Reference(const Args& args) : model(42, args.hidden), a(args) {
     for (auto& p : model.params) {
       m.push_back(at::zeros_like(p));
       v.push_back(at::zeros_like(p));
@@ -153,7 +166,7 @@ int run(const Args& a) {
   auto ctx = ParallelContext::from_environment(ParallelOptions{});
   const int dp = ctx->data().size(), rank = ctx->data().rank();
   Config config = load_config(config_text(a), ctx->world_size());
-  Mlp model(42);
+  Mlp model(42, a.hidden);
   ModelDescription description;
   description.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights"});
   description.groups.push_back({{model.params[1], model.params[3]}, std::nullopt, std::nullopt, "biases"});
@@ -211,6 +224,35 @@ int run(const Args& a) {
   return 0;
 }
 
+// --memory-sweep: the engine's memory for each ZeRO stage and dtype, on a fresh model each.
+int memory_sweep(Args a) {
+  auto ctx = ParallelContext::from_environment(ParallelOptions{});
+  const int dp = ctx->data().size(), rank = ctx->data().rank();
+  for (int stage : {0, 1, 2}) {
+    for (const char* dtype : {"fp32", "bf16"}) {
+      a.stage = stage;
+      a.dtype = dtype;
+      Config config = load_config(config_text(a), ctx->world_size());
+      Mlp model(42, a.hidden);
+      ModelDescription description;
+      description.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights"});
+      description.groups.push_back({{model.params[1], model.params[3]}, std::nullopt, std::nullopt, "biases"});
+      Engine engine(config, *ctx, description);
+      for (int step = 0; step < a.steps * a.gas; ++step) {
+        auto [x, y] = global_batch(int64_t(a.mb) * dp, step);
+        engine.backward(model.loss(x.narrow(0, int64_t(rank) * a.mb, a.mb), y.narrow(0, int64_t(rank) * a.mb, a.mb)));
+        engine.step();
+      }
+      MemoryReport m = engine.memory();
+      if (rank == 0)
+        std::printf("memory stage %d dtype %s: params %lld master %lld grads %lld states %lld buckets %lld\n", stage,
+                    dtype, (long long)m.parameters, (long long)m.master_parameters, (long long)m.gradients,
+                    (long long)m.optimizer_states, (long long)m.buckets);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,9 +270,11 @@ int main(int argc, char** argv) {
     else if (k == "--clip") a.clip = std::stod(next());
     else if (k == "--inject-inf-step") a.inject_inf_step = std::stoi(next());
     else if (k == "--memory") a.memory = true;
+    else if (k == "--hidden") a.hidden = std::stoi(next());
+    else if (k == "--memory-sweep") a.memory_sweep = true;
   }
   try {
-    return run(a);
+    return a.memory_sweep ? memory_sweep(a) : run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "engine worker error: %s\n", e.what());
     return 1;

@@ -23,7 +23,7 @@ tessera::testing::RunResult train(int ranks, std::vector<std::string> args) {
 
 }  // namespace
 
-TEST_CASE("fp32 ZeRO 0/1/2 on 1, 2 and 4 ranks equal a single-process run") {
+TEST_CASE("fp32 ZeRO 0/1/2 on 1 - 2 and 4 ranks equal a single-process run") {
   for (int ranks : {1, 2, 4}) {
     for (int stage : {0, 1, 2}) {
       // Small buckets: several buckets per group, parameters straddling buckets and rank chunks.
@@ -53,7 +53,7 @@ TEST_CASE("gradient clipping by the global norm across ranks") {
   }
 }
 
-TEST_CASE("Adam with L2 decay, SGD with Nesterov momentum, and LAMB across rank boundaries") {
+TEST_CASE("Adam with L2 decay - SGD with Nesterov momentum - and LAMB across rank boundaries") {
   for (std::string opt : {"adam", "sgd", "lamb"}) {
     for (int stage : {0, 2}) {
       auto r = train(2, {"--stage", std::to_string(stage), "--optimizer", opt, "--steps", "4", "--bucket", "300"});
@@ -98,7 +98,7 @@ TEST_CASE("per-rank memory of each ZeRO stage matches the accounting") {
   }
 }
 
-TEST_CASE("per-rank memory with bf16 compute: 2 bytes of parameters, fp32 master, fp32 gradient accumulation") {
+TEST_CASE("per-rank memory with bf16 compute: 2 bytes of parameters - fp32 master - fp32 gradient accumulation") {
   // bf16 params 2Ψ; fp32 master 4Ψ (stage 0) or 4Ψ/N; fp32 grads 4Ψ (stages 0-1) or 4Ψ/N; Adam 8Ψ or 8Ψ/N.
   const double psi = 1528, n = 2;
   const double master[3] = {4 * psi, 4 * psi / n, 4 * psi / n};

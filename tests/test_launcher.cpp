@@ -276,3 +276,13 @@ TEST_CASE("launch config: every error names its JSON path") {
   REQUIRE(warnings.size() == 1);
   CHECK(contains(warnings[0], "rdzv_backend: unknown key"));
 }
+
+TEST_CASE("launch: the program's arguments reach the ranks verbatim") {
+  auto r = tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", "1", "--", "sh", "-c",
+                                  "for a in \"$@\"; do echo \"<$a>\"; done", "sh", "[1,2]", "{\"a\": 1, \"b\": 2}",
+                                  "--", "--lr"},
+                                 {}, 30);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "<[1,2]>\n<{\"a\": 1, \"b\": 2}>\n<-->\n<--lr>\n"));
+}

@@ -37,6 +37,7 @@ namespace {
 class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
  public:
   GradReadyHook(ZeroOptimizer* owner, int group, int param) : owner_(owner), group_(group), param_(param) {}
+  const ZeroOptimizer* owner() const { return owner_; }
   void operator()(const torch::autograd::Variable& tensor) override {
     owner_->on_grad_ready(group_, param_, tensor.grad());
     tensor.mutable_grad().reset();  // folded into the engine's buffers: release autograd's copy
@@ -136,6 +137,13 @@ ZeroOptimizer::~ZeroOptimizer() {
     wait_all();
   } catch (...) {
   }
+  // The hooks point at this object: take them off the parameters, which may outlive the engine.
+  for (auto& g : groups_)
+    for (auto& p : g->params) {
+      auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
+      auto* ours = dynamic_cast<GradReadyHook*>(hook.get());
+      if (ours && ours->owner() == this) hook.reset();
+    }
 }
 
 void ZeroOptimizer::begin_backward(bool boundary) { boundary_ = boundary; }
@@ -167,11 +175,13 @@ void ZeroOptimizer::launch_bucket(Group& g, int bucket) {
   const int64_t own = g.layout.flat_of_local(data_.rank(), bucket);
   if (stage_ == 1) {
     if (dp == 1) return;
-    at::Tensor out = at::empty({b.shard}, g.grads.options());
+    at::Tensor out = receive_buffer(b.shard);
     at::Tensor mine = g.grads.narrow(0, own, b.shard);
-    temp_bytes_peak_ = std::max<int64_t>(temp_bytes_peak_, out.nbytes());
     in_flight_.push_back({data_.reduce_scatter_async(g.grads.narrow(0, b.offset, b.numel), out, ReduceOp::Avg),
-                          [mine, out]() mutable { mine.copy_(out); }});
+                          [this, mine, out]() mutable {
+                            mine.copy_(out);
+                            receive_bytes_now_ -= out.nbytes();
+                          }});
     return;
   }
   // Stage 2: reduce-scatter the staging buffer, add this rank's chunk into its gradient shard.
@@ -185,13 +195,20 @@ void ZeroOptimizer::launch_bucket(Group& g, int bucket) {
     release();
     return;
   }
-  at::Tensor out = at::empty({b.shard}, g.grads.options());
-  temp_bytes_peak_ = std::max<int64_t>(temp_bytes_peak_, out.nbytes());
+  at::Tensor out = receive_buffer(b.shard);
   in_flight_.push_back({data_.reduce_scatter_async(staging, out, ReduceOp::Avg),
-                        [shard, out, release]() mutable {
+                        [this, shard, out, release]() mutable {
                           shard.add_(out);
+                          receive_bytes_now_ -= out.nbytes();
                           release();
                         }});
+}
+
+at::Tensor ZeroOptimizer::receive_buffer(int64_t numel) {
+  at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kFloat).device(groups_.front()->grads.device()));
+  receive_bytes_now_ += out.nbytes();  // every receive buffer in flight counts, until its bucket is folded in
+  receive_bytes_peak_ = std::max(receive_bytes_peak_, receive_bytes_now_);
+  return out;
 }
 
 at::Tensor ZeroOptimizer::acquire_staging(int64_t numel) {
@@ -331,7 +348,7 @@ MemoryReport ZeroOptimizer::memory() const {
     m.gradients += g->grads.nbytes();
     m.optimizer_states += g->optimizer->state_bytes();
   }
-  m.buckets = staging_bytes_ + temp_bytes_peak_;
+  m.buckets = staging_bytes_ + receive_bytes_peak_;
   return m;
 }
 

@@ -66,6 +66,7 @@ class ZeroOptimizer {
   };
   void launch_bucket(Group& g, int bucket);
   at::Tensor acquire_staging(int64_t numel);
+  at::Tensor receive_buffer(int64_t numel);
   void wait_oldest();
   void wait_all();
   std::vector<ShardSegment> segments(Group& g);
@@ -80,7 +81,8 @@ class ZeroOptimizer {
   bool boundary_ = true;
   std::deque<InFlight> in_flight_;
   std::vector<at::Tensor> staging_free_;
-  int64_t staging_bytes_ = 0, temp_bytes_peak_ = 0;
+  int64_t staging_bytes_ = 0;                          // staging buffers allocated (stage 2)
+  int64_t receive_bytes_now_ = 0, receive_bytes_peak_ = 0;  // reduce-scatter receive chunks in flight
 };
 
 }  // namespace tessera

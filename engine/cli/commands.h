@@ -3,6 +3,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -10,6 +12,13 @@ namespace tessera {
 void register_config_command(CLI::App& app, int& exit_code);
 
 // `tessera launch [OPTIONS] -- PROGRAM [ARGS...]` (engine/cli/launch_command.cpp).
-void register_launch_command(CLI::App& app, int& exit_code);
+// `program`: everything after the first `--`, split off by main() so that it reaches the ranks verbatim.
+void register_launch_command(CLI::App& app, int& exit_code, const std::vector<std::string>& program);
+
+// `tessera plot METRICS.jsonl [-o PNG]` (engine/cli/plot_command.cpp): runs python/tessera/plot.py.
+void register_plot_command(CLI::App& app, int& exit_code);
+
+// `tessera estimate [OPTIONS]`: memory per GPU/CPU/NVMe, the verdict, the cheapest layouts (engine/cli/estimate_command.cpp).
+void register_estimate_command(CLI::App& app, int& exit_code);
 
 }  // namespace tessera

@@ -71,7 +71,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& extras)
 
 }  // namespace
 
-void register_launch_command(CLI::App& app, int& exit_code) {
+void register_launch_command(CLI::App& app, int& exit_code, const std::vector<std::string>& program) {
   // Owned by the callback, which CLI11 keeps as long as the App.
   auto flags = std::make_shared<LaunchFlags>();
   CLI::App* sub = app.add_subcommand(
@@ -90,7 +90,10 @@ void register_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("program", flags->command, "The program to run as every rank, and its arguments (after --)");
   // Unknown options land in remaining() and are reported by run_launch with a hint about `--`.
   sub->allow_extras();
-  sub->callback([sub, flags, &exit_code] { exit_code = run_launch(*flags, sub->remaining()); });
+  sub->callback([sub, flags, program, &exit_code] {
+    if (!program.empty()) flags->command = program;
+    exit_code = run_launch(*flags, sub->remaining());
+  });
 }
 
 }  // namespace tessera

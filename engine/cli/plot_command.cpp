@@ -1,0 +1,91 @@
+// `tessera plot METRICS.jsonl [-o loss.png] [--title T]`: draws loss, learning rate and throughput
+// against the step from a metrics file written by the Python engine (csv_monitor), with matplotlib.
+//
+// The drawing is python/tessera/plot.py, run by the interpreter the build was configured with
+// (-DPython_EXECUTABLE, the venv of scripts/setup.sh, which has matplotlib) or by $TESSERA_PYTHON.
+// The script needs neither torch nor the extension. This command replaces itself with that
+// interpreter (exec), so its exit status and output are the script's.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+#include "engine/cli/commands.h"
+
+#ifndef TESSERA_PLOT_PYTHON
+#define TESSERA_PLOT_PYTHON "python3"
+#endif
+#ifndef TESSERA_PLOT_SCRIPT
+#define TESSERA_PLOT_SCRIPT "python/tessera/plot.py"
+#endif
+
+namespace tessera {
+
+namespace {
+
+struct PlotFlags {
+  std::string metrics;
+  std::string output;
+  std::string title;
+};
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int run_plot(const PlotFlags& flags) {
+  if (!is_file(flags.metrics)) {
+    std::cerr << "tessera plot: " << flags.metrics << ": no such file (a metrics file is written when the config's "
+              << "csv_monitor is enabled: {output_path}/{job_name}/metrics.jsonl)\n";
+    return 1;
+  }
+  const char* env_python = std::getenv("TESSERA_PYTHON");
+  const std::string python = env_python && *env_python ? env_python : TESSERA_PLOT_PYTHON;
+  const char* env_script = std::getenv("TESSERA_PLOT_SCRIPT");
+  const std::string script = env_script && *env_script ? env_script : TESSERA_PLOT_SCRIPT;
+  if (!is_file(script)) {
+    std::cerr << "tessera plot: the plotting script " << script
+              << " is missing (set TESSERA_PLOT_SCRIPT to python/tessera/plot.py of a tessera checkout)\n";
+    return 1;
+  }
+  std::vector<std::string> args = {python, script, flags.metrics};
+  if (!flags.output.empty()) {
+    args.push_back("-o");
+    args.push_back(flags.output);
+  }
+  if (!flags.title.empty()) {
+    args.push_back("--title");
+    args.push_back(flags.title);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  ::execvp(argv[0], argv.data());
+  const int err = errno;
+  std::cerr << "tessera plot: could not run " << python << ": " << std::strerror(err)
+            << " (set TESSERA_PYTHON to a Python with matplotlib)\n";
+  return 127;
+}
+
+}  // namespace
+
+void register_plot_command(CLI::App& app, int& exit_code) {
+  auto flags = std::make_shared<PlotFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "plot", "Draw loss, learning rate and throughput against the step from a metrics file (PNG, matplotlib)");
+  sub->add_option("metrics", flags->metrics, "The metrics file (JSON Lines), {output_path}/{job_name}/metrics.jsonl")
+      ->required();
+  sub->add_option("-o,--output", flags->output, "The PNG to write (default: loss.png next to the metrics file)");
+  sub->add_option("--title", flags->title, "The figure's title");
+  sub->callback([flags, &exit_code] { exit_code = run_plot(*flags); });
+}
+
+}  // namespace tessera

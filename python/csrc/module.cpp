@@ -1,0 +1,257 @@
+// tessera._C: the C++ engine as seen from Python. The thin `tessera` package (python/tessera/)
+// builds the user-facing API on top of this module; nothing here is meant to be called directly.
+//
+// Tensors cross the boundary as the same TensorImpl objects (torch's own pybind11 casters), so the
+// engine's set_data re-points the module's own nn.Parameters into its flat buffers: no copies.
+//
+// The GIL is released around everything that may block or run autograd (rendezvous, engine
+// construction, backward, step, collectives): the autograd engine's threads and Gloo's threads never
+// need it (the engine's gradient hooks are C++), and a Python autograd Function in the model takes it
+// itself. SIGINT meanwhile only sets Python's flag; KeyboardInterrupt is raised when the call
+// returns (see docs/python.md, "Ctrl-C").
+#include <torch/csrc/utils/pybind.h>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/config_io.h"
+#include "engine/engine.h"
+#include "engine/progress.h"
+#include "parallel/parallel_context.h"
+
+namespace py = pybind11;
+using namespace tessera;
+
+namespace {
+
+// A resolved Config, opaque to Python except for its effective JSON.
+struct ConfigHandle {
+  Config config;
+  ResolvedLayout layout;
+};
+
+// The engine and the context it was built on (the engine holds a reference to the context, so the
+// context must outlive it: members are destroyed in reverse order).
+//
+// The engine installs a post-accumulate-grad hook on every parameter that calls back into it. A
+// Python module outlives its engine easily (`del engine`, then plain PyTorch on the model), so when
+// the engine goes, the hooks it installed go too (unless a newer engine has replaced them): the
+// parameters become ordinary leaf tensors again, still holding the last values (they keep the flat
+// buffer's storage alive).
+struct EngineHandle {
+  std::shared_ptr<ParallelContext> context;
+  std::unique_ptr<Engine> engine;
+  std::vector<std::pair<at::Tensor, const void*>> hooks;  // a parameter, the hook the engine put on it
+
+  ~EngineHandle() {
+    for (auto& [param, hook] : hooks) {
+      auto& slot = torch::autograd::impl::post_acc_grad_hooks(param);
+      if (slot && static_cast<const void*>(slot.get()) == hook) slot.reset();
+    }
+  }
+};
+
+ReduceOp reduce_op(const std::string& op) {
+  if (op == "sum") return ReduceOp::Sum;
+  if (op == "avg") return ReduceOp::Avg;
+  if (op == "max") return ReduceOp::Max;
+  if (op == "min") return ReduceOp::Min;
+  throw std::invalid_argument("tessera: unknown reduce op '" + op + "' (expected sum, avg, max or min)");
+}
+
+Communicator& group_of(ParallelContext& c, const std::string& name) {
+  if (name == "world") return c.world();
+  if (name == "data") return c.data();
+  if (name == "tensor") return c.tensor();
+  if (name == "pipe") return c.pipe();
+  if (name == "model") return c.model();
+  throw std::invalid_argument("tessera: unknown group '" + name + "' (expected world, data, tensor, pipe or model)");
+}
+
+// A tensor handed to a collective must not be the Python tensor itself: c10d's work object keeps
+// its tensors and may drop them on a Gloo thread after the collective returned. Dropping the last
+// reference to a tensor that has a Python object takes the GIL, which at interpreter shutdown ends
+// that thread mid-destructor (std::terminate). A detached alias (a new TensorImpl, no Python
+// object) shares the storage, so the collective still works in place, with no copy.
+at::Tensor c_only(const at::Tensor& t) { return t.detach(); }
+
+// Runs a blocking engine call without the GIL. When a collective fails because a peer is gone and
+// this process has a SIGINT pending (Ctrl-C reached every rank; a faster one already exited), the
+// KeyboardInterrupt is what the user meant, so it is raised instead of the CommError.
+template <class F>
+void blocking(F&& f) {
+  try {
+    py::gil_scoped_release release;
+    f();
+  } catch (const CommError&) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    throw;
+  }
+}
+
+py::dict rendezvous_dict(const RendezvousInfo& i) {
+  py::dict d;
+  d["rank"] = i.rank;
+  d["world_size"] = i.world_size;
+  d["local_rank"] = i.local_rank;
+  d["local_world_size"] = i.local_world_size;
+  d["master_addr"] = i.master_addr;
+  d["master_port"] = i.master_port;
+  d["source"] = i.source;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tessera's C++ engine (use the `tessera` package, not this module)";
+  m.attr("torch_version") = TESSERA_TORCH_VERSION;  // the torch this module was built against
+
+  // Errors. ConfigError carries every error of the config, each with its JSON path.
+  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
+  py::register_exception<RendezvousError>(m, "RendezvousError", PyExc_RuntimeError);
+  py::register_exception<CommError>(m, "CommError", PyExc_RuntimeError);
+  // torch's checks inside the engine (shape, dtype, device): the message without the C++ backtrace.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  m.def("rendezvous_info", [] { return rendezvous_dict(rendezvous_info_from_environment()); },
+        "This process's rank, world size, local rank, ... from the environment (torchrun, SLURM, Open MPI, "
+        "single process); connects to nothing.");
+
+  py::class_<ConfigHandle, std::shared_ptr<ConfigHandle>>(m, "Config")
+      .def("to_json", [](const ConfigHandle& c) { return config_to_json(c.config).dump(); },
+           "The effective config, every default filled in, as JSON text.")
+      .def_property_readonly("tensor", [](const ConfigHandle& c) { return c.layout.tensor; })
+      .def_property_readonly("pipe", [](const ConfigHandle& c) { return c.layout.pipe; })
+      .def_property_readonly("data", [](const ConfigHandle& c) { return c.layout.data; })
+      .def_property_readonly("world_size", [](const ConfigHandle& c) { return c.layout.world_size; });
+
+  m.def(
+      "load_config",
+      [](const std::string& path_or_json, int world_size) {
+        auto c = std::make_shared<ConfigHandle>();
+        std::vector<std::string> warnings;
+        c->config = load_config(path_or_json, world_size, &c->layout, &warnings);
+        return std::make_tuple(c, warnings);
+      },
+      py::arg("path_or_json"), py::arg("world_size"),
+      "Parses, checks and resolves a config file or JSON text; raises ConfigError listing every error. "
+      "Returns (config, warnings).");
+
+  py::class_<ParallelContext, std::shared_ptr<ParallelContext>>(m, "ParallelContext")
+      .def(py::init([](int tensor, int pipe, const std::string& backend) {
+             ParallelOptions o;
+             o.tensor = tensor;
+             o.pipe = pipe;
+             o.backend = backend;
+             py::gil_scoped_release release;  // the rendezvous waits for every rank
+             return std::shared_ptr<ParallelContext>(ParallelContext::from_environment(o));
+           }),
+           py::arg("tensor") = 1, py::arg("pipe") = 1, py::arg("backend") = "auto")
+      .def_property_readonly("rank", &ParallelContext::rank)
+      .def_property_readonly("world_size", &ParallelContext::world_size)
+      .def_property_readonly("local_rank", &ParallelContext::local_rank)
+      .def_property_readonly("local_world_size", &ParallelContext::local_world_size)
+      .def_property_readonly("tensor", [](const ParallelContext& c) { return c.grid().tensor; })
+      .def_property_readonly("pipe", [](const ParallelContext& c) { return c.grid().pipe; })
+      .def_property_readonly("backend", [](const ParallelContext& c) { return std::string(backend_name(c.backend())); })
+      .def_property_readonly("info", [](const ParallelContext& c) { return rendezvous_dict(c.rendezvous_info()); })
+      .def("group_rank", [](ParallelContext& c, const std::string& g) { return group_of(c, g).rank(); })
+      .def("group_size", [](ParallelContext& c, const std::string& g) { return group_of(c, g).size(); })
+      .def("describe", &ParallelContext::describe)
+      .def(
+          "barrier",
+          [](ParallelContext& c, const std::string& g) {
+            Communicator& comm = group_of(c, g);
+            blocking([&] { comm.barrier(); });
+          },
+          py::arg("group") = "world")
+      .def(
+          "all_reduce",
+          [](ParallelContext& c, at::Tensor tensor, const std::string& op, const std::string& g) {
+            Communicator& comm = group_of(c, g);
+            ReduceOp r = reduce_op(op);
+            if (!tensor.is_contiguous())
+              throw std::invalid_argument("tessera.comm.all_reduce: the tensor must be contiguous (it is reduced in place)");
+            at::Tensor shared = c_only(tensor);
+            blocking([&] { comm.all_reduce(shared, r); });
+          },
+          py::arg("tensor"), py::arg("op") = "sum", py::arg("group") = "world")
+      .def(
+          "broadcast",
+          [](ParallelContext& c, at::Tensor tensor, int src, const std::string& g) {
+            Communicator& comm = group_of(c, g);
+            if (!tensor.is_contiguous())
+              throw std::invalid_argument("tessera.comm.broadcast: the tensor must be contiguous (it is written in place)");
+            at::Tensor shared = c_only(tensor);
+            blocking([&] { comm.broadcast(shared, src); });
+          },
+          py::arg("tensor"), py::arg("src") = 0, py::arg("group") = "world");
+
+  py::class_<EngineHandle>(m, "Engine")
+      .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
+                       const std::vector<std::tuple<std::vector<at::Tensor>, std::optional<double>,
+                                                    std::optional<double>, std::string>>& groups) {
+             if (!context) throw std::invalid_argument("tessera: no parallel context");
+             ModelDescription model;
+             for (const auto& [params, lr, weight_decay, name] : groups)
+               model.groups.push_back(ParamGroup{params, lr, weight_decay, name});
+             auto e = std::make_unique<EngineHandle>();
+             e->context = context;
+             std::vector<at::Tensor> params;
+             for (const auto& g : model.groups) params.insert(params.end(), g.params.begin(), g.params.end());
+             {
+               py::gil_scoped_release release;  // may run collectives
+               e->engine = std::make_unique<Engine>(config.config, *context, std::move(model));
+             }
+             for (auto& p : params)
+               e->hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
+             return e;
+           }),
+           py::arg("config"), py::arg("context"), py::arg("groups"))
+      .def(
+          "backward",
+          [](EngineHandle& e, const at::Tensor& loss) { blocking([&] { e.engine->backward(loss); }); },
+          py::arg("loss"))
+      .def("step",
+           [](EngineHandle& e) { blocking([&] { e.engine->step(); }); })
+      .def("zero_grad", [](EngineHandle& e) { e.engine->zero_grad(); })
+      .def("record_batch", [](EngineHandle& e, int64_t samples, int64_t tokens) { e.engine->record_batch(samples, tokens); },
+           py::arg("samples"), py::arg("tokens") = 0)
+      .def("is_gradient_accumulation_boundary",
+           [](const EngineHandle& e) { return e.engine->is_gradient_accumulation_boundary(); })
+      .def_property_readonly("global_step", [](const EngineHandle& e) { return e.engine->global_step(); })
+      .def_property_readonly("micro_step", [](const EngineHandle& e) { return e.engine->micro_step(); })
+      .def_property_readonly("skipped_steps", [](const EngineHandle& e) { return e.engine->skipped_steps(); })
+      .def_property_readonly("learning_rate", [](const EngineHandle& e) { return e.engine->learning_rate(); })
+      .def_property_readonly("loss_scale", [](const EngineHandle& e) { return e.engine->loss_scale(); })
+      .def_property_readonly("last_grad_norm", [](const EngineHandle& e) { return e.engine->last_grad_norm(); })
+      .def_property_readonly("last_loss", [](const EngineHandle& e) { return e.engine->last_loss(); })
+      .def_property_readonly("context", [](const EngineHandle& e) { return e.context; })
+      .def("config_json", [](const EngineHandle& e) { return config_to_json(e.engine->config()).dump(); })
+      .def("memory", [](const EngineHandle& e) {
+        MemoryReport r = e.engine->memory();
+        py::dict d;
+        d["parameters"] = r.parameters;
+        d["master_parameters"] = r.master_parameters;
+        d["gradients"] = r.gradients;
+        d["optimizer_states"] = r.optimizer_states;
+        d["buckets"] = r.buckets;
+        d["total"] = r.total();
+        return d;
+      });
+
+  m.def("peak_rss_bytes", &peak_rss_bytes, "Peak resident set size of this process, in bytes.");
+}

@@ -1,0 +1,39 @@
+"""tessera: a training engine for torch.nn.Module models, driven by a DeepSpeed-compatible config.
+
+    import tessera
+    engine = tessera.initialize(model=model, config="configs/zero2_bf16.json")
+    for batch in data:
+        loss = engine(batch)          # the module's forward
+        engine.backward(loss)         # loss / gradient_accumulation_steps (x fp16 loss scale), autograd
+        engine.step()                 # the optimizer, at gradient-accumulation boundaries only
+
+The engine itself is C++ (tessera._C, built by `make python`); see docs/python.md.
+"""
+import torch  # loads libtorch*.so before the extension, which links them
+
+try:
+    from . import _C
+except ImportError as e:  # not built, or built for another interpreter
+    raise ImportError(
+        "tessera: the C++ extension tessera._C could not be imported (%s). Build it with `make python` "
+        "(or `scripts/build.sh tessera_python`) for this interpreter; to build against the torch of "
+        "another Python, run `TESSERA_VENV=/path/to/venv make python`. See docs/python.md." % e) from e
+
+if _C.torch_version != torch.__version__:
+    raise ImportError(
+        "tessera: tessera._C was built against torch %s but this interpreter has torch %s; rebuild it "
+        "with `make python` using this interpreter's venv (TESSERA_VENV=...)." % (_C.torch_version, torch.__version__))
+
+ConfigError = _C.ConfigError
+ConfigError.__module__ = "tessera"
+ConfigError.__doc__ = "An invalid config: the message lists every error, each with its JSON path (a ValueError)."
+RendezvousError = _C.RendezvousError
+RendezvousError.__module__ = "tessera"
+CommError = _C.CommError
+CommError.__module__ = "tessera"
+
+from . import comm  # noqa: E402
+from .engine import Engine, initialize  # noqa: E402
+
+__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm"]
+__version__ = "0.1.0"

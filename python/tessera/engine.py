@@ -1,0 +1,333 @@
+"""tessera.initialize() and the Engine it returns: DeepSpeed's training loop over the C++ engine."""
+import collections.abc
+import json
+import os
+import sys
+import time
+
+import torch
+
+from . import _C, comm
+from .monitor import JsonlMonitor
+
+__all__ = ["initialize", "Engine"]
+
+_GROUP_KEYS = {"params", "lr", "weight_decay", "name"}
+
+
+def _type_name(x):
+    return type(x).__module__ + "." + type(x).__qualname__ if type(x).__module__ != "builtins" else type(x).__name__
+
+
+def _config_text(config):
+    """A path, JSON text or a dict -> what _C.load_config takes (a path, or text starting with '{')."""
+    if isinstance(config, collections.abc.Mapping):
+        try:
+            return json.dumps(config, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError("tessera.initialize: the config dict is not JSON-serializable: %s" % e) from None
+    if isinstance(config, os.PathLike):
+        return os.fspath(config)
+    if isinstance(config, str):
+        if config.lstrip().startswith("{"):
+            return config.lstrip()
+        return config
+    raise TypeError("tessera.initialize: config must be a path (str or os.PathLike), JSON text or a dict, got %s"
+                    % _type_name(config))
+
+
+def _tensor_list(params, where):
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, (str, bytes, collections.abc.Mapping)) or not isinstance(params, collections.abc.Iterable):
+        raise TypeError("tessera.initialize: %s must be an iterable of torch.Tensor, got %s" % (where, _type_name(params)))
+    out = []
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError("tessera.initialize: %s[%d] must be a torch.Tensor, got %s" % (where, i, _type_name(p)))
+        out.append(p)
+    return out
+
+
+def _number(value, where):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("tessera.initialize: %s must be a number, got %s" % (where, _type_name(value)))
+    return float(value)
+
+
+def _param_groups(model, model_parameters):
+    """[(params, lr, weight_decay, name)] from None (every trainable parameter of the model), an
+    iterable of tensors (one group) or an iterable of dicts with "params" and optionally "lr",
+    "weight_decay" and "name" (torch.optim's param groups)."""
+    if model_parameters is None:
+        return [([p for p in model.parameters() if p.requires_grad], None, None, "all")]
+    if isinstance(model_parameters, (torch.Tensor, str, bytes, collections.abc.Mapping)) or \
+            not isinstance(model_parameters, collections.abc.Iterable):
+        raise TypeError("tessera.initialize: model_parameters must be None, an iterable of tensors or an iterable of "
+                        "param-group dicts, got %s" % _type_name(model_parameters))
+    items = list(model_parameters)
+    if all(isinstance(x, collections.abc.Mapping) for x in items) and items:
+        groups = []
+        for i, g in enumerate(items):
+            unknown = sorted(set(g) - _GROUP_KEYS)
+            if unknown:
+                raise ValueError("tessera.initialize: model_parameters[%d] has key(s) %s; a param group may set only "
+                                 "params, lr, weight_decay and name (the other optimizer settings come from the config)"
+                                 % (i, ", ".join(repr(k) for k in unknown)))
+            if "params" not in g:
+                raise ValueError("tessera.initialize: model_parameters[%d] has no 'params'" % i)
+            name = g.get("name", "group%d" % i)
+            if not isinstance(name, str):
+                raise TypeError("tessera.initialize: model_parameters[%d]['name'] must be a str, got %s" % (i, _type_name(name)))
+            groups.append((_tensor_list(g["params"], "model_parameters[%d]['params']" % i),
+                           _number(g.get("lr"), "model_parameters[%d]['lr']" % i),
+                           _number(g.get("weight_decay"), "model_parameters[%d]['weight_decay']" % i), name))
+        return groups
+    if any(isinstance(x, collections.abc.Mapping) for x in items):
+        raise TypeError("tessera.initialize: model_parameters mixes tensors and param-group dicts")
+    return [(_tensor_list(items, "model_parameters"), None, None, "all")]
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               config_params=None):
+    """Builds the engine that trains `model` as `config` says; returns the Engine.
+
+    model:            a torch.nn.Module. Its parameters become views into the engine's flat buffers
+                      (the same nn.Parameter objects; in bf16/fp16 when the config asks for it).
+    config:           a path to a DeepSpeed-style JSON config, the JSON text, or a dict.
+                      (`config_params`, and `args.deepspeed_config`, are accepted as in DeepSpeed.)
+    model_parameters: None (every parameter of the model that requires grad), an iterable of
+                      tensors, or param-group dicts {"params": [...], "lr": x, "weight_decay": y}.
+                      A group's lr is a factor on the schedule: schedule(t) * lr / optimizer.params.lr.
+
+    Unlike deepspeed.initialize, returns the engine alone, not a 4-tuple; the optimizer and the LR
+    schedule always come from the config (optimizer=, lr_scheduler=, training_data= are refused).
+    Raises tessera.ConfigError (a ValueError) naming the JSON path of every error in the config.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("tessera.initialize: model must be a torch.nn.Module, got %s" % _type_name(model))
+    for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data),
+                        ("mpu", mpu), ("collate_fn", collate_fn)):
+        if value is not None:
+            raise ValueError("tessera.initialize: %s= is not supported; the optimizer and LR schedule come from the "
+                             "config, and the training script feeds the data itself" % name)
+    if config is not None and config_params is not None:
+        raise ValueError("tessera.initialize: give config or config_params, not both")
+    if config is None:
+        config = config_params
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "config", None)
+    if config is None:
+        raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
+
+    text = _config_text(config)
+    groups = _param_groups(model, model_parameters)
+    world_size = comm.get_world_size()
+    cfg, warnings = _C.load_config(text, world_size)
+    if comm.get_rank() == 0:
+        for w in warnings:
+            print("tessera: warning: %s" % w, file=sys.stderr, flush=True)
+
+    devices = {p.device.type for g in groups for p in g[0]}
+    backend = "gloo" if devices <= {"cpu"} else "auto"
+    context = comm._get_context(backend, cfg.tensor, cfg.pipe)
+    cengine = _C.Engine(cfg, context, groups)
+    return Engine(model, cengine, groups)
+
+
+class Engine:
+    """Trains one torch.nn.Module: engine(*args) runs its forward, engine.backward(loss) and
+    engine.step() do the rest. Attributes the module has and the engine lacks are the module's."""
+
+    def __init__(self, module, cengine, groups):
+        self._module = module
+        self._c = cengine
+        self.config = json.loads(cengine.config_json())  # the effective config, every default filled in
+        self._base_lr = self.config["optimizer"]["params"]["lr"]
+        self._group_lrs = [g[1] for g in groups]
+        context = cengine.context
+        self.global_rank = context.rank
+        self.world_size = context.world_size
+        self.local_rank = context.local_rank
+        self.dp_rank = context.group_rank("data")
+        self.dp_world_size = context.group_size("data")
+        first = next(p for g in groups for p in g[0])
+        self.device = first.device
+        self.compute_dtype = first.dtype  # after the engine took the parameters over: bf16/fp16/fp32
+        self._micro = self.config["train_micro_batch_size_per_gpu"]
+        self._recorded = False  # record_batch() called since the last backward
+        self._step_losses = []
+        self.last_step_loss = None  # the last optimizer step's loss on this rank (mean of its micro-steps)
+        self._step_samples = 0
+        self._step_tokens = 0
+        self._step_start = time.perf_counter()
+        self._start = self._step_start
+        self.monitor = None
+        mon = self.config.get("csv_monitor", {})
+        if mon.get("enabled"):
+            path = os.path.join(mon.get("output_path", ""), mon.get("job_name", "DeepSpeedJobName"), "metrics.jsonl")
+            self.monitor = JsonlMonitor(path if self.global_rank == 0 else None)
+        if self.config.get("tensorboard", {}).get("enabled") and self.global_rank == 0:
+            print("tessera: warning: tensorboard: not implemented; csv_monitor writes the metrics as JSONL",
+                  file=sys.stderr, flush=True)
+
+    # --- the module -------------------------------------------------------------------------------
+    @property
+    def module(self):
+        """The model being trained (its parameters are views into the engine's buffers)."""
+        return self._module
+
+    def __call__(self, *args, **kwargs):
+        return self._module(*args, **kwargs)
+
+    forward = __call__
+
+    def train(self, mode=True):
+        self._module.train(mode)
+        return self
+
+    def eval(self):
+        self._module.eval()
+        return self
+
+    def __getattr__(self, name):
+        # Only reached for names the engine lacks: delegate to the module, as DeepSpeed's engine does.
+        module = self.__dict__.get("_module")
+        if module is None:
+            raise AttributeError(name)
+        return getattr(module, name)
+
+    def parameters(self, recurse=True):
+        return self._module.parameters(recurse)
+
+    def named_parameters(self, *args, **kwargs):
+        return self._module.named_parameters(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self._module.state_dict(*args, **kwargs)
+
+    # --- training ---------------------------------------------------------------------------------
+    def record_batch(self, samples, tokens=0):
+        """Tells the progress line (and the metrics) how many samples and tokens this rank's micro-batch
+        had. Optional: without it each micro-batch counts train_micro_batch_size_per_gpu samples."""
+        if isinstance(samples, bool) or not isinstance(samples, int) or isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise TypeError("Engine.record_batch: samples and tokens must be ints")
+        self._c.record_batch(samples, tokens)
+        self._step_samples += samples
+        self._step_tokens += tokens
+        self._recorded = True
+
+    def backward(self, loss):
+        """Scales the loss by 1/gradient_accumulation_steps (and the fp16 loss scale) and runs autograd;
+        gradients go into the engine's fp32 buffers (a parameter's .grad stays None). Returns loss."""
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError("Engine.backward: loss must be a torch.Tensor, got %s" % _type_name(loss))
+        if loss.numel() != 1:
+            raise ValueError("Engine.backward: loss must have one element, got shape %s" % (tuple(loss.shape),))
+        if not loss.requires_grad:
+            raise RuntimeError("Engine.backward: loss does not require grad (computed under torch.no_grad()?)")
+        if not self._recorded:
+            self.record_batch(self._micro)
+        self._c.backward(loss)
+        self._step_losses.append(self._c.last_loss)
+        self._recorded = False
+        return loss
+
+    def step(self):
+        """Counts a micro-step; at a gradient-accumulation boundary also unscales, clips, applies the
+        optimizer and advances the LR schedule (on every rank: call it on every rank)."""
+        boundary = self._c.is_gradient_accumulation_boundary()
+        self._c.step()
+        if boundary:
+            self._end_of_step()
+
+    def _end_of_step(self):
+        now = time.perf_counter()
+        seconds = max(now - self._step_start, 1e-9)
+        losses, samples, tokens = self._step_losses, self._step_samples, self._step_tokens
+        self._step_losses, self._step_samples, self._step_tokens = [], 0, 0
+        self._step_start = now
+        self.last_step_loss = sum(losses) / len(losses) if losses else float("nan")
+        if self.monitor is None:
+            return
+        loss = self.last_step_loss
+        if self.dp_world_size > 1:  # every rank joins: the step's loss averaged over the data-parallel ranks
+            t = torch.tensor([loss], dtype=torch.float64)
+            self._c.context.all_reduce(t, "avg", "data")
+            loss = t.item()
+        record = {
+            "step": self.global_steps,
+            "loss": loss,
+            "lr": self._c.learning_rate,
+            "loss_scale": self._c.loss_scale,
+            "grad_norm": self._c.last_grad_norm,
+            "samples_per_s": samples * self.dp_world_size / seconds,
+        }
+        if tokens:
+            record["tokens_per_s"] = tokens * self.dp_world_size / seconds
+        record["step_ms"] = 1000 * seconds
+        record["skipped_steps"] = self._c.skipped_steps
+        record["time_s"] = now - self._start
+        self.monitor.write(record)
+
+    def zero_grad(self):
+        """Zeroes the engine's gradient buffers (step() already does at each boundary)."""
+        self._c.zero_grad()
+
+    def is_gradient_accumulation_boundary(self):
+        """Whether the next step() applies the optimizer."""
+        return self._c.is_gradient_accumulation_boundary()
+
+    # --- state ------------------------------------------------------------------------------------
+    @property
+    def global_steps(self):
+        """Optimizer steps taken (skipped fp16 overflow steps included, as in DeepSpeed)."""
+        return self._c.global_step
+
+    @property
+    def micro_steps(self):
+        return self._c.micro_step
+
+    @property
+    def skipped_steps(self):
+        return self._c.skipped_steps
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (1 without fp16)."""
+        return self._c.loss_scale
+
+    def get_lr(self):
+        """The learning rate of each param group for the next step, as a list (DeepSpeed's get_lr)."""
+        lr = self._c.learning_rate
+        return [lr if g is None else lr * g / self._base_lr for g in self._group_lrs]
+
+    def get_global_grad_norm(self):
+        """The global gradient norm of the last applied step (before clipping)."""
+        return self._c.last_grad_norm
+
+    def gradient_accumulation_steps(self):
+        return self.config["gradient_accumulation_steps"]
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.config["train_micro_batch_size_per_gpu"]
+
+    def train_batch_size(self):
+        return self.config["train_batch_size"]
+
+    def memory_report(self):
+        """Bytes this rank's engine buffers hold: parameters, master_parameters, gradients,
+        optimizer_states, buckets, total."""
+        return self._c.memory()
+
+    def close(self):
+        """Closes the metrics file (also done when the engine is garbage-collected)."""
+        if self.monitor is not None:
+            self.monitor.close()
+
+    def __repr__(self):
+        return "tessera.Engine(%s, %s, global_steps=%d)" % (type(self._module).__name__, self._c.context.describe(),
+                                                           self.global_steps)

@@ -1,0 +1,57 @@
+"""Shared helpers for the Python tests (run by scripts/test.sh after ctest, or `pytest tests/python`).
+
+They import tessera from the checkout's python/ folder (the extension is built there by
+`make python`) and start multi-rank jobs through build/bin/tessera launch (TESSERA_BUILD_DIR or
+BUILD_DIR overrides build/).
+"""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON_DIR = os.path.join(ROOT, "python")
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_DIR = os.environ.get("TESSERA_BUILD_DIR") or os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
+CLI = os.path.join(BUILD_DIR, "bin", "tessera")
+
+if PYTHON_DIR not in sys.path:
+    sys.path.insert(0, PYTHON_DIR)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+
+def free_port():
+    """A TCP port nobody listens on now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**extra):
+    """The environment for a job's ranks: the checkout's package first on PYTHONPATH, and no
+    launcher variables inherited from whatever runs pytest."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + HERE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
+
+
+def launch(nproc, argv, timeout=240, **kwargs):
+    """Runs `python argv...` on `nproc` local ranks through tessera launch; returns CompletedProcess."""
+    if not os.path.exists(CLI):
+        pytest.fail("%s not built (run `make build` or scripts/build.sh tessera_cli)" % CLI)
+    cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120",
+           "--", sys.executable] + list(argv)
+    return subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def check(result):
+    """Fails the test with the job's output when it did not exit 0."""
+    if result.returncode != 0:
+        pytest.fail("exit status %d\n--- stdout\n%s\n--- stderr\n%s" % (result.returncode, result.stdout[-6000:],
+                                                                       result.stderr[-6000:]))
+    return result

@@ -1,0 +1,152 @@
+"""A small torch.nn model trained through tessera, and the same model trained with plain PyTorch.
+
+Both sides see the same model (same seed), the same global batch per optimizer step and the same
+hyper-parameters; the engine splits each global batch over data-parallel ranks and accumulation
+steps exactly as the examples do (micro-step m, rank r: rows [(m*dp + r)*micro, ... + micro)).
+
+  tessera_run(case)   trains through tessera (every rank calls it); returns, on every rank, the step
+                      losses (mean over the step's micro-batches and the data-parallel ranks), the
+                      engine's gradient norms and the flattened parameters after every step.
+  reference_run(case) the plain PyTorch run in one process: for each step, every micro-batch's
+                      loss / (gas * dp) backward (the average the engine's reductions compute),
+                      clip_grad_norm_, torch.optim.AdamW (fused kernel where available, else
+                      foreach).
+
+As a program (under tessera launch or torchrun) it runs the cases of a JSON file and rank 0 saves
+the results with torch.save:  parity_worker.py CASES.json OUT_FILE
+"""
+import json
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessera
+
+IN, HIDDEN, OUT = 16, 32, 4
+
+
+class TinyNet(nn.Module):
+    """Linear, LayerNorm, GELU, Linear, tanh, Linear: 1,796 parameters in 8 tensors."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1 = nn.Linear(IN, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, OUT)
+        with torch.no_grad():  # LayerNorm's affine parameters away from 1/0, so decay matters for them too
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x, y):
+        x = x.to(self.fc1.weight.dtype)
+        h = torch.tanh(self.fc2(F.gelu(self.norm(self.fc1(x)))))
+        return F.mse_loss(self.head(h).float(), y)
+
+
+def groups_of(model, case):
+    """Two groups as torch.optim param groups: matrices decay (the config's weight_decay), vectors do
+    not and use twice the base learning rate."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "name": "decay"},
+            {"params": rest, "weight_decay": 0.0, "lr": 2 * case["lr"], "name": "no_decay"}]
+
+
+def global_batch(case, step):
+    n = case["micro"] * case["gas"] * case["dp"]
+    g = torch.Generator().manual_seed(case["seed"] * 1000 + step)
+    x = torch.randn(n, IN, generator=g)
+    y = 3 * torch.randn(n, OUT, generator=g)  # large targets: gradient norms well above the clip
+    return x, y
+
+
+def config_of(case):
+    return {
+        "train_micro_batch_size_per_gpu": case["micro"],
+        "gradient_accumulation_steps": case["gas"],
+        "steps_per_print": 1000,
+        "optimizer": {"type": "AdamW", "params": {"lr": case["lr"], "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": case["weight_decay"]}},
+        "gradient_clipping": case["clip"],
+        "bf16": {"enabled": case.get("bf16", False)},
+        # Small buckets: several per group, padded to the number of ranks.
+        "zero_optimization": {"stage": case["stage"], "reduce_bucket_size": 300, "allgather_bucket_size": 300},
+    }
+
+
+def flat(model):
+    return torch.cat([p.detach().double().reshape(-1) for p in model.parameters()])
+
+
+def tessera_run(case):
+    model = TinyNet(case["seed"])
+    engine = tessera.initialize(model=model, config=config_of(case), model_parameters=groups_of(model, case))
+    dp, me, micro = engine.dp_world_size, engine.dp_rank, case["micro"]
+    assert dp == case["dp"], (dp, case)
+    losses, norms, params = [], [], []
+    for step in range(case["steps"]):
+        x, y = global_batch(case, step)
+        total = 0.0
+        for m in range(case["gas"]):
+            rows = slice((m * dp + me) * micro, (m * dp + me + 1) * micro)
+            loss = engine(x[rows], y[rows])
+            engine.backward(loss)
+            engine.step()
+            total += loss.item()
+        t = torch.tensor([total / case["gas"]], dtype=torch.float64)
+        losses.append(tessera.comm.all_reduce(t, "avg", "data").item())
+        norms.append(engine.get_global_grad_norm())
+        params.append(flat(model))
+    assert engine.global_steps == case["steps"] and engine.micro_steps == case["steps"] * case["gas"]
+    return {"losses": losses, "grad_norms": norms, "params": params, "lr": engine.get_lr(),
+            "dtype": str(engine.compute_dtype)}
+
+
+def reference_run(case):
+    model = TinyNet(case["seed"])
+    groups = groups_of(model, case)
+    groups[0]["weight_decay"] = case["weight_decay"]
+    for g in groups:
+        del g["name"]
+    kwargs = dict(lr=case["lr"], betas=(0.9, 0.95), eps=1e-8)
+    try:
+        opt = torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError):
+        opt = torch.optim.AdamW(groups, foreach=True, **kwargs)
+    params = list(model.parameters())
+    dp, micro, gas = case["dp"], case["micro"], case["gas"]
+    losses, norms, snapshots = [], [], []
+    for step in range(case["steps"]):
+        x, y = global_batch(case, step)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for m in range(gas):
+            for r in range(dp):
+                rows = slice((m * dp + r) * micro, (m * dp + r + 1) * micro)
+                loss = model(x[rows], y[rows])
+                (loss / (gas * dp)).backward()
+                total += loss.item()
+        norm = torch.nn.utils.clip_grad_norm_(params, case["clip"]) if case["clip"] > 0 else \
+            torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        opt.step()
+        losses.append(total / (gas * dp))
+        norms.append(float(norm))
+        snapshots.append(flat(model))
+    return {"losses": losses, "grad_norms": norms, "params": snapshots}
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    out = sys.argv[2]
+    results = [tessera_run(case) for case in cases]
+    if tessera.comm.get_rank() == 0:
+        torch.save(results, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""The Python API in one process: errors (config errors name their JSON path, wrong types give
+TypeError), zero-copy parameters, the engine's state, and the JSONL metrics."""
+import json
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tessera
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def config(**overrides):
+    c = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "zero_optimization": {"stage": 2}}
+    c.update(overrides)
+    return c
+
+
+def train(engine, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+        loss = nn.functional.mse_loss(engine(x.to(engine.compute_dtype)).float(), y)  # as in DeepSpeed: inputs follow the compute dtype
+        engine.backward(loss)
+        engine.step()
+    return loss
+
+
+# --- config errors -----------------------------------------------------------------------------
+
+def test_config_error_is_a_value_error_naming_every_json_path():
+    bad = config(zero_optimization={"stage": 7, "overlap_com": True}, train_batch_sise=8)
+    bad["optimizer"]["params"]["lr"] = "fast"
+    with pytest.raises(tessera.ConfigError) as info:
+        tessera.initialize(model=mlp(), config=bad)
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert "zero_optimization.stage: found 7, expected a value in [0, 3]" in message
+    assert 'zero_optimization.overlap_com: unknown key; did you mean "overlap_comm"?' in message
+    assert 'train_batch_sise: unknown key; did you mean "train_batch_size"?' in message
+    assert "optimizer.params.lr" in message
+
+
+def test_config_file_errors_name_the_file_and_path(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": "yes"}}')
+    with pytest.raises(tessera.ConfigError, match=r"fp16\.enabled"):
+        tessera.initialize(model=mlp(), config=str(path))
+    with pytest.raises(tessera.ConfigError, match="missing.json"):
+        tessera.initialize(model=mlp(), config=tmp_path / "missing.json")  # os.PathLike
+
+
+def test_config_file_and_json_text_are_accepted(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config()))
+    for c in (str(path), path, json.dumps(config())):
+        engine = tessera.initialize(model=mlp(), config=c)
+        assert engine.train_micro_batch_size_per_gpu() == 4
+
+
+def test_engine_refusals_are_value_errors():
+    with pytest.raises(ValueError, match="stage 3 is not implemented"):
+        tessera.initialize(model=mlp(), config=config(zero_optimization={"stage": 3}))
+    m = mlp()
+    with pytest.raises(ValueError, match="leaf tensor"):
+        tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight * 2])
+    with pytest.raises(ValueError, match="appears twice"):
+        tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight, m[0].weight])
+    with pytest.raises(ValueError, match="'betas'"):
+        tessera.initialize(model=m, config=config(), model_parameters=[{"params": [m[0].weight], "betas": (0.9, 0.9)}])
+    with pytest.raises(ValueError, match="optimizer= is not supported"):
+        tessera.initialize(model=m, config=config(), optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+
+
+# --- wrong types -------------------------------------------------------------------------------
+
+def test_wrong_types_raise_type_error():
+    m = mlp()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        tessera.initialize(model="gpt", config=config())
+    with pytest.raises(TypeError, match="config must be a path"):
+        tessera.initialize(model=m, config=42)
+    with pytest.raises(TypeError, match="missing config"):
+        tessera.initialize(model=m)
+    with pytest.raises(TypeError, match="not JSON-serializable"):
+        tessera.initialize(model=m, config=config(steps_per_print=object()))
+    with pytest.raises(TypeError, match="model_parameters must be"):
+        tessera.initialize(model=m, config=config(), model_parameters=m[0].weight)
+    with pytest.raises(TypeError, match=r"model_parameters\[1\] must be a torch.Tensor, got int"):
+        tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight, 3])
+    with pytest.raises(TypeError, match=r"\['lr'\] must be a number, got str"):
+        tessera.initialize(model=m, config=config(), model_parameters=[{"params": m.parameters(), "lr": "fast"}])
+    with pytest.raises(TypeError, match="mixes tensors and param-group dicts"):
+        tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight, {"params": [m[2].weight]}])
+
+    engine = tessera.initialize(model=mlp(), config=config())
+    with pytest.raises(TypeError, match="loss must be a torch.Tensor, got float"):
+        engine.backward(1.0)
+    with pytest.raises(ValueError, match="one element"):
+        engine.backward(engine(torch.randn(4, 8)))
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        with torch.no_grad():
+            engine.backward(engine(torch.randn(4, 8)).sum())
+    with pytest.raises(TypeError, match="must be ints"):
+        engine.record_batch("4")
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        tessera.comm.all_reduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="unknown op"):
+        tessera.comm.all_reduce(torch.ones(2), op="prod")
+    with pytest.raises(TypeError):  # the extension itself: pybind11's TypeError, not a crash
+        tessera._C.load_config(5, 1)
+    assert engine.global_steps == 0  # nothing above reached the engine
+
+
+# --- zero copy, state ----------------------------------------------------------------------------
+
+def test_parameters_become_views_into_one_flat_buffer_and_train_in_place():
+    m = mlp()
+    params = list(m.parameters())
+    before = [p.detach().clone() for p in params]
+    engine = tessera.initialize(model=m, config=config(zero_optimization={"stage": 0}))
+    after_init = list(m.parameters())
+    assert all(a is b for a, b in zip(params, after_init))  # the same nn.Parameter objects
+    storages = {p.untyped_storage().data_ptr() for p in params}
+    assert len(storages) == 1  # one group: one flat buffer holds every parameter
+    assert all(torch.equal(p, b) for p, b in zip(params, before))  # values kept
+    assert all(p.grad is None for p in params)
+    train(engine, 3)
+    assert not any(torch.equal(p, b) for p, b in zip(params, before))  # the module's own tensors moved
+    assert all(p.grad is None for p in params)  # gradients live in the engine's fp32 buffers
+    assert engine.module is m
+
+
+def test_the_module_trains_with_plain_pytorch_once_its_engine_is_gone():
+    import gc
+
+    m = mlp()
+    first = tessera.initialize(model=m, config=config())
+    train(first, 2)
+    second = tessera.initialize(model=m, config=config())  # a newer engine takes the parameters over
+    del first
+    gc.collect()
+    before = [p.detach().clone() for p in m.parameters()]
+    train(second, 1)  # the first engine's end left the second's hooks in place
+    assert all(p.grad is None for p in m.parameters())
+    assert not any(torch.equal(p, b) for p, b in zip(m.parameters(), before))
+    del second
+    gc.collect()
+    m(torch.randn(4, 8)).sum().backward()  # no engine left: autograd fills .grad as usual
+    assert all(p.grad is not None for p in m.parameters())
+
+
+def test_bf16_turns_the_module_parameters_bf16():
+    m = mlp()
+    engine = tessera.initialize(model=m, config=config(bf16={"enabled": True}))
+    assert engine.compute_dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+    loss = train(engine, 2)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
+def test_engine_state_follows_deepspeed():
+    m = mlp()
+    c = config(gradient_accumulation_steps=2, fp16={"enabled": True, "initial_scale_power": 8},
+               scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
+                                                         "warmup_num_steps": 10, "warmup_type": "linear"}})
+    groups = [{"params": [m[0].weight, m[2].weight]}, {"params": [m[0].bias, m[2].bias], "lr": 5e-3, "name": "b"}]
+    engine = tessera.initialize(model=m, config=c, model_parameters=groups)
+    assert engine.gradient_accumulation_steps() == 2 and engine.train_batch_size() == 8
+    assert engine.world_size == 1 and engine.dp_world_size == 1 and engine.global_rank == 0
+    assert engine.loss_scale == 256.0
+    assert not engine.is_gradient_accumulation_boundary()
+    train(engine, 1)
+    assert engine.is_gradient_accumulation_boundary() and engine.global_steps == 0
+    train(engine, 1)
+    assert engine.global_steps == 1 and engine.micro_steps == 2
+    train(engine, 2)  # WarmupLR starts at warmup_min_lr (0): DeepSpeed's schedule, step for step
+    lr = engine.get_lr()
+    assert len(lr) == 2 and lr[0] > 0 and lr[1] == pytest.approx(lr[0] / 2)
+    assert engine.get_global_grad_norm() > 0
+    assert engine.eval() is engine and not m.training
+    engine.train()
+    assert m.training
+    m.vocabulary = "bytes"
+    assert engine.vocabulary == "bytes" and engine.training  # attributes the engine lacks are the module's
+    assert engine.modules is not None and len(list(engine.parameters())) == 4
+    assert engine.memory_report()["total"] > 0
+
+
+def test_comm_in_one_process():
+    tessera.comm.init_distributed(backend="gloo")  # CPU tensors below (a GPU machine's "auto" is NCCL)
+    assert tessera.comm.is_initialized()
+    assert tessera.comm.get_rank() == 0 and tessera.comm.get_world_size() == 1
+    assert tessera.comm.get_local_rank() == 0
+    t = torch.tensor([3.0, 4.0])
+    assert tessera.comm.all_reduce(t) is t and t.tolist() == [3.0, 4.0]
+    tessera.comm.barrier()
+    assert "rank 0 of 1" in tessera.comm.describe()
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+def test_csv_monitor_writes_one_jsonl_record_per_step(tmp_path):
+    c = config(gradient_accumulation_steps=2,
+               csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "run1"})
+    engine = tessera.initialize(model=mlp(), config=c)
+    train(engine, 10)
+    engine.close()
+    path = tmp_path / "run1" / "metrics.jsonl"
+    assert engine.monitor.path == str(path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    for r in records:
+        assert {"loss", "lr", "loss_scale", "grad_norm", "samples_per_s", "step_ms", "time_s"} <= set(r)
+        assert r["samples_per_s"] > 0 and r["lr"] == pytest.approx(1e-2)
+    assert records[-1]["loss"] == pytest.approx(engine.last_step_loss)
+
+
+def test_no_metrics_file_without_csv_monitor(tmp_path):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        engine = tessera.initialize(model=mlp(), config=config())
+        train(engine, 2)
+    finally:
+        os.chdir(cwd)
+    assert engine.monitor is None and os.listdir(tmp_path) == []
