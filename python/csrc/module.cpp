@@ -22,6 +22,7 @@
 
 #include "engine/config_io.h"
 #include "engine/engine.h"
+#include "engine/estimator.h"
 #include "engine/progress.h"
 #include "parallel/parallel_context.h"
 
@@ -254,4 +255,11 @@ PYBIND11_MODULE(_C, m) {
       });
 
   m.def("peak_rss_bytes", &peak_rss_bytes, "Peak resident set size of this process, in bytes.");
+
+  // The memory estimator (engine/estimator.h): a JSON request with the CLI's flags as keys, a JSON
+  // answer; tessera.estimate() wraps it.
+  m.def(
+      "estimate_json",
+      [](const std::string& request) { return estimate_json(nlohmann::json::parse(request)).dump(); },
+      py::arg("request"), "Memory estimate for a JSON request with `tessera estimate`'s flags as keys.");
 }

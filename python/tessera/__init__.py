@@ -35,5 +35,19 @@ CommError.__module__ = "tessera"
 from . import comm  # noqa: E402
 from .engine import Engine, initialize  # noqa: E402
 
-__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm"]
+
+
+def estimate(**request):
+    """Memory per GPU, per node's CPU and NVMe for a training setup, like `tessera estimate`.
+
+    Keys are the CLI's flags with underscores: tessera.estimate(preset="llama-7b", zero=2, bf16=True,
+    gpus_per_node=8, gpu_mem=80). Returns the `--json` answer as a dict (fits, per_gpu, per_node_cpu,
+    per_node_nvme, options, ...); invalid requests raise ValueError naming the key.
+    """
+    import json
+
+    return json.loads(_C.estimate_json(json.dumps(request)))
+
+
+__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "estimate"]
 __version__ = "0.1.0"

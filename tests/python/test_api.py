@@ -231,3 +231,14 @@ def test_no_metrics_file_without_csv_monitor(tmp_path):
     finally:
         os.chdir(cwd)
     assert engine.monitor is None and os.listdir(tmp_path) == []
+
+
+def test_estimate_from_python_matches_the_engine_accounting():
+    # fp32 Adam, ZeRO 2, 1B parameters on 8 GPUs: model states 4Ψ + 12Ψ/N bytes per GPU.
+    result = tessera.estimate(params=1_000_000_000, zero=2, gpus_per_node=8, gpu_mem=80)
+    psi, n = 1_000_000_000, 8
+    assert abs(result["per_gpu"]["model_states_bytes"] - (4 * psi + 12 * psi / n)) / (4 * psi + 12 * psi / n) < 0.01
+    assert isinstance(result["fits"], bool)
+    assert "total_bytes" in result["per_node_cpu"] and "total_bytes" in result["per_node_nvme"]
+    with pytest.raises(ValueError, match="zero"):
+        tessera.estimate(params=1000, zero=7)
