@@ -168,8 +168,8 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
     const int partitions = s.zero_stage == 0 ? 1 : dp;
     int64_t total = 0, shard = 0, largest_bucket = 0, max_shard = 0;
     // Construction (ZeroOptimizer's constructor, group by group): the model's own fp32 tensors
-    // not yet re-pointed, this group's fp32 `init` buffer, its compute copy and master shard,
-    // and the earlier groups' compute buffers and master shards.
+    // not yet re-pointed, this group's compute buffer and master shard (copied straight from the
+    // model's tensors), and the earlier groups' compute buffers and master shards.
     int64_t remaining_model = 4 * m.params, built = 0;
     for (const auto& numels : groups) {
       FlatLayout L = FlatLayout::build(numels, partitions, s.reduce_bucket_size);
@@ -181,9 +181,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
       }
       int64_t group_params = 0;
       for (auto n : numels) group_params += n;
-      const int64_t compute = mixed ? c * L.total : 0;
+      const int64_t compute = c * L.total;
       const int64_t master = (mixed && !off_opt) ? 4 * L.shard_numel : 0;
-      st.construction = std::max(st.construction, remaining_model + built + 4 * L.total + compute + master);
+      st.construction = std::max(st.construction, remaining_model + built + compute + master);
       remaining_model -= 4 * group_params;
       built += c * L.total + master;
     }

@@ -93,18 +93,19 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
     const auto device = spec.params.front().device();
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
 
-    // Gather the initial values into one fp32 flat buffer (exact master weights), then cast.
-    at::Tensor init = at::zeros({L.total}, f32);
+    // Copy the initial values straight from the model's tensors: into the compute buffer (cast),
+    // and, with mixed precision, this rank's pieces into the fp32 master shard (exact, not
+    // rounded through the compute dtype). No full fp32 copy is made, so construction peaks at the
+    // model's own tensors plus the compute buffer plus the master shard.
+    g->compute = at::zeros({L.total}, f32.dtype(compute_dtype_));
     for (size_t i = 0; i < spec.params.size(); ++i)
-      init.narrow(0, L.params[i].offset, L.params[i].numel).copy_(spec.params[i].detach().reshape({-1}));
-    g->compute = compute_dtype_ == at::kFloat ? init : init.to(compute_dtype_);
+      g->compute.narrow(0, L.params[i].offset, L.params[i].numel).copy_(spec.params[i].detach().reshape({-1}));
     if (compute_dtype_ != at::kFloat) {
-      g->master = at::empty({L.shard_numel}, f32);
-      for (size_t b = 0; b < L.buckets.size(); ++b)
-        g->master.narrow(0, L.buckets[b].shard_offset, L.buckets[b].shard)
-            .copy_(init.narrow(0, L.flat_of_local(rank, b), L.buckets[b].shard));
+      g->master = at::zeros({L.shard_numel}, f32);
+      for (const ShardPiece& piece : L.pieces(rank))
+        g->master.narrow(0, piece.local_offset, piece.numel)
+            .copy_(spec.params[piece.param].detach().reshape({-1}).narrow(0, piece.param_offset, piece.numel));
     }
-    init = at::Tensor();
 
     // The model's tensors become views into the compute buffer (same objects, new storage).
     for (size_t i = 0; i < spec.params.size(); ++i) {
