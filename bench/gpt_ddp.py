@@ -1,6 +1,6 @@
 """Baseline for bench/run_engine_vs_ddp.sh: the GPT example trained with PyTorch DDP over Gloo.
 
-The same byte-level GPT as examples/models/gpt.cpp (vocab 256, block 128, 4 layers, 4 heads,
+The same byte-level GPT as examples/models/gpt.cpp (examples/python/models.py, imported) (vocab 256, block 128, 4 layers, 4 heads,
 128 dims, pre-LayerNorm, causal SDPA, GELU-tanh MLP, LM head tied to the token embedding, 842,496
 parameters), registered in the same order and initialized with the same draws: one
 torch.Generator seeded with --seed gives N(0, 0.02) to every weight with dim >= 2, in registration
@@ -31,177 +31,18 @@ backward (autograd with DDP's overlapped allreduces, up to the last one's comple
 """
 import argparse
 import json
-import math
 import os
 import resource
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 
-FORTUNES = "/usr/share/games/fortunes"
-MASK64 = (1 << 64) - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: examples/data/fortunes_corpus.cpp
-
-
-def splitmix64(x):
-    """splitmix64 on a numpy uint64 array (wrapping arithmetic, as in C++)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def splitmix64_int(x):
-    return int(splitmix64(np.array([x & MASK64], dtype=np.uint64))[0])
-
-
-def append_fortunes(content, out):
-    count = 0
-    current = bytearray()
-
-    def flush():
-        nonlocal count, current
-        while current and current[-1] in b"\n\r ":
-            current.pop()
-        if current:
-            out.extend(current)
-            out.extend(b"\n%\n")
-            count += 1
-        current = bytearray()
-
-    lines = content.split(b"\n")
-    if content.endswith(b"\n"):
-        lines.pop()  # the C++ loop stops at the end of the content: no empty last line
-    for line in lines:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if line == b"%":
-            flush()
-        else:
-            current.extend(line)
-            current.extend(b"\n")
-    flush()
-    return count
-
-
-class FortunesCorpus:
-    def __init__(self, directory=FORTUNES, validation_fraction=0.05):
-        if not os.path.isdir(directory):
-            sys.exit(f"fortunes corpus: folder not found ({directory}); install it with `apt-get install fortunes`")
-        names = sorted(n for n in os.listdir(directory)
-                       if os.path.isfile(os.path.join(directory, n))
-                       and not n.endswith((".dat", ".u8")) and not n.startswith("."))
-        text = bytearray()
-        self.fortunes = 0
-        for name in names:
-            with open(os.path.join(directory, name), "rb") as f:
-                self.fortunes += append_fortunes(f.read(), text)
-        if self.fortunes == 0:
-            sys.exit(f"fortunes corpus: no fortune files found ({directory})")
-        self.text = np.frombuffer(bytes(text), dtype=np.uint8)
-        size = len(text)
-        self.split = size
-        if validation_fraction > 0:
-            target = int(size * (1.0 - validation_fraction))
-            boundary = bytes(text).find(b"\n%\n", target)
-            self.split = target if boundary < 0 else boundary + 3
-            if self.split >= size:
-                self.split = target
-
-    def sample(self, batch, seq_len, step, seed):
-        """The train split's global batch for `step`: inputs and targets, int64 [batch, seq_len]."""
-        starts = self.split - seq_len
-        base = splitmix64_int(splitmix64_int(seed ^ 0x7472) ^ step)
-        rows = np.arange(batch, dtype=np.uint64) + np.uint64(base)
-        offsets = (splitmix64(rows) % np.uint64(starts)).astype(np.int64)
-        window = self.text[offsets[:, None] + np.arange(seq_len + 1)[None, :]].astype(np.int64)
-        window = torch.from_numpy(window)
-        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
-
-
-# ---------------------------------------------------------------------------------------------
-# Model: examples/models/gpt.cpp
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.n_head = n_head
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        heads = lambda t: t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
-
-
-class Mlp(nn.Module):
-    def __init__(self, n_embd):
-        super().__init__()
-        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
-        self.c_proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.attn = CausalSelfAttention(n_embd, n_head)
-        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.mlp = Mlp(n_embd)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class Gpt(nn.Module):
-    def __init__(self, vocab=256, block_size=128, n_layer=4, n_head=4, n_embd=128, seed=1234):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, n_embd),
-            wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)),
-            ln_f=nn.LayerNorm(n_embd, eps=1e-5),
-        ))
-        # Gpt's initialization, draw for draw: the parameters are registered in the C++ order.
-        gen = torch.Generator().manual_seed(seed)
-        residual_std = 0.02 / math.sqrt(2.0 * n_layer)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if p.dim() >= 2:
-                    std = residual_std if name.endswith("c_proj.weight") else 0.02
-                    p.copy_(torch.normal(0.0, std, tuple(p.shape), generator=gen))
-                elif name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
-                    p.fill_(1.0)
-                else:
-                    p.zero_()
-
-    def forward(self, idx, targets):
-        t = self.transformer
-        pos = torch.arange(idx.size(1), device=idx.device)
-        x = t.wte(idx) + t.wpe(pos)
-        for block in t.h:
-            x = block(x)
-        logits = F.linear(t.ln_f(x), t.wte.weight)  # tied LM head
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
-
-
-# ---------------------------------------------------------------------------------------------
+# The model and the data are the examples' own (examples/python/), which match the C++ ones.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "python"))
+from data import FORTUNES, FortunesCorpus  # noqa: E402
+from models import Gpt  # noqa: E402
 
 
 def make_optimizer(model, args):
@@ -239,7 +80,7 @@ def main():
     corpus = FortunesCorpus(args.fortunes)
     model = Gpt(seed=args.seed)
     seq_len = 128
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb,
                                               gradient_as_bucket_view=True)
     optimizer, kernel = make_optimizer(model, args)
     params = list(model.parameters())
