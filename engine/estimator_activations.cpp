@@ -1,0 +1,66 @@
+// Activation memory per layer and stage (Korthikanti et al. 2022), as docs/estimator.md states it.
+#include "engine/estimator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/estimator_detail.h"
+#include "zero/flat_layout.h"
+
+namespace tessera {
+
+using namespace estimator_detail;
+
+namespace estimator_detail {
+
+// ---- activations ---------------------------------------------------------------------------
+
+
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4,
+// generalized to any ffn size, grouped-query attention, SwiGLU, no dropout and fused attention;
+// for a GPT shape (ffn 4h, MHA, dropout, 16-bit) it is exactly sbh(34 + 5as/h) per layer, or
+// sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, sbh(34/t + 5as/(ht)) with sequence parallelism.
+Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s, int64_t micro_batch) {
+  Activations a;
+  const double S = sh.seq_len, b = micro_batch, h = sh.hidden, heads = sh.heads, kv = sh.kv_dim(), f = sh.ffn_dim();
+  const double t = s.tp, e = s.precision == "fp32" ? 4 : 2, sbh = S * b * h;
+  const bool sp = s.sequence_parallel && s.tp > 1;
+  const bool flash = s.flash_attention.value_or(sh.flash_attention);
+  const double mask = sh.dropout ? 1 : 0;
+  // Replicated across tensor-parallel ranks unless sequence parallelism splits them: the two
+  // norms' inputs, the QKV and MLP inputs, and the two dropout masks after attention and MLP.
+  const double replicated = (4 * e + 2 * mask) * sbh / (sp ? t : 1);
+  // Split by t: Q, K, V, the attention output projection's input, the MLP's inner activations.
+  const double mlp = (sh.mlp == "swiglu" ? 3 : 2) * e * S * b * f;
+  const double split = (2 * e * sbh + 2 * e * S * b * kv + mlp) / t;
+  // The attention core: softmax output (and with dropout its mask and output), a·s²·b each;
+  // fused attention keeps only the fp32 log-sum-exp (4·a·s·b).
+  const double core = flash ? 4 * heads * S * b / t : (e + mask * (1 + e)) * heads * S * S * b / t;
+  a.layer_full = round_bytes(replicated + split + core);
+  a.checkpoint = round_bytes(e * sbh / ((sp || s.partition_activations) ? t : 1));
+  if (s.activation_checkpointing == "full") a.layer_stored = a.checkpoint;
+  else if (s.activation_checkpointing == "selective") a.layer_stored = round_bytes(replicated + split);
+  else a.layer_stored = a.layer_full;
+  a.embedding = round_bytes(mask * sbh / (sp ? t : 1));
+  a.output = round_bytes(2 * e * sbh / (sp ? t : 1) + 8.0 * S * b * sh.vocab / t);
+
+  // The formula in words, in sbh units (Korthikanti's).
+  const double rep_c = 4 * e + 2 * mask;
+  const double split_c = 2 * e + 2 * e * kv / h + (sh.mlp == "swiglu" ? 3 : 2) * e * f / h;
+  std::string terms;
+  if (t > 1) terms = fmt("%.4g", rep_c) + (sp ? "/t" : "") + " + " + fmt("%.4g", split_c) + "/t";
+  else terms = fmt("%.4g", rep_c + split_c);
+  if (flash) terms += " + 4a/h" + (t > 1 ? std::string("t") : "") + " (fused attention: fp32 log-sum-exp)";
+  else terms += " + " + fmt("%g", e + mask * (1 + e)) + (t > 1 ? "as/(ht)" : "as/h");
+  a.formula = "sbh(" + terms + ")";
+  if (s.activation_checkpointing == "selective" && !flash) a.formula += "; selective recomputation drops the s^2 term";
+  if (sh.mlp == "gelu" && sh.ffn_dim() == 4 * sh.hidden && kv == h && sh.dropout && e == 2 && !flash)
+    a.formula += " (Korthikanti et al.'s formula)";
+  return a;
+}
+
+}  // namespace estimator_detail
+}  // namespace tessera

@@ -1,0 +1,68 @@
+// Helpers shared by the estimator's source files (engine/estimator*.cpp); not a public API.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/estimator.h"
+
+namespace tessera::estimator_detail {
+
+int64_t round_bytes(double x);
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline int compute_bytes(const TrainingSetup& s) { return s.precision == "fp32" ? 4 : 2; }
+inline bool mixed_precision(const TrainingSetup& s) { return s.precision != "fp32"; }
+
+// Optimizer state bytes per parameter (fp32): Adam/AdamW/LAMB keep m and v; SGD keeps a momentum
+// buffer only with momentum. OneBitAdam: m and v (its error-feedback buffers are not counted).
+inline int state_bytes_per_param(const TrainingSetup& s) {
+  if (s.optimizer == "SGD") return s.momentum > 0 ? 4 : 0;
+  return 8;
+}
+inline std::string state_name(const TrainingSetup& s) {
+  if (s.optimizer == "SGD") return s.momentum > 0 ? "SGD momentum" : "SGD (no state)";
+  if (s.optimizer == "Lamb") return "LAMB m, v";
+  return s.optimizer + " m, v";
+}
+inline std::string part(int n) { return n == 1 ? "whole" : "1/" + std::to_string(n); }
+
+// The parameters one rank of pipeline stage `stage` (tensor-parallel rank 0) holds.
+struct StageModel {
+  std::vector<ParamTensor> tensors;  // tensor-parallel split applied, registration order
+  int64_t params = 0;
+  int64_t largest = 0;               // largest module, split
+  int64_t layers = 0;
+  bool first = true, last = true;
+};
+
+// Model states of one rank (engine/estimator_states.cpp): exactly the engine's buffers at stages 0-2.
+struct States {
+  // device
+  int64_t params = 0, master = 0, grads = 0, optim = 0, gathered = 0, buckets = 0, construction = 0;
+  std::string params_detail, master_detail, grads_detail, optim_detail, gathered_detail, buckets_detail;
+  // host (per rank)
+  int64_t h_params = 0, h_master = 0, h_grads = 0, h_optim = 0, h_pinned = 0, h_construction = 0;
+  std::string h_pinned_detail;
+  // NVMe (per rank)
+  int64_t n_params = 0, n_master = 0, n_grads = 0, n_optim = 0;
+};
+States model_states(const StageModel& m, const TrainingSetup& s, int dp);
+std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s);
+
+// Activations (engine/estimator_activations.cpp): Korthikanti et al. 2022.
+struct Activations {
+  int64_t layer_full = 0;    // one layer, no checkpointing
+  int64_t layer_stored = 0;  // one layer as stored under the checkpointing mode (per micro-batch)
+  int64_t checkpoint = 0;    // full checkpointing: one checkpointed input
+  int64_t embedding = 0;     // per micro-batch on the first stage
+  int64_t output = 0;        // the last stage: final norm, head input, fp32 logits and their gradient
+  std::string formula;
+};
+Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s, int64_t micro_batch);
+std::string fmt(const char* format, double x);  // snprintf of one number
+std::string count_str(int64_t n);               // 6738415616 -> "6.74B"
+void check_setup(const TrainingSetup& s, int world);  // throws std::invalid_argument
+
+}  // namespace tessera::estimator_detail

@@ -1,0 +1,156 @@
+// Model states per rank: what the engine allocates, stage by stage (docs/zero.md, docs/estimator.md).
+#include "engine/estimator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/estimator_detail.h"
+#include "zero/flat_layout.h"
+
+namespace tessera {
+
+using namespace estimator_detail;
+
+namespace estimator_detail {
+
+// Parameter groups: the engine keeps one flat layout per group.
+std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s) {
+  std::map<int, std::vector<int64_t>> groups;
+  for (const auto& t : m.tensors) groups[s.param_groups == 1 ? 0 : t.group].push_back(t.numel);
+  std::vector<std::vector<int64_t>> out;
+  for (auto& [g, numels] : groups)
+    if (!numels.empty()) out.push_back(std::move(numels));
+  return out;
+}
+
+// ---- model states --------------------------------------------------------------------------
+
+// Per rank, in bytes, by where they live.
+
+
+States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
+  States st;
+  const int c = compute_bytes(s), k = state_bytes_per_param(s);
+  const bool mixed = mixed_precision(s);
+  const bool off_opt = s.offload_optimizer != "none", off_param = s.offload_param != "none";
+  const auto groups = group_numels(m, s);
+  const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
+  const std::string dtype = s.precision;
+
+  if (s.zero_stage <= 2) {
+    // Exactly the engine's buffers (zero/zero_optimizer.cpp), one flat layout per group.
+    const int partitions = s.zero_stage == 0 ? 1 : dp;
+    int64_t total = 0, shard = 0, largest_bucket = 0, max_shard = 0;
+    // Construction (ZeroOptimizer's constructor, group by group): the model's own fp32 tensors
+    // not yet re-pointed, this group's compute buffer and master shard (copied straight from the
+    // model's tensors), and the earlier groups' compute buffers and master shards.
+    int64_t remaining_model = 4 * m.params, built = 0;
+    for (const auto& numels : groups) {
+      FlatLayout L = FlatLayout::build(numels, partitions, s.reduce_bucket_size);
+      total += L.total;
+      shard += L.shard_numel;
+      for (const auto& b : L.buckets) {
+        largest_bucket = std::max(largest_bucket, b.numel);
+        max_shard = std::max(max_shard, b.shard);
+      }
+      int64_t group_params = 0;
+      for (auto n : numels) group_params += n;
+      const int64_t compute = c * L.total;
+      const int64_t master = (mixed && !off_opt) ? 4 * L.shard_numel : 0;
+      st.construction = std::max(st.construction, remaining_model + built + compute + master);
+      remaining_model -= 4 * group_params;
+      built += c * L.total + master;
+    }
+    st.params = c * total;
+    st.params_detail = dtype + ", whole";
+    if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
+    if (!off_opt) {
+      if (mixed) st.master = 4 * shard, st.master_detail = part(partitions);
+      st.grads = 4 * (s.zero_stage == 2 ? shard : total);
+      st.grads_detail = "fp32, " + part(s.zero_stage == 2 ? dp : 1);
+      st.optim = int64_t(k) * shard;
+      st.optim_detail = state_name(s) + ", " + part(partitions);
+    } else {
+      // Design (not in the engine yet): the optimizer runs on the host over this rank's shard;
+      // stage 1 still accumulates the full fp32 gradient on the device until the boundary.
+      if (s.zero_stage == 1) st.grads = 4 * total, st.grads_detail = "fp32 accumulation, whole";
+      int64_t* master = s.offload_optimizer == "cpu" ? &st.h_master : &st.n_master;
+      int64_t* grads = s.offload_optimizer == "cpu" ? &st.h_grads : &st.n_grads;
+      int64_t* optim = s.offload_optimizer == "cpu" ? &st.h_optim : &st.n_optim;
+      *master = 4 * shard, *grads = 4 * shard, *optim = int64_t(k) * shard;
+      if (s.offload_optimizer == "nvme") {
+        st.h_pinned = int64_t(s.optimizer_buffer_count) * std::min(s.sub_group_size, shard) * 4;
+        st.h_pinned_detail = std::to_string(s.optimizer_buffer_count) + " optimizer swap buffers";
+      }
+    }
+    // Communication buffers (zero/zero_optimizer.cpp: launch_bucket, acquire_staging).
+    if (s.zero_stage == 1 && dp > 1) {
+      st.buckets = 4 * shard;  // a receive chunk per bucket, all alive until the end of backward
+      st.buckets_detail = "fp32 receive chunk of every bucket, alive until backward ends";
+    } else if (s.zero_stage == 2) {
+      st.buckets = int64_t(staging_buffers) * 4 * largest_bucket + (dp > 1 ? int64_t(staging_buffers) * 4 * max_shard : 0);
+      st.buckets_detail = std::to_string(staging_buffers) + " fp32 staging buffer" + (staging_buffers > 1 ? "s" : "") +
+                          " of " + count_str(largest_bucket) + " elements" + (dp > 1 ? " + receive chunks" : "");
+    }
+    return st;
+  }
+
+  // ZeRO-3 (design estimate): each tensor partitioned over dp (padded per tensor, as DeepSpeed),
+  // tensors of at most stage3_param_persistence_threshold elements kept whole.
+  int64_t shard = 0, persistent = 0, sharded_total = 0;
+  for (const auto& numels : groups)
+    for (auto n : numels) {
+      shard += ceil_div(n, dp);
+      if (n <= s.stage3_param_persistence_threshold) persistent += n;
+      else sharded_total += ceil_div(n, dp);
+    }
+  if (!off_param) {
+    st.params = int64_t(c) * (sharded_total + persistent);
+    st.params_detail = dtype + ", " + part(dp) + (persistent ? " + small persistent tensors whole" : "");
+  } else {
+    st.params = int64_t(c) * persistent;
+    st.params_detail = dtype + ", persistent small tensors only";
+    if (s.offload_param == "cpu") st.h_params = int64_t(c) * sharded_total;
+    else {
+      st.n_params = int64_t(c) * sharded_total;
+      st.h_pinned += int64_t(s.param_buffer_count) * s.param_buffer_size * c;
+      st.h_pinned_detail = std::to_string(s.param_buffer_count) + " parameter swap buffers";
+    }
+  }
+  // Gathered for compute: the current module plus prefetched ones (bounded by max_live), and the
+  // module's gradient in the compute dtype before it is folded into the fp32 buckets.
+  const int64_t live = std::min({s.stage3_max_live_parameters, m.largest + s.stage3_prefetch_bucket_size, m.params});
+  st.gathered = int64_t(c) * (live + m.largest);
+  st.gathered_detail = "largest module " + count_str(m.largest) + " + prefetch, and its gradient";
+  const double ratio = off_opt ? s.offload_optimizer_ratio : 0.0;
+  const int64_t master = mixed || off_opt ? 4 * shard : 0, grads = 4 * shard, optim = int64_t(k) * shard;
+  auto split = [&](int64_t bytes, int64_t& device, int64_t& host, int64_t& nvme) {
+    const int64_t away = round_bytes(bytes * ratio);
+    device = bytes - away;
+    (s.offload_optimizer == "nvme" ? nvme : host) += away;
+  };
+  split(master, st.master, st.h_master, st.n_master);
+  split(grads, st.grads, st.h_grads, st.n_grads);
+  split(optim, st.optim, st.h_optim, st.n_optim);
+  st.master_detail = part(dp);
+  st.grads_detail = "fp32, " + part(dp);
+  st.optim_detail = state_name(s) + ", " + part(dp);
+  if (s.offload_optimizer == "nvme") {
+    st.h_pinned += int64_t(s.optimizer_buffer_count) * std::min(s.sub_group_size, shard) * 4;
+    st.h_pinned_detail += std::string(st.h_pinned_detail.empty() ? "" : ", ") +
+                          std::to_string(s.optimizer_buffer_count) + " optimizer swap buffers";
+  }
+  // Gradient staging as at stage 2: reduce_bucket_size fp32 elements per concurrently filling bucket.
+  const int64_t bucket = std::min(s.reduce_bucket_size, m.params);
+  st.buckets = int64_t(staging_buffers) * 4 * bucket + (dp > 1 ? int64_t(staging_buffers) * 4 * ceil_div(bucket, dp) : 0);
+  st.buckets_detail = std::to_string(staging_buffers) + " fp32 staging buffer" + (staging_buffers > 1 ? "s" : "") +
+                      " of " + count_str(bucket) + " elements" + (dp > 1 ? " + receive chunks" : "");
+  st.construction = 4 * m.largest;  // built partitioned, as DeepSpeed's zero.Init
+  return st;
+}
+
+}  // namespace estimator_detail
+}  // namespace tessera
