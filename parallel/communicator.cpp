@@ -56,16 +56,16 @@ void check_flat(const at::Tensor& t, const char* what) {
 
 Communicator::Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::string name, std::vector<int> ranks,
                            int rank, CommunicatorOptions options)
-    : backend_(std::move(backend)), name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), options_(options) {}
-
-Communicator::~Communicator() = default;
-
-std::string Communicator::describe() const {
+    : backend_(std::move(backend)), name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), options_(options) {
+  // Named once: every collective's error message and label reuse it.
   std::string list;
   for (size_t i = 0; i < ranks_.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(ranks_[i]);
   if (ranks_.size() > 16) list += ", ...";
-  return "group '" + name_ + "' (" + std::to_string(ranks_.size()) + " ranks: global " + list + ")";
+  description_ = "group '" + name_ + "' (" + std::to_string(ranks_.size()) + " ranks: global " + list + ")";
 }
+
+Communicator::~Communicator() = default;
+
 
 std::string Communicator::label(const char* collective, const at::Tensor& t) const {
   return std::string(collective) + " of " + std::to_string(t.numel()) + " " + std::string(t.dtype().name()) +

@@ -72,7 +72,7 @@ class Communicator {
   int rank() const { return rank_; }  // this process's rank within the group
   int size() const { return static_cast<int>(ranks_.size()); }
   const std::vector<int>& global_ranks() const { return ranks_; }
-  std::string describe() const;  // "group 'data' (global ranks 0, 2)"
+  const std::string& describe() const { return description_; }  // "group 'data' (2 ranks: global 0, 2)"
 
   // In place on `tensor`.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
@@ -113,6 +113,7 @@ class Communicator {
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string name_;
+  std::string description_;
   std::vector<int> ranks_;
   int rank_;
   CommunicatorOptions options_;

@@ -25,6 +25,7 @@ struct ZeroOptimizer::Group {
   std::vector<at::Tensor> staging; // stage 2: a bucket's gradients while it fills
   std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
   std::vector<bool> launched;      // per bucket: reduction launched this micro-step
+  std::vector<ShardSegment> segments;  // this rank's chunks as views: built once, buffers never move
   std::unique_ptr<FlatOptimizer> optimizer;
   double lr_scale = 1;
   double weight_decay = 0;
@@ -116,6 +117,7 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
       g->params.push_back(p);
     }
     g->grads = at::zeros({stage_ == 2 ? L.shard_numel : L.total}, f32);
+    g->segments = make_segments(*g);
     g->staging.resize(L.buckets.size());
     g->pending.resize(L.buckets.size());
     g->launched.assign(L.buckets.size(), false);
@@ -256,7 +258,7 @@ void ZeroOptimizer::end_backward() {
   wait_all();
 }
 
-std::vector<ShardSegment> ZeroOptimizer::segments(Group& g) {
+std::vector<ShardSegment> ZeroOptimizer::make_segments(const Group& g) const {
   const int rank = stage_ == 0 ? 0 : data_.rank();
   std::vector<ShardSegment> out;
   for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
@@ -274,7 +276,7 @@ std::vector<ShardSegment> ZeroOptimizer::segments(Group& g) {
 
 double ZeroOptimizer::local_grad_sumsq(Group& g) {
   double sumsq = 0;
-  for (const auto& s : segments(g)) {
+  for (const auto& s : g.segments) {
     const double n = s.grads.norm().item<double>();
     sumsq += n * n;
   }
@@ -331,7 +333,7 @@ ZeroStepResult ZeroOptimizer::step(double loss_scale, double clip, const StepInp
     in.lr = inputs.lr * g.lr_scale;
     in.weight_decay = g.weight_decay;
     in.grad_scale = coef;
-    g.optimizer->step(in, segments(g));  // also writes the compute copy of this rank's chunks
+    g.optimizer->step(in, g.segments);  // also writes the compute copy of this rank's chunks
     if (stage_ > 0 && data_.size() > 1) allgather_parameters(g);
   }
   return result;

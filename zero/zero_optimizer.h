@@ -69,7 +69,7 @@ class ZeroOptimizer {
   at::Tensor receive_buffer(int64_t numel);
   void wait_oldest();
   void wait_all();
-  std::vector<ShardSegment> segments(Group& g);
+  std::vector<ShardSegment> make_segments(const Group& g) const;
   double local_grad_sumsq(Group& g);
   void allgather_parameters(Group& g);
 
