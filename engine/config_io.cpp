@@ -1,9 +1,13 @@
 // Parsing and printing of the config through each struct's `fields(v)` list (engine/config.h).
 #include "engine/config_io.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -18,9 +22,23 @@ using nlohmann::json;
 
 // ---- reports ---------------------------------------------------------------------------------
 
+std::string ConfigIssue::path_and_message() const {
+  return (path.empty() ? "(top level)" : path) + ": " + message;
+}
+
 std::string ConfigIssue::str() const {
-  std::string where = path.empty() ? "(top level)" : path;
-  return (severity == Severity::Error ? "error: " : "warning: ") + where + ": " + message;
+  return (severity == Severity::Error ? "error: " : "warning: ") + path_and_message();
+}
+
+bool has_error_at(const ConfigReport& report, const std::string& path) {
+  auto inside = [](const std::string& a, const std::string& b) {  // a lies inside section b
+    return a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '.';
+  };
+  for (const auto& i : report.issues)
+    if (i.severity == ConfigIssue::Severity::Error &&
+        (i.path.empty() || i.path == path || inside(path, i.path) || inside(i.path, path)))
+      return true;
+  return false;
 }
 
 void ConfigReport::error(std::string path, std::string message) {
@@ -84,6 +102,14 @@ Config parse_config(const json& j, ConfigReport& report, const ParseOptions& opt
   return config;
 }
 
+Config parse_and_resolve_config(const json& j, int world_size, ConfigReport& report, ResolvedLayout* layout,
+                                const ParseOptions& options) {
+  Config config = parse_config(j, report, options);
+  ResolvedLayout resolved = resolve_config(config, world_size, report);
+  if (layout) *layout = resolved;
+  return config;
+}
+
 json config_to_json(const Config& config) {
   return section_to_json(config);
 }
@@ -138,32 +164,43 @@ std::optional<json> parse_json_text(const std::string& text, const std::string& 
 }
 
 std::string read_text_file(const std::string& path) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("cannot read config file '" + path + "'");
+  if (!in)
+    throw ConfigError("cannot read config file '" + path + "': " +
+                      (errno ? std::strerror(errno) : "cannot be opened"));
+  // A directory opens, but reading it fails. POSIX stat rather than std::filesystem, whose symbols
+  // can resolve to a broken copy exported by libtorch.so (see tests/test_launcher.cpp's TempDir).
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw ConfigError("cannot read config file '" + path + "': " + std::strerror(EISDIR));
   std::ostringstream s;
   s << in.rdbuf();
+  if (in.bad()) throw ConfigError("cannot read config file '" + path + "': read error");
   return s.str();
+}
+
+ConfigSource config_source(const std::string& path_or_json) {
+  size_t first = path_or_json.find_first_not_of(" \t\r\n");
+  ConfigSource s;
+  s.inline_json = first != std::string::npos && path_or_json[first] == '{';
+  s.name = s.inline_json ? "the inline JSON text" : "'" + path_or_json + "'";
+  s.heading = s.inline_json ? "(inline JSON text)" : s.name;
+  return s;
 }
 
 Config load_config(const std::string& path_or_json, int world_size, ResolvedLayout* layout,
                    std::vector<std::string>* warnings, const ParseOptions& options) {
-  size_t first = path_or_json.find_first_not_of(" \t\r\n");
-  bool inline_json = first != std::string::npos && path_or_json[first] == '{';
-  std::string source = inline_json ? "the config text" : "'" + path_or_json + "'";
-  std::string text = inline_json ? path_or_json : read_text_file(path_or_json);
+  const ConfigSource source = config_source(path_or_json);
+  std::string text = source.inline_json ? path_or_json : read_text_file(path_or_json);
   ConfigReport report;
   Config config;
-  if (auto j = parse_json_text(text, source, report)) {
-    config = parse_config(*j, report, options);
-    if (report.ok()) {
-      ResolvedLayout resolved = resolve_config(config, world_size, report);
-      if (layout) *layout = resolved;
-    }
-  }
+  if (auto j = parse_json_text(text, source.name, report))
+    config = parse_and_resolve_config(*j, world_size, report, layout, options);
   if (warnings)
     for (const auto& i : report.issues)
-      if (i.severity == ConfigIssue::Severity::Warning) warnings->push_back(i.str());
-  if (!report.ok()) throw ConfigError("invalid config " + source + ":\n" + report.errors());
+      if (i.severity == ConfigIssue::Severity::Warning) warnings->push_back(i.path_and_message());
+  if (!report.ok()) throw ConfigError("invalid config " + source.heading + ":\n" + report.errors());
   return config;
 }
 

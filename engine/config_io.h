@@ -4,9 +4,12 @@
 //                     ("did you mean"), keys DeepSpeed knows that tessera does not implement,
 //                     and "auto" placeholders. Every problem is reported, each with its JSON path.
 //   resolve_config    fills what depends on the world size (the parallel degrees, the batch triple,
-//                     overlap_comm) and reports contradictions between keys.
+//                     overlap_comm) and reports contradictions between keys. It runs after parse
+//                     errors too, skipping only the checks that involve a key that failed to parse,
+//                     so every error shows in one pass and none is reported twice.
 //   config_to_json    the effective config, every default filled in.
 //   load_config       all three for a file or JSON text; throws ConfigError listing every error.
+// What the engine can run of a valid config is engine/config_support.h.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -24,7 +27,8 @@ struct ConfigIssue {
   Severity severity = Severity::Error;
   std::string path;     // JSON path of the offending key, "zero_optimization.offload_param.device"
   std::string message;  // what was found and what is allowed
-  std::string str() const;
+  std::string str() const;               // "error: <path>: <message>" or "warning: <path>: <message>"
+  std::string path_and_message() const;  // "<path>: <message>", for callers that say the severity themselves
 };
 
 struct ConfigReport {
@@ -60,16 +64,36 @@ Config parse_config(const nlohmann::json& j, ConfigReport& report, const ParseOp
 std::optional<nlohmann::json> parse_json_text(const std::string& text, const std::string& source,
                                               ConfigReport& report);
 
+// Checks that involve a key already in error in `report` (that key, or its section) are skipped.
 ResolvedLayout resolve_config(Config& config, int world_size, ConfigReport& report);
+
+// parse_config then resolve_config, as load_config and `tessera config check` do.
+Config parse_and_resolve_config(const nlohmann::json& j, int world_size, ConfigReport& report,
+                                ResolvedLayout* layout = nullptr, const ParseOptions& options = {});
+
+// True when `report` has an error at `path`, at a section enclosing it, or inside it.
+bool has_error_at(const ConfigReport& report, const std::string& path);
 
 nlohmann::json config_to_json(const Config& config);
 
 // `path_or_json` is a file path, or JSON text if it starts with '{'. Throws ConfigError with every
-// error; warnings are returned through `warnings` when given.
+// error ("invalid config 'PATH':" or "invalid config (inline JSON text):", then one line per
+// error); warnings are returned through `warnings` when given, each "<path>: <message>" (the
+// caller says "warning").
+// The keys the engine does not act on yet are not checked here: engine_support_issues().
 Config load_config(const std::string& path_or_json, int world_size, ResolvedLayout* layout = nullptr,
                    std::vector<std::string>* warnings = nullptr, const ParseOptions& options = {});
 
-std::string read_text_file(const std::string& path);  // throws ConfigError naming the path
+// Throws ConfigError naming the path and the system's reason ("No such file or directory").
+std::string read_text_file(const std::string& path);
+
+// How messages name a config given as a file path or as inline JSON text (first character '{').
+struct ConfigSource {
+  bool inline_json = false;
+  std::string name;     // "'PATH'" or "the inline JSON text": "... is not valid JSON", "duplicate key in ..."
+  std::string heading;  // "'PATH'" or "(inline JSON text)": "invalid config (inline JSON text):"
+};
+ConfigSource config_source(const std::string& path_or_json);
 
 // Levenshtein distance, for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);

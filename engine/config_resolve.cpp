@@ -1,6 +1,7 @@
 // What the config means once the world size is known: parallel degrees, the batch triple, and
 // the contradictions between keys that no single key's rule can see.
 #include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include "engine/config_io.h"
@@ -65,20 +66,34 @@ void check_offload(const std::string& path, const std::string& device, const std
 }  // namespace
 
 ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
+  // A check that involves a key which failed to parse (its field holds a default or a rejected
+  // value) is skipped: the key's own error says what is wrong, and a second error about it would
+  // be about a value the user did not write.
+  const ConfigReport parsed = report;
+  auto unparsed = [&parsed](std::initializer_list<std::string> paths) {
+    for (const auto& p : paths)
+      if (has_error_at(parsed, p)) return true;
+    return false;
+  };
+
   ResolvedLayout layout;
   layout.world_size = world_size;
   std::string grid_error;
-  auto grid = make_grid_shape(world_size, c.tensor_parallel.tp_size, c.pipeline.stages, &grid_error);
-  if (!grid) {
-    report.error("tensor_parallel.tp_size", grid_error);
-  } else {
-    layout.tensor = grid->tensor, layout.pipe = grid->pipe, layout.data = grid->data;
-    resolve_batch(c, grid->data, report);
+  if (!unparsed({"tensor_parallel.tp_size", "tensor_parallel.autotp_size", "pipeline.stages"})) {
+    auto grid = make_grid_shape(world_size, c.tensor_parallel.tp_size, c.pipeline.stages, &grid_error);
+    if (!grid) {
+      report.error("tensor_parallel.tp_size", grid_error);
+    } else {
+      layout.tensor = grid->tensor, layout.pipe = grid->pipe, layout.data = grid->data;
+      if (!unparsed({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}))
+        resolve_batch(c, grid->data, report);
+    }
   }
 
   // Pipeline micro-batches are the gradient-accumulation steps of one pipeline batch.
   if (c.pipeline.micro_batches && c.gradient_accumulation_steps &&
-      *c.pipeline.micro_batches != *c.gradient_accumulation_steps)
+      *c.pipeline.micro_batches != *c.gradient_accumulation_steps &&
+      !unparsed({"pipeline.micro_batches", "gradient_accumulation_steps"}))
     report.error("pipeline.micro_batches", "pipeline.micro_batches " + s(*c.pipeline.micro_batches) +
                                                " != gradient_accumulation_steps " + s(*c.gradient_accumulation_steps) +
                                                "; a pipeline runs one micro-batch per accumulation step");
@@ -87,42 +102,56 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
   auto& z = c.zero_optimization;
   if (!z.overlap_comm) z.overlap_comm = z.stage == 3;  // DeepSpeed's default
 
-  if (c.fp16.enabled && c.bf16.enabled)
+  if (c.fp16.enabled && c.bf16.enabled && !unparsed({"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}))
     report.error("bf16.enabled", "fp16.enabled and bf16.enabled are both true; choose one");
   if (c.fp16.enabled && c.fp16.loss_scale == 0 &&
-      c.fp16.min_loss_scale > std::ldexp(1.0, c.fp16.initial_scale_power))
+      c.fp16.min_loss_scale > std::ldexp(1.0, c.fp16.initial_scale_power) &&
+      !unparsed({"fp16.enabled", "fp16.loss_scale", "fp16.min_loss_scale", "fp16.initial_scale_power"}))
     report.error("fp16.min_loss_scale", "min_loss_scale " + std::to_string(c.fp16.min_loss_scale) +
                                             " is above the initial scale 2^" + s(c.fp16.initial_scale_power));
 
   const std::string stage = s(z.stage);
-  if (z.offload_param.device != "none" && z.stage != 3)
+  const bool stage_ok = !unparsed({"zero_optimization.stage"});
+  if (z.offload_param.device != "none" && z.stage != 3 && stage_ok &&
+      !unparsed({"zero_optimization.offload_param.device"}))
     report.error("zero_optimization.offload_param.device",
                  "offload_param needs ZeRO stage 3 (parameters are partitioned only there); "
                  "zero_optimization.stage is " + stage);
-  if (z.offload_optimizer.device != "none" && z.stage == 0)
+  if (z.offload_optimizer.device != "none" && z.stage == 0 && stage_ok &&
+      !unparsed({"zero_optimization.offload_optimizer.device"}))
     report.error("zero_optimization.offload_optimizer.device",
                  "offload_optimizer needs ZeRO stage 1, 2 or 3 (it offloads the partitioned optimizer states); "
                  "zero_optimization.stage is 0");
-  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
+  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 && stage_ok &&
+      !unparsed({"zero_optimization.offload_optimizer.ratio"}))
     report.error("zero_optimization.offload_optimizer.ratio", "a partial offload ratio needs ZeRO stage 3");
-  check_offload("zero_optimization.offload_optimizer", z.offload_optimizer.device, z.offload_optimizer.nvme_path, report);
-  check_offload("zero_optimization.offload_param", z.offload_param.device, z.offload_param.nvme_path, report);
+  for (const char* section : {"zero_optimization.offload_optimizer", "zero_optimization.offload_param"}) {
+    const std::string path = section;
+    const bool optimizer = path == "zero_optimization.offload_optimizer";
+    if (!unparsed({path + ".device", path + ".nvme_path"}))
+      check_offload(path, optimizer ? z.offload_optimizer.device : z.offload_param.device,
+                    optimizer ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path, report);
+  }
 
   if (c.scheduler) {
     const auto& p = c.scheduler->params;
     const std::string& type = c.scheduler->type;
-    if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && !p.total_num_steps)
+    const bool warmup_decay = type == "WarmupDecayLR" || type == "WarmupCosineLR";
+    if (warmup_decay && !p.total_num_steps && !unparsed({"scheduler.params.total_num_steps"}))
       report.error("scheduler.params.total_num_steps", type + " needs total_num_steps");
-    if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && p.total_num_steps &&
-        *p.total_num_steps < p.warmup_num_steps)
+    if (warmup_decay && p.total_num_steps && *p.total_num_steps < p.warmup_num_steps &&
+        !unparsed({"scheduler.params.total_num_steps", "scheduler.params.warmup_num_steps"}))
       report.error("scheduler.params.total_num_steps", "total_num_steps " + s(*p.total_num_steps) +
                                                            " is below warmup_num_steps " + s(p.warmup_num_steps));
-    if ((type == "WarmupLR" || type == "WarmupDecayLR") && p.warmup_min_lr > p.warmup_max_lr)
+    if ((type == "WarmupLR" || type == "WarmupDecayLR") && p.warmup_min_lr > p.warmup_max_lr &&
+        !unparsed({"scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr"}))
       report.error("scheduler.params.warmup_min_lr", "warmup_min_lr is above warmup_max_lr");
     if (type == "OneCycle") {
-      if (!p.cycle_min_lr) report.error("scheduler.params.cycle_min_lr", "OneCycle needs cycle_min_lr");
-      if (!p.cycle_max_lr) report.error("scheduler.params.cycle_max_lr", "OneCycle needs cycle_max_lr");
-      if (p.cycle_min_lr && p.cycle_max_lr && *p.cycle_min_lr > *p.cycle_max_lr)
+      const bool min_ok = !unparsed({"scheduler.params.cycle_min_lr"});
+      const bool max_ok = !unparsed({"scheduler.params.cycle_max_lr"});
+      if (!p.cycle_min_lr && min_ok) report.error("scheduler.params.cycle_min_lr", "OneCycle needs cycle_min_lr");
+      if (!p.cycle_max_lr && max_ok) report.error("scheduler.params.cycle_max_lr", "OneCycle needs cycle_max_lr");
+      if (p.cycle_min_lr && p.cycle_max_lr && *p.cycle_min_lr > *p.cycle_max_lr && min_ok && max_ok)
         report.error("scheduler.params.cycle_min_lr", "cycle_min_lr is above cycle_max_lr");
     }
   }

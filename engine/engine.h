@@ -32,6 +32,7 @@ struct ParamGroup {
   std::optional<double> lr;            // overrides optimizer.params.lr (a factor of the schedule)
   std::optional<double> weight_decay;  // overrides optimizer.params.weight_decay
   std::string name;
+  std::vector<std::string> param_names;  // optional, one per parameter: named in errors
 };
 
 struct ModelDescription {
@@ -57,6 +58,9 @@ class Engine {
 
   // Scales the loss (1/gradient_accumulation_steps, and the fp16 loss scale) and runs autograd;
   // gradients are folded into the engine's fp32 buffers and reduced in buckets as they arrive.
+  // If autograd throws (a caught KeyboardInterrupt, out of memory), the gradients accumulated since
+  // the last optimizer step are discarded and the accumulation window starts again; the exception
+  // is rethrown. No host synchronization: the loss is read only when a progress line is due.
   void backward(const at::Tensor& loss);
   // At a boundary: finish reductions, unscale and check overflow, clip, optimizer step, allgather,
   // advance the LR schedule. Otherwise only counts the micro-step.
@@ -73,7 +77,7 @@ class Engine {
   double learning_rate() const;
   double loss_scale() const;
   double last_grad_norm() const { return last_grad_norm_; }
-  double last_loss() const { return last_loss_; }
+  double last_loss() const;  // this rank's last micro-batch loss (reads it from the device)
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }
   MemoryReport memory() const;
@@ -92,7 +96,9 @@ class Engine {
   int64_t micro_step_ = 0;
   int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0;
-  double last_loss_ = 0;
+  at::Tensor last_loss_;          // the last micro-batch's loss, on its device
+  at::Tensor interval_loss_sum_;  // losses since the last progress line, on the data group's device
+  int64_t interval_losses_ = 0;
   std::chrono::steady_clock::time_point last_step_end_;
 };
 

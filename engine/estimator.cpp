@@ -305,6 +305,8 @@ OptionRow row_of(const Evaluation& ev, const TrainingSetup& s) {
   row.zero_stage = s.zero_stage;
   row.offload_optimizer = s.offload_optimizer;
   row.offload_param = s.offload_param;
+  row.activation_checkpointing = s.activation_checkpointing;
+  row.micro_batch = s.micro_batch;
   row.per_gpu = ev.gpu.total;
   row.per_node_cpu = ev.cpu.total;
   row.per_node_nvme = ev.nvme.total;
@@ -320,8 +322,8 @@ Resolved resolve_model(const EstimateInputs& in) {
   const ModelSpec& m = in.model;
   r.name = m.name;
   r.shape = m.shape;
-  if (r.shape) {
-    if (in.setup.flash_attention) r.shape->flash_attention = *in.setup.flash_attention;
+  if (r.shape) {  // the setup's attention decides what the shape stores (TrainingSetup::attention)
+    r.shape->flash_attention = in.setup.flash_attention.value_or(in.setup.attention == "sdpa");
     r.shape->validate();
   }
   if (!m.tensors.empty()) {
@@ -353,47 +355,121 @@ Resolved resolve_model(const EstimateInputs& in) {
   if (r.al.device_overhead < 0) r.al.device_overhead = gpu ? kGiB : 0;
   if (r.al.host_overhead < 0) r.al.host_overhead = gpu ? kGiB : kGiB / 2;
   if (r.al.fragmentation < 0) throw std::invalid_argument("fragmentation must be >= 0");
+  // The cost model's rates (docs/estimator.md). gpu: an A100-80GB-class node — 150 TFLOP/s
+  // achieved in bf16/fp16 (about half of the 312 peak), 15 in fp32 (PyTorch's default fp32 matmul,
+  // no TF32; peak 19.5), NVLink collectives at 200 GB/s bus bandwidth, 25 GB/s per GPU between
+  // nodes (200 Gb/s InfiniBand), PCIe 4.0 x16 at 20 GB/s, 100 GB/s of host memory bandwidth per
+  // node, one NVMe drive at 6 GB/s. cpu: a CPU rank at 0.1 TFLOP/s, Gloo at 1 GB/s (the loopback
+  // figure of docs/benchmarks.md), "transfers" within host memory.
+  Hardware& h = r.hw;
+  const bool fp32 = in.setup.precision == "fp32";
+  auto rate = [](double& v, double fallback) {
+    if (v < 0) v = fallback;
+    if (!(v > 0)) throw std::invalid_argument("cost-model rates must be > 0");
+  };
+  rate(h.gpu_tflops, gpu ? (fp32 ? 15 : 150) : 0.1);
+  rate(h.intra_node_gbps, gpu ? 200 : 1);
+  rate(h.inter_node_gbps, gpu ? 25 : 1);
+  rate(h.host_memory_gbps, gpu ? 100 : 10);
+  rate(h.pcie_gbps, gpu ? 20 : h.host_memory_gbps);
+  rate(h.nvme_gbps, 6);
   return r;
+}
+
+// ---- the search's cost model ---------------------------------------------------------------
+//
+// What an option costs in speed: seconds per training sample on one GPU, at micro-batch
+// s.micro_batch, as four terms that are summed (no overlap assumed between them: tessera overlaps
+// its reduce-scatter with the backward and DeepSpeed prefetches ZeRO-3's gathers, so this is an
+// upper bound on communication's share). The options that fit are ranked by the total; the report
+// prints it relative to the compute (1.00 = nothing but forward + backward). tp and pp are the
+// same for every option of one search, so their own communication and the pipeline bubble are
+// left out. docs/estimator.md states the same model.
+//
+//  compute     forward + backward = 3 forward passes (the backward computes gradients of both
+//              inputs and weights: 2x the forward's FLOPs). Forward FLOPs per token: per layer
+//              2·(matrix parameters) + 4·s·h (QKᵀ and the attention-weighted sum of V, 2·s·h
+//              each), plus 2·h·V for the LM head; per sample × s, per GPU ÷ (tp·pp).
+//  recompute   full checkpointing: one more forward of every layer (not the head): about 1/3 of
+//              the compute (Korthikanti et al. 2022: 530B GPT, 42.1% MFU with full recomputation
+//              against 54.2% with selective recomputation and sequence parallelism, 29% slower).
+//              selective (eager attention only): one more forward of the attention core, 4·s·h
+//              per token per layer.
+//  communication, the data-parallel collectives of tessera's engine (docs/zero.md), ring
+//              algorithms, each moving (N-1)/N of its bytes over the slowest link of the group
+//              (the inter-node rate when tp·dp spans more than one node), Ψ = parameters per GPU,
+//              c = compute bytes:
+//                stage 0: allreduce of the fp32 gradients, 2·4Ψ, once per optimizer step
+//                stage 1: reduce-scatter of the fp32 gradients 4Ψ + allgather of the parameters
+//                         cΨ, once per step
+//                stage 2: reduce-scatter 4Ψ every micro-step, allgather cΨ once per step
+//                stage 3: reduce-scatter 4Ψ + allgather cΨ in the forward and again in the
+//                         backward, every micro-step (the parameters are never whole)
+//              So ZeRO-3 moves 8Ψ per micro-step where ZeRO-2 moves 6Ψ: 4/3 as much with
+//              tessera's fp32 gradient reduction, 3/2 with 16-bit gradients as in Rajbhandari et
+//              al. 2020 §7 (3Ψ against 2Ψ), and ZeRO-2's allgather is once per step.
+//  offload     offload_optimizer: the gradient shard 4Ψ/N to the host (stage 1 once per step,
+//              stages 2-3 every micro-step) and the updated parameters cΨ/N back, over PCIe; the
+//              CPU optimizer step over the node's shards, memory-bound at (12 + 2k + c) bytes per
+//              parameter (Adam: read p, g, m, v, write p, m, v and the compute copy;
+//              docs/cpu_adam.md); nvme: the node's master weights, states and gradients read and
+//              written once per step, (16 + 2k)·Ψ/N per rank. offload_param: each rank's parameter
+//              shard cΨ/N comes over PCIe for the forward and again for the backward (nvme: read
+//              from the drive as well), every micro-step.
+//  Per sample: per-micro-step seconds / micro-batch + per-step seconds / (micro-batch · gas).
+OptionCost option_cost(const Resolved& r, const TrainingSetup& s, int64_t params_per_gpu) {
+  OptionCost cost;
+  const Hardware& hw = r.hw;
+  const double flops = hw.gpu_tflops * 1e12;
+  const double mb = double(s.micro_batch), gas = double(std::max<int64_t>(1, s.gradient_accumulation));
+  if (r.shape) {
+    const TransformerShape& sh = *r.shape;
+    const double S = sh.seq_len, h = sh.hidden, kv = sh.kv_dim(), f = sh.ffn_dim();
+    const double matrices = h * (h + 2 * kv) + h * h + (sh.mlp == "swiglu" ? 3 : 2) * h * f;
+    const double attention = 4 * S * h;
+    const double layer = 2 * matrices + attention;          // forward FLOPs per token and layer
+    const double forward = sh.layers * layer + 2 * h * sh.vocab;
+    const double per_gpu = S / (double(s.tp) * s.pp) / flops;  // seconds per (FLOP per token)
+    cost.compute = 3 * forward * per_gpu;
+    if (s.activation_checkpointing == "full") cost.recompute = sh.layers * layer * per_gpu;
+    else if (s.activation_checkpointing == "selective") cost.recompute = sh.layers * attention * per_gpu;
+  }
+  const int dp = r.world / (s.tp * s.pp);
+  const double P = double(params_per_gpu), c = compute_bytes(s), N = dp;
+  if (dp > 1) {
+    const bool spans = int64_t(s.tp) * dp > hw.gpus_per_node;
+    const double bw = (spans ? hw.inter_node_gbps : hw.intra_node_gbps) * 1e9;
+    auto ring = [&](double bytes) { return (N - 1) / N * bytes / bw; };  // reduce-scatter or allgather
+    double m = 0, st = 0;
+    if (s.zero_stage == 0) st = 2 * ring(4 * P);
+    else if (s.zero_stage == 1) st = ring(4 * P) + ring(c * P);
+    else if (s.zero_stage == 2) m = ring(4 * P), st = ring(c * P);
+    else m = ring(4 * P) + 2 * ring(c * P);
+    cost.communication = m / mb + st / (mb * gas);
+  }
+  const double shard = P / N, ranks = hw.gpus_per_node, pcie = hw.pcie_gbps * 1e9;
+  double micro = 0, step = 0;  // offload seconds per micro-step, per optimizer step
+  if (s.offload_optimizer != "none") {
+    const double ratio = s.zero_stage == 3 ? s.offload_optimizer_ratio : 1.0, k = state_bytes_per_param(s);
+    const double moved = shard * ratio;
+    (s.zero_stage == 1 ? step : micro) += 4 * moved / pcie;                      // gradients to the host
+    step += c * moved / pcie;                                                     // parameters back
+    step += ranks * moved * (12 + 2 * k + (mixed_precision(s) ? c : 0)) / (hw.host_memory_gbps * 1e9);
+    if (s.offload_optimizer == "nvme") step += ranks * moved * (16 + 2 * k) / (hw.nvme_gbps * 1e9);
+  }
+  if (s.offload_param != "none") {
+    micro += 2 * c * shard / pcie;
+    if (s.offload_param == "nvme") micro += 2 * ranks * c * shard / (hw.nvme_gbps * 1e9);
+  }
+  cost.offload = micro / mb + step / (mb * gas);
+  return cost;
 }
 
 
 }  // namespace
 
-namespace estimator_detail {
-void check_setup(const TrainingSetup& s, int world) {
-  auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
-  if (s.zero_stage < 0 || s.zero_stage > 3) bad("zero stage must be 0, 1, 2 or 3");
-  for (const auto* d : {&s.offload_optimizer, &s.offload_param})
-    if (*d != "none" && *d != "cpu" && *d != "nvme") bad("offload device must be none, cpu or nvme, not \"" + *d + "\"");
-  if (s.offload_param != "none" && s.zero_stage != 3) bad("offload_param needs ZeRO stage 3");
-  if (s.offload_optimizer != "none" && s.zero_stage == 0) bad("offload_optimizer needs ZeRO stage 1, 2 or 3");
-  if (s.precision != "fp32" && s.precision != "bf16" && s.precision != "fp16")
-    bad("precision must be fp32, bf16 or fp16, not \"" + s.precision + "\"");
-  if (s.micro_batch < 1) bad("micro-batch must be >= 1");
-  if (s.tp < 1 || s.pp < 1) bad("tensor and pipeline degrees must be >= 1");
-  if (world % (int64_t(s.tp) * s.pp) != 0)
-    bad("tp x pp = " + std::to_string(s.tp * s.pp) + " does not divide the " + std::to_string(world) + " GPUs");
-  if (s.activation_checkpointing != "none" && s.activation_checkpointing != "selective" &&
-      s.activation_checkpointing != "full")
-    bad("activation checkpointing must be none, selective or full, not \"" + s.activation_checkpointing + "\"");
-  if (s.param_groups < 0) bad("param_groups must be >= 0");
-  if (s.reduce_bucket_size < 1) bad("reduce_bucket_size must be >= 1");
-}
-}  // namespace estimator_detail
 
 // ---- public ------------------------------------------------------------------------------------
-
-int64_t Placement::bytes(const std::string& name) const {
-  for (const auto& l : lines)
-    if (l.name == name) return l.bytes;
-  return 0;
-}
-
-std::string OptionRow::label() const {
-  return "offload_param=" + offload_param + std::string(offload_param == "cpu" ? " " : "") +
-         ", offload_optimizer=" + offload_optimizer + std::string(offload_optimizer == "cpu" ? " " : "") +
-         ", zero_stage=" + std::to_string(zero_stage);
-}
 
 EstimateResult estimate(const EstimateInputs& in) {
   const Resolved r = resolve_model(in);
@@ -404,6 +480,7 @@ EstimateResult estimate(const EstimateInputs& in) {
   out.largest_layer_params = r.largest;
   out.world = r.world;
   out.setup = in.setup;
+  if (in.setup.flash_attention) out.setup.attention = *in.setup.flash_attention ? "sdpa" : "eager";
   out.dp = r.world / (in.setup.tp * in.setup.pp);
   out.hardware = r.hw;
   out.allowance = r.al;
@@ -451,8 +528,11 @@ EstimateResult estimate(const EstimateInputs& in) {
     notes.push_back("no transformer shape: activations are not included (give --preset or --layers/--hidden/--heads/"
                     "--vocab/--seq-len)");
   else
-    notes.push_back("activations are analytic (Korthikanti et al. 2022, " +
-                    std::string(r.shape->flash_attention ? "fused attention" : "attention scores materialized") +
+    notes.push_back("activations are analytic (Korthikanti et al. 2022; " +
+                    std::string(r.shape->flash_attention
+                                    ? "attention sdpa: PyTorch's scaled_dot_product_attention keeps no s x s scores "
+                                      "(--attention eager: written-out attention)"
+                                    : "attention eager: s x s scores, softmax and dropout masks stored per head") +
                     "), not measured; they assume the model stores what a standard transformer layer stores");
   if (r.shape && in.model.tensors.empty() && in.model.params > 0 &&
       in.model.params != param_count(transformer_tensors(*r.shape)))
@@ -475,45 +555,62 @@ EstimateResult estimate(const EstimateInputs& in) {
   if (r.hw.device == "cpu") notes.push_back("CPU device: ranks are processes on the node; their buffers are counted in the node's CPU memory");
 
   if (!in.search) return out;
-  // The table over stage × offload at the given micro-batch, and the cheapest options that fit.
-  auto run_search = [&](TrainingSetup base) {
-    std::vector<OptionRow> rows;
+  // The table: every stage × offload choice at the given micro-batch and checkpointing.
+  // The options: every stage × offload × checkpointing choice that fits at some micro-batch, at
+  // its largest one (the cost per sample only falls as the micro-batch grows), cheapest first.
+  auto candidate = [&](TrainingSetup t, int stage, const std::string& opt, const std::string& param) {
+    t.zero_stage = stage;
+    t.offload_optimizer = opt;
+    t.offload_param = param;
+    OptionRow row = row_of(evaluate(r, t), t);
+    row.max_micro_batch = max_micro_batch(r, t, in.max_micro_batch);
+    if (row.max_micro_batch > 0) t.micro_batch = row.max_micro_batch;
+    row.cost = option_cost(r, t, out.params_per_gpu);  // tp and pp, hence the parameters per GPU, are fixed
+    if (row.micro_batch == t.micro_batch) return std::make_pair(row, row);
+    return std::make_pair(row, row_of(evaluate(r, t), t));
+  };
+  // Checkpointing: none and full; selective (the attention core) only where it saves something,
+  // eager attention's s² terms; and always the one set up. Without a shape there are no activations.
+  std::vector<std::string> modes = {s.activation_checkpointing};
+  if (r.shape) {
+    modes.clear();
+    for (const char* m : {"none", "selective", "full"})
+      if (m == s.activation_checkpointing || std::string(m) != "selective" || !r.shape->flash_attention)
+        modes.push_back(m);
+  }
+  bool fits_without_checkpointing = false;
+  for (const auto& mode : modes) {
+    TrainingSetup base = s;
+    if (mode != s.activation_checkpointing) {
+      base.activation_checkpointing = mode;
+      if (mode == "full") base.checkpoint_interval = 1;
+    }
     for (int stage = 0; stage <= 3; ++stage)
       for (const auto& [opt, param] : offload_choices(stage)) {
-        TrainingSetup t = base;
-        t.zero_stage = stage;
-        t.offload_optimizer = opt;
-        t.offload_param = param;
-        OptionRow row = row_of(evaluate(r, t), t);
-        row.max_micro_batch = max_micro_batch(r, t, in.max_micro_batch);
-        rows.push_back(row);
+        auto [row, at_max] = candidate(base, stage, opt, param);
+        if (mode == s.activation_checkpointing) out.table.push_back(row);
+        if (row.max_micro_batch == 0) continue;
+        at_max.max_micro_batch = row.max_micro_batch;
+        at_max.cost = row.cost;
+        out.options.push_back(at_max);
+        fits_without_checkpointing |= mode == "none";
       }
-    return rows;
-  };
-  out.table = run_search(s);
-  auto pick = [](std::vector<OptionRow> rows) {
-    std::vector<OptionRow> ok;
-    for (auto& row : rows)
-      if (row.max_micro_batch > 0) ok.push_back(row);
-    std::stable_sort(ok.begin(), ok.end(), [](const OptionRow& a, const OptionRow& b) {
-      const int la = offload_level(a.offload_optimizer, a.offload_param), lb = offload_level(b.offload_optimizer, b.offload_param);
-      if (la != lb) return la < lb;
-      if (a.max_micro_batch != b.max_micro_batch) return a.max_micro_batch > b.max_micro_batch;
-      return a.zero_stage < b.zero_stage;
-    });
-    return ok;
-  };
-  out.options = pick(out.table);
-  if (out.options.empty() && r.shape && s.activation_checkpointing != "full") {
-    TrainingSetup t = s;
-    t.activation_checkpointing = "full";
-    t.checkpoint_interval = 1;
-    out.options = pick(run_search(t));
-    out.options_note = out.options.empty() ? "nothing fits, even with full activation checkpointing"
-                                           : "nothing fits as set up; these fit with full activation checkpointing";
-  } else if (out.options.empty()) {
-    out.options_note = "nothing fits";
   }
+  auto checkpointing_level = [](const std::string& m) { return m == "none" ? 0 : m == "selective" ? 1 : 2; };
+  auto nanoseconds = [](const OptionRow& o) { return std::llround(o.cost.total() * 1e9); };  // equal costs tie
+  std::stable_sort(out.options.begin(), out.options.end(), [&](const OptionRow& a, const OptionRow& b) {
+    const int64_t ca = nanoseconds(a), cb = nanoseconds(b);
+    if (ca != cb) return ca < cb;
+    if (a.max_micro_batch != b.max_micro_batch) return a.max_micro_batch > b.max_micro_batch;
+    if (a.zero_stage != b.zero_stage) return a.zero_stage < b.zero_stage;
+    const int la = offload_level(a.offload_optimizer, a.offload_param), lb = offload_level(b.offload_optimizer, b.offload_param);
+    if (la != lb) return la < lb;
+    return checkpointing_level(a.activation_checkpointing) < checkpointing_level(b.activation_checkpointing);
+  });
+  if (out.options.empty())
+    out.options_note = r.shape ? "nothing fits, even with full activation checkpointing" : "nothing fits";
+  else if (r.shape && !fits_without_checkpointing)
+    out.options_note = "nothing fits without activation checkpointing";
   return out;
 }
 

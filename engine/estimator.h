@@ -1,8 +1,10 @@
 // The memory estimator: will a training configuration fit, and what is the cheapest layout that
 // fits. Per GPU (or per rank on CPU-only runs), per node's CPU and per node's NVMe: parameters,
 // fp32 master weights, gradients, optimizer states, communication buckets, activations
-// (Korthikanti et al. 2022, with tensor/sequence parallelism, checkpointing and 1F1B pipelines),
-// and an allowance for fragmentation and the framework. docs/estimator.md gives every formula.
+// (Korthikanti et al. 2022, with tensor/sequence parallelism, checkpointing and 1F1B pipelines;
+// SDPA's attention memory by default, eager attention's on request), and an allowance for
+// fragmentation and the framework. The search ranks the layouts that fit by a stated cost model
+// (recomputation, communication, offload traffic). docs/estimator.md gives every formula.
 //
 // Model states follow tessera's engine byte by byte (docs/zero.md, zero/zero_optimizer.cpp):
 // for ZeRO 0/1/2 without offload and without tensor/pipeline parallelism they are what the engine
@@ -56,7 +58,15 @@ struct TrainingSetup {
   int checkpoint_interval = 1;             // full: checkpoint every this many layers
   bool partition_activations = false;      // DeepSpeed: checkpoints split across tensor-parallel ranks
   bool cpu_checkpointing = false;          // DeepSpeed: checkpoints kept in CPU memory
-  std::optional<bool> flash_attention;     // overrides the shape's flag
+  // What the attention stores for the backward (docs/estimator.md, "Activations"):
+  //   "sdpa" (default): torch.nn.functional.scaled_dot_product_attention (FlashAttention,
+  //     memory-efficient or cuDNN kernels): q, k, v, the output and an fp32 log-sum-exp per row and
+  //     head; no s×s scores, softmax or dropout mask (dropout is regenerated from the RNG seed).
+  //   "eager": attention written out (softmax(QKᵀ)V): the s×s softmax output, with dropout its
+  //     1-byte mask and its output, per head (Korthikanti et al. 2022, 5as/h per layer).
+  // This decides for every shape: estimate() writes it into the resolved shape's flash_attention.
+  std::string attention = "sdpa";
+  std::optional<bool> flash_attention;     // legacy: true = "sdpa", false = "eager"; overrides `attention`
   int param_groups = 0;                    // 0: the tensors' groups (2 for shapes, 1 for a bare count)
   // DeepSpeed knobs that size buffers (zero_optimization.*), defaults as in engine/config.h.
   int64_t reduce_bucket_size = 500000000;
@@ -81,6 +91,14 @@ struct Hardware {
   int64_t gpu_memory = 80 * kGiB;  // per GPU
   int64_t cpu_memory = 0;          // per node; 0: not checked
   int64_t nvme_capacity = 0;       // per node; 0: no NVMe (NVMe offload does not fit)
+  // Rates for the search's cost model (docs/estimator.md, "Ranking: the cost model"); < 0: the
+  // default for the device (gpu: an A100-80GB-class node; cpu: tessera's CPU ranks over Gloo).
+  double gpu_tflops = -1;         // achieved dense throughput per GPU (per rank) in the compute dtype, 10^12 FLOP/s
+  double intra_node_gbps = -1;    // collective bus bandwidth between the ranks of one node, GB/s (10^9 B/s)
+  double inter_node_gbps = -1;    // ... per GPU when the data-parallel group spans nodes
+  double pcie_gbps = -1;          // host <-> GPU, per GPU (offload traffic)
+  double host_memory_gbps = -1;   // per node: the CPU optimizer step is memory-bound (docs/cpu_adam.md)
+  double nvme_gbps = -1;          // per node, read or write
 };
 
 // The stated allowance on top of the computed buffers.
@@ -135,15 +153,31 @@ struct ActivationDetail {
   std::string formula;            // the per-layer formula used, in words
 };
 
-// One row of the stage × offload table.
+// What an option costs in speed (the search's cost model, option_cost in engine/estimator.cpp):
+// seconds per training sample on one GPU at the option's micro-batch, term by term, with no
+// overlap between the terms. A ranking device, not a throughput prediction.
+struct OptionCost {
+  double compute = 0;        // forward + backward: 3 forward passes' FLOPs / gpu_tflops (0: no shape, unknown)
+  double recompute = 0;      // activation checkpointing: one more forward of the layers (full), or of the attention core (selective)
+  double communication = 0;  // data-parallel collectives (reduce-scatter, allgather, allreduce)
+  double offload = 0;        // PCIe transfers, the CPU optimizer step, NVMe reads and writes
+  double total() const { return compute + recompute + communication + offload; }
+  double relative() const { return compute > 0 ? total() / compute : 0.0; }  // 1.00 = compute only; 0: unknown
+};
+
+// One row of the stage × offload table, or one option of the search (stage × offload ×
+// activation checkpointing at its largest micro-batch).
 struct OptionRow {
   int zero_stage = 0;
   std::string offload_optimizer, offload_param;
+  std::string activation_checkpointing = "none";
+  int64_t micro_batch = 0;        // the micro-batch the memory figures below are for
   int64_t per_gpu = 0, per_node_cpu = 0, per_node_nvme = 0;
   int64_t per_gpu_model_states = 0, per_gpu_activations = 0;
   bool fits = false;
   bool validated = false;         // model states checked against the engine
   int64_t max_micro_batch = 0;    // the largest power of two (<= max_micro_batch) that fits; 0: none
+  OptionCost cost;                // at max_micro_batch (at micro_batch when nothing fits)
   std::string label() const;      // "offload_param=none, offload_optimizer=cpu , zero=2"
 };
 
@@ -165,9 +199,12 @@ struct EstimateResult {
   bool validated = false;         // false: a design estimate (ZeRO-3, offload, tp/pp), not yet checked against the engine
   std::vector<std::string> notes;
   std::vector<std::string> shortfalls;  // "per GPU: 92.31 GiB needed, 80.00 GiB available: 12.31 GiB short"
-  std::vector<OptionRow> table;         // every stage × offload choice at the given micro-batch
-  std::vector<OptionRow> options;       // those that fit (some micro-batch), cheapest first
-  std::string options_note;             // e.g. "fits only with full activation checkpointing"
+  std::vector<OptionRow> table;         // every stage × offload choice at the given micro-batch and checkpointing
+  // Every stage × offload × activation checkpointing (none, full; selective too with eager
+  // attention) that fits at some micro-batch, at its largest micro-batch, cheapest first by
+  // OptionCost::total (ties: larger micro-batch, lower stage, less offload, less recomputation).
+  std::vector<OptionRow> options;
+  std::string options_note;             // e.g. "nothing fits without activation checkpointing"
 };
 
 // Throws std::invalid_argument for inputs that cannot be estimated (no model, bad degrees, ...).
@@ -176,7 +213,7 @@ EstimateResult estimate(const EstimateInputs& inputs);
 nlohmann::json estimate_to_json(const EstimateResult& result);
 
 // The human-readable report: the setup, the chosen configuration's breakdown and verdict, the
-// table over ZeRO stage × offload, and the cheapest options that fit.
+// table over ZeRO stage × offload, and the options that fit, cheapest first, with their cost.
 std::string format_estimate(const EstimateResult& result);
 
 // A JSON request with the CLI's flags as keys ("params", "preset", "zero", "offload_optimizer",

@@ -20,15 +20,26 @@ namespace estimator_detail {
 
 
 // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4,
-// generalized to any ffn size, grouped-query attention, SwiGLU, no dropout and fused attention;
-// for a GPT shape (ffn 4h, MHA, dropout, 16-bit) it is exactly sbh(34 + 5as/h) per layer, or
-// sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, sbh(34/t + 5as/(ht)) with sequence parallelism.
+// generalized to any ffn size, grouped-query attention, SwiGLU, no dropout and SDPA; for a GPT
+// shape (ffn 4h, MHA, dropout, 16-bit) with eager attention it is exactly sbh(34 + 5as/h) per
+// layer, or sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, sbh(34/t + 5as/(ht)) with
+// sequence parallelism.
+//
+// The attention core (what softmax(QKᵀ/√d)·V keeps beyond Q, K, V and its output, which are
+// counted with the layer's other tensors), per layer and micro-batch, divided by t:
+//   eager (Korthikanti's 5as/h term, in sbh units): the softmax output e·a·s²·b; with dropout
+//     also its 1-byte mask a·s²·b and its output e·a·s²·b.
+//   sdpa (the default; FlashAttention, memory-efficient and cuDNN kernels): only the fp32
+//     log-sum-exp of every row and head, 4·a·s·b bytes. The kernels save q, k, v, the output, the
+//     log-sum-exp and the RNG seed/offset, and recompute the scores (and the dropout mask) in the
+//     backward, so no s² term remains. The output is the projection's input (same storage: the
+//     kernels write it in (b, s, a, d) layout, so transpose(1, 2).contiguous() copies nothing).
 Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s, int64_t micro_batch) {
   Activations a;
   const double S = sh.seq_len, b = micro_batch, h = sh.hidden, heads = sh.heads, kv = sh.kv_dim(), f = sh.ffn_dim();
   const double t = s.tp, e = s.precision == "fp32" ? 4 : 2, sbh = S * b * h;
   const bool sp = s.sequence_parallel && s.tp > 1;
-  const bool flash = s.flash_attention.value_or(sh.flash_attention);
+  const bool flash = s.flash_attention.value_or(s.attention == "sdpa");
   const double mask = sh.dropout ? 1 : 0;
   // Replicated across tensor-parallel ranks unless sequence parallelism splits them: the two
   // norms' inputs, the QKV and MLP inputs, and the two dropout masks after attention and MLP.
@@ -36,8 +47,8 @@ Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s,
   // Split by t: Q, K, V, the attention output projection's input, the MLP's inner activations.
   const double mlp = (sh.mlp == "swiglu" ? 3 : 2) * e * S * b * f;
   const double split = (2 * e * sbh + 2 * e * S * b * kv + mlp) / t;
-  // The attention core: softmax output (and with dropout its mask and output), a·s²·b each;
-  // fused attention keeps only the fp32 log-sum-exp (4·a·s·b).
+  // The attention core: eager: softmax output (and with dropout its mask and output), a·s²·b
+  // each; sdpa: only the fp32 log-sum-exp (4·a·s·b).
   const double core = flash ? 4 * heads * S * b / t : (e + mask * (1 + e)) * heads * S * S * b / t;
   a.layer_full = round_bytes(replicated + split + core);
   a.checkpoint = round_bytes(e * sbh / ((sp || s.partition_activations) ? t : 1));
@@ -53,8 +64,8 @@ Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s,
   std::string terms;
   if (t > 1) terms = fmt("%.4g", rep_c) + (sp ? "/t" : "") + " + " + fmt("%.4g", split_c) + "/t";
   else terms = fmt("%.4g", rep_c + split_c);
-  if (flash) terms += " + 4a/h" + (t > 1 ? std::string("t") : "") + " (fused attention: fp32 log-sum-exp)";
-  else terms += " + " + fmt("%g", e + mask * (1 + e)) + (t > 1 ? "as/(ht)" : "as/h");
+  if (flash) terms += " + 4a/h" + (t > 1 ? std::string("t") : "") + " (SDPA: fp32 log-sum-exp, no s^2 scores)";
+  else terms += " + " + fmt("%g", e + mask * (1 + e)) + (t > 1 ? "as/(ht)" : "as/h") + " (eager attention: s^2 scores)";
   a.formula = "sbh(" + terms + ")";
   if (s.activation_checkpointing == "selective" && !flash) a.formula += "; selective recomputation drops the s^2 term";
   if (sh.mlp == "gelu" && sh.ffn_dim() == 4 * sh.hidden && kv == h && sh.dropout && e == 2 && !flash)

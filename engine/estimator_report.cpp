@@ -16,6 +16,19 @@ using namespace estimator_detail;
 
 // ---- JSON -------------------------------------------------------------------------------------
 
+int64_t Placement::bytes(const std::string& name) const {
+  for (const auto& l : lines)
+    if (l.name == name) return l.bytes;
+  return 0;
+}
+
+std::string OptionRow::label() const {
+  return "offload_param=" + offload_param + std::string(offload_param == "cpu" ? " " : "") +
+         ", offload_optimizer=" + offload_optimizer + std::string(offload_optimizer == "cpu" ? " " : "") +
+         ", zero_stage=" + std::to_string(zero_stage);
+}
+
+
 namespace {
 
 json placement_json(const Placement& p) {
@@ -34,10 +47,19 @@ json placement_json(const Placement& p) {
           {"lines", lines}};
 }
 
+json cost_json(const OptionCost& c) {
+  return {{"relative", c.relative()},          {"seconds_per_sample", c.total()},
+          {"compute_s", c.compute},            {"recompute_s", c.recompute},
+          {"communication_s", c.communication}, {"offload_s", c.offload}};
+}
+
 json row_json(const OptionRow& r) {
   return {{"zero_stage", r.zero_stage},
           {"offload_optimizer", r.offload_optimizer},
           {"offload_param", r.offload_param},
+          {"activation_checkpointing", r.activation_checkpointing},
+          {"micro_batch", r.micro_batch},
+          {"cost", cost_json(r.cost)},
           {"per_gpu_bytes", r.per_gpu},
           {"per_node_cpu_bytes", r.per_node_cpu},
           {"per_node_nvme_bytes", r.per_node_nvme},
@@ -73,10 +95,14 @@ json estimate_to_json(const EstimateResult& r) {
                 {"micro_batch", s.micro_batch}, {"gradient_accumulation", s.gradient_accumulation},
                 {"pipeline_micro_batches", s.pipeline_micro_batches > 0 ? s.pipeline_micro_batches : s.gradient_accumulation},
                 {"tp", s.tp}, {"pp", s.pp}, {"dp", r.dp}, {"sequence_parallel", s.sequence_parallel},
-                {"activation_checkpointing", s.activation_checkpointing}, {"reduce_bucket_size", s.reduce_bucket_size}};
+                {"activation_checkpointing", s.activation_checkpointing}, {"attention", s.attention},
+                {"reduce_bucket_size", s.reduce_bucket_size}};
   j["hardware"] = {{"device", r.hardware.device}, {"gpus_per_node", r.hardware.gpus_per_node},
                    {"nodes", r.hardware.nodes}, {"world_size", r.world}, {"gpu_memory_bytes", r.hardware.gpu_memory},
-                   {"cpu_memory_bytes", r.hardware.cpu_memory}, {"nvme_bytes", r.hardware.nvme_capacity}};
+                   {"cpu_memory_bytes", r.hardware.cpu_memory}, {"nvme_bytes", r.hardware.nvme_capacity},
+                   {"cost_rates", {{"gpu_tflops", r.hardware.gpu_tflops}, {"intra_node_gbps", r.hardware.intra_node_gbps},
+                                   {"inter_node_gbps", r.hardware.inter_node_gbps}, {"pcie_gbps", r.hardware.pcie_gbps},
+                                   {"host_memory_gbps", r.hardware.host_memory_gbps}, {"nvme_gbps", r.hardware.nvme_gbps}}}};
   j["allowance"] = {{"fragmentation", r.allowance.fragmentation},
                     {"device_overhead_bytes", r.allowance.device_overhead},
                     {"host_overhead_per_rank_bytes", r.allowance.host_overhead}};
@@ -138,6 +164,7 @@ std::string setup_line(const EstimateResult& r) {
     << ", " << s.precision << ", " << s.optimizer << ", micro-batch " << s.micro_batch << ", gradient accumulation "
     << s.gradient_accumulation << ", tp " << s.tp << (s.sequence_parallel && s.tp > 1 ? " (sequence parallel)" : "")
     << ", pp " << s.pp << ", dp " << r.dp << ", activation checkpointing " << s.activation_checkpointing;
+  if (r.has_shape) o << ", attention " << s.attention;
   return o.str();
 }
 
@@ -174,7 +201,8 @@ std::string format_estimate(const EstimateResult& r) {
 
   if (!r.table.empty()) {
     o << "\nEstimated memory for every ZeRO stage x offload choice (activations included), micro-batch "
-      << r.setup.micro_batch << ":\n";
+      << r.setup.micro_batch << (r.has_shape ? ", activation checkpointing " + r.setup.activation_checkpointing : "")
+      << ":\n";
     o << "   per CPU |    per GPU |  per NVMe | states/GPU | activ/GPU | fits | max mb | options\n";
     for (const auto& row : r.table) {
       o << gib_col(row.per_node_cpu, 10) << " |" << gib_col(row.per_gpu, 11) << " |" << gib_col(row.per_node_nvme, 10)
@@ -184,16 +212,34 @@ std::string format_estimate(const EstimateResult& r) {
     }
     o << "  (design): ZeRO-3, offload, tensor/pipeline parallelism are design estimates, not yet validated against the engine\n";
     if (hw.nvme_capacity == 0) o << "  no NVMe capacity given (--nvme): NVMe offload rows cannot fit\n";
-    o << "\nCheapest options that fit (least offload, then the largest micro-batch):\n";
+    o << "\nCheapest options that fit, by relative cost per sample (1.00 = forward + backward only; "
+         "docs/estimator.md, \"Ranking: the cost model\"):\n";
     if (!r.options_note.empty()) o << "  " << r.options_note << "\n";
     int shown = 0;
     for (const auto& row : r.options) {
-      if (++shown > 5) break;
+      if (++shown > 8) break;
+      const OptionCost& c = row.cost;
       o << "  " << shown << ". zero_stage=" << row.zero_stage << ", offload_optimizer=" << row.offload_optimizer
-        << ", offload_param=" << row.offload_param
-        << (r.has_shape ? ": micro-batch up to " + std::to_string(row.max_micro_batch) : ": fits (no activations modelled)")
-        << (row.validated ? "" : " (design estimate)") << "\n";
+        << ", offload_param=" << row.offload_param;
+      if (r.has_shape) o << ", checkpointing " << row.activation_checkpointing << ": micro-batch up to " << row.max_micro_batch;
+      else o << ": fits (no activations modelled)";
+      o << ", " << format_gib(row.per_gpu) << (gpu ? "/GPU" : "/rank");
+      if (c.compute > 0)
+        o << "; cost " << fmt("%.2f", c.relative()) << " (recompute +" << fmt("%.2f", c.recompute / c.compute)
+          << ", communication +" << fmt("%.2f", c.communication / c.compute) << ", offload +"
+          << fmt("%.2f", c.offload / c.compute) << ")";
+      else
+        o << "; overhead " << fmt("%.1f", c.total() * 1e3) << " ms per sample (communication "
+          << fmt("%.1f", c.communication * 1e3) << ", offload " << fmt("%.1f", c.offload * 1e3)
+          << "; compute unknown without a shape)";
+      o << (row.validated ? "" : " (design estimate)") << "\n";
     }
+    if (r.options.size() > 8) o << "  ... " << r.options.size() - 8 << " more (--json lists every one)\n";
+    o << "  rates: " << fmt("%g", hw.gpu_tflops) << " TFLOP/s per " << (gpu ? "GPU" : "rank") << ", "
+      << fmt("%g", hw.intra_node_gbps) << " GB/s within a node, " << fmt("%g", hw.inter_node_gbps)
+      << " GB/s between nodes, host link " << fmt("%g", hw.pcie_gbps) << " GB/s, host memory "
+      << fmt("%g", hw.host_memory_gbps) << " GB/s, NVMe " << fmt("%g", hw.nvme_gbps)
+      << " GB/s (--gpu-tflops, --intra-node-bw, --inter-node-bw, --pcie-bw, --host-mem-bw, --nvme-bw)\n";
   }
   return o.str();
 }

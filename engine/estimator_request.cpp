@@ -85,6 +85,31 @@ TrainingSetup setup_from_config(const Config& c) {
   return s;
 }
 
+// The training setup's own consistency (estimate() and estimate_inputs_from_json call it).
+namespace estimator_detail {
+void check_setup(const TrainingSetup& s, int world) {
+  auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (s.zero_stage < 0 || s.zero_stage > 3) bad("zero stage must be 0, 1, 2 or 3");
+  for (const auto* d : {&s.offload_optimizer, &s.offload_param})
+    if (*d != "none" && *d != "cpu" && *d != "nvme") bad("offload device must be none, cpu or nvme, not \"" + *d + "\"");
+  if (s.offload_param != "none" && s.zero_stage != 3) bad("offload_param needs ZeRO stage 3");
+  if (s.offload_optimizer != "none" && s.zero_stage == 0) bad("offload_optimizer needs ZeRO stage 1, 2 or 3");
+  if (s.precision != "fp32" && s.precision != "bf16" && s.precision != "fp16")
+    bad("precision must be fp32, bf16 or fp16, not \"" + s.precision + "\"");
+  if (s.micro_batch < 1) bad("micro-batch must be >= 1");
+  if (s.tp < 1 || s.pp < 1) bad("tensor and pipeline degrees must be >= 1");
+  if (world % (int64_t(s.tp) * s.pp) != 0)
+    bad("tp x pp = " + std::to_string(s.tp * s.pp) + " does not divide the " + std::to_string(world) + " GPUs");
+  if (s.activation_checkpointing != "none" && s.activation_checkpointing != "selective" &&
+      s.activation_checkpointing != "full")
+    bad("activation checkpointing must be none, selective or full, not \"" + s.activation_checkpointing + "\"");
+  if (s.attention != "sdpa" && s.attention != "eager")
+    bad("attention must be sdpa or eager, not \"" + s.attention + "\"");
+  if (s.param_groups < 0) bad("param_groups must be >= 0");
+  if (s.reduce_bucket_size < 1) bad("reduce_bucket_size must be >= 1");
+}
+}  // namespace estimator_detail
+
 // ---- JSON requests (the CLI's flags as keys) -----------------------------------------------------
 
 namespace {
@@ -109,7 +134,8 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
       "zero", "offload_optimizer", "offload_param", "bf16", "fp16", "precision", "optimizer", "micro_batch", "gas",
       "tp", "pp", "pipeline_micro_batches", "sequence_parallel", "activation_checkpointing", "checkpoint_interval",
       "param_groups", "reduce_bucket_size", "gpus_per_node", "nodes", "gpu_mem", "cpu_mem", "nvme", "device",
-      "fragmentation", "device_overhead", "host_overhead", "max_micro_batch", "search"};
+      "fragmentation", "device_overhead", "host_overhead", "max_micro_batch", "search", "attention", "gpu_tflops",
+      "intra_node_bw", "inter_node_bw", "pcie_bw", "host_mem_bw", "nvme_bw"};
   for (const auto& [k, v] : req.items()) {
     if (known.count(k)) continue;
     std::string best;
@@ -153,6 +179,19 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
     if (!v->is_number()) throw std::invalid_argument("fragmentation: a fraction such as 0.1");
     in.allowance.fragmentation = v->get<double>();
   }
+  // The cost model's rates: TFLOP/s and GB/s (10^9 bytes per second), numbers > 0.
+  auto rate_of = [&](const char* key, double& field) {
+    const json* v = get(key);
+    if (!v) return;
+    if (!v->is_number() || !(v->get<double>() > 0)) throw std::invalid_argument(std::string(key) + ": a number > 0");
+    field = v->get<double>();
+  };
+  rate_of("gpu_tflops", hw.gpu_tflops);
+  rate_of("intra_node_bw", hw.intra_node_gbps);
+  rate_of("inter_node_bw", hw.inter_node_gbps);
+  rate_of("pcie_bw", hw.pcie_gbps);
+  rate_of("host_mem_bw", hw.host_memory_gbps);
+  rate_of("nvme_bw", hw.nvme_gbps);
   if (const json* v = get("device_overhead")) in.allowance.device_overhead = memory_of(*v, "device_overhead");
   if (const json* v = get("host_overhead")) in.allowance.host_overhead = memory_of(*v, "host_overhead");
   const int world = hw.gpus_per_node * hw.nodes;
@@ -298,7 +337,16 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
     else throw std::invalid_argument("activation_checkpointing: none, selective, full, or a boolean");
   }
   if (auto v = int_of("checkpoint_interval")) s.checkpoint_interval = static_cast<int>(*v);
-  if (auto v = bool_of("flash_attention")) s.flash_attention = *v;
+  if (auto v = str_of("attention")) {
+    if (*v != "sdpa" && *v != "eager") throw std::invalid_argument("attention: sdpa or eager, not \"" + *v + "\"");
+    s.attention = *v;
+  }
+  if (auto v = bool_of("flash_attention")) {  // legacy spelling: true = sdpa, false = eager
+    if (get("attention") && *v != (s.attention == "sdpa"))
+      throw std::invalid_argument("flash_attention: " + std::string(*v ? "true" : "false") + " contradicts attention: " +
+                                  s.attention);
+    s.attention = *v ? "sdpa" : "eager";
+  }
   if (auto v = int_of("param_groups")) s.param_groups = static_cast<int>(*v);
   if (auto v = int_of("max_micro_batch")) in.max_micro_batch = *v;
   if (auto v = bool_of("search")) in.search = *v;

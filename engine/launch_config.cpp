@@ -2,6 +2,8 @@
 #include "engine/launch_config.h"
 
 #include <climits>
+#include <initializer_list>
+#include <string>
 
 #include "engine/config_visitor.h"
 
@@ -16,18 +18,27 @@ static const char* const kLauncherVariables[] = {
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",      "TESSERA_TIMEOUT_S",
 };
 
-static void check_launch_config(const LaunchConfig& c, ConfigReport& report) {
-  if (c.node_rank >= c.nnodes)
+// Checks that span keys. A check that involves a key which failed to parse is skipped: that key's
+// own error says what is wrong (`parsed` holds the parse errors).
+static void check_launch_config(const LaunchConfig& c, const ConfigReport& parsed, ConfigReport& report) {
+  auto unparsed = [&parsed](std::initializer_list<std::string> paths) {
+    for (const auto& p : paths)
+      if (has_error_at(parsed, p)) return true;
+    return false;
+  };
+  if (c.node_rank >= c.nnodes && !unparsed({"node_rank", "nnodes"}))
     report.error("node_rank", "found " + std::to_string(c.node_rank) + ", expected a value < nnodes (" +
                                   std::to_string(c.nnodes) + "): node ranks count from 0");
-  if (int64_t(c.nnodes) * c.nproc_per_node > INT_MAX)
+  if (int64_t(c.nnodes) * c.nproc_per_node > INT_MAX && !unparsed({"nnodes", "nproc_per_node"}))
     report.error("nproc_per_node", "nnodes * nproc_per_node does not fit in an int");
-  if (c.hosts.method != "local")
-    report.error("hosts.method", "\"" + c.hosts.method +
-                                     "\" is not implemented yet; use \"local\" and run `tessera launch "
-                                     "--nnodes N --node-rank K` on each node");
-  else if (!c.hosts.hostfile.empty())
-    report.warning("hosts.hostfile", "ignored: hosts.method is \"local\"");
+  if (!unparsed({"hosts.method"})) {
+    if (c.hosts.method != "local")
+      report.error("hosts.method", "\"" + c.hosts.method +
+                                       "\" is not implemented yet; use \"local\" and run `tessera launch "
+                                       "--nnodes N --node-rank K` on each node");
+    else if (!c.hosts.hostfile.empty() && !unparsed({"hosts.hostfile"}))
+      report.warning("hosts.hostfile", "ignored: hosts.method is \"local\"");
+  }
   for (const auto& [name, value] : c.env) {
     std::string path = "env." + name;
     if (name.empty() || name.find('=') != std::string::npos) {
@@ -48,23 +59,22 @@ LaunchConfig parse_launch_config(const json& j, ConfigReport& report) {
   // The switch itself is read first: it decides how the rest of the keys are treated.
   auto policy = j.find("unknown_keys");
   bool unknown_is_error = !(policy != j.end() && policy->is_string() && policy->get<std::string>() == "warn");
-  ConfigReport own;  // cross-key checks only make sense on keys that parsed cleanly
+  ConfigReport own;
   LaunchConfig config = parse_section<LaunchConfig>(j, own, "", unknown_is_error);
-  if (own.ok()) check_launch_config(config, own);
+  const ConfigReport parsed = own;
+  check_launch_config(config, parsed, own);
   report.issues.insert(report.issues.end(), own.issues.begin(), own.issues.end());
   return config;
 }
 
 LaunchConfig load_launch_config(const std::string& path_or_json, const json& overrides,
                                 std::vector<std::string>* warnings) {
-  size_t first = path_or_json.find_first_not_of(" \t\r\n");
-  bool inline_json = first != std::string::npos && path_or_json[first] == '{';
-  std::string source = inline_json ? "the launch config text" : "'" + path_or_json + "'";
+  const ConfigSource source = config_source(path_or_json);
   ConfigReport report;
   LaunchConfig config;
   std::optional<json> j = json::object();
   if (!path_or_json.empty())
-    j = parse_json_text(inline_json ? path_or_json : read_text_file(path_or_json), source, report);
+    j = parse_json_text(source.inline_json ? path_or_json : read_text_file(path_or_json), source.name, report);
   if (j) {
     // A non-object file is reported as such by the parser rather than replaced by the overrides.
     if (j->is_object()) j->merge_patch(overrides);
@@ -72,10 +82,10 @@ LaunchConfig load_launch_config(const std::string& path_or_json, const json& ove
   }
   if (warnings)
     for (const auto& i : report.issues)
-      if (i.severity == ConfigIssue::Severity::Warning) warnings->push_back(i.str());
+      if (i.severity == ConfigIssue::Severity::Warning) warnings->push_back(i.path_and_message());
   if (!report.ok())
-    throw ConfigError((path_or_json.empty() ? "invalid launch options" : "invalid launch config " + source) + ":\n" +
-                      report.errors());
+    throw ConfigError((path_or_json.empty() ? "invalid launch options" : "invalid launch config " + source.heading) +
+                      ":\n" + report.errors());
   return config;
 }
 

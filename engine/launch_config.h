@@ -72,13 +72,15 @@ struct LaunchConfig {
 };
 
 // JSON -> LaunchConfig, then the checks that span keys (node_rank < nnodes, `env` names, hosts
-// methods not implemented yet). Every problem goes into `report` with its JSON path.
+// methods not implemented yet), skipping those that involve a key that failed to parse. Every
+// problem goes into `report` with its JSON path.
 LaunchConfig parse_launch_config(const nlohmann::json& j, ConfigReport& report);
 
 // `path_or_json` is a file path, JSON text if it starts with '{', or "" for all defaults.
 // `overrides` (same keys, e.g. from command-line flags) are merged over the file before parsing,
-// so they are checked the same way. Throws ConfigError listing every error; warnings are returned
-// through `warnings` when given.
+// so they are checked the same way. Throws ConfigError listing every error (a key that fails to
+// parse does not hide the others: only the checks involving it are skipped); warnings are returned
+// through `warnings` when given, each "<path>: <message>" (the caller says "warning").
 LaunchConfig load_launch_config(const std::string& path_or_json,
                                 const nlohmann::json& overrides = nlohmann::json::object(),
                                 std::vector<std::string>* warnings = nullptr);

@@ -109,7 +109,7 @@ const std::vector<ModelPreset>& model_presets() {
     auto gpt2 = [](int64_t layers, int64_t hidden, int64_t heads) {
       TransformerShape s;
       s.layers = layers, s.hidden = hidden, s.heads = heads, s.vocab = 50257, s.seq_len = 1024, s.max_positions = 1024;
-      return s;  // GELU MLP 4h, LayerNorm, biases, tied head, dropout, materialized attention
+      return s;  // GELU MLP 4h, LayerNorm, biases, tied head, dropout (attention: the setup's, SDPA by default)
     };
     auto llama = [](int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn) {
       TransformerShape s;
@@ -121,7 +121,7 @@ const std::vector<ModelPreset>& model_presets() {
     TransformerShape tessera_gpt;  // examples/models/gpt.h's GptConfig defaults
     tessera_gpt.layers = 4, tessera_gpt.hidden = 128, tessera_gpt.heads = 4, tessera_gpt.vocab = 256;
     tessera_gpt.seq_len = 128, tessera_gpt.max_positions = 128, tessera_gpt.dropout = false;
-    tessera_gpt.flash_attention = true;  // scaled_dot_product_attention
+    tessera_gpt.flash_attention = true;  // scaled_dot_product_attention (TrainingSetup::attention decides; sdpa by default)
     return std::vector<ModelPreset>{
         {"gpt2-small", "GPT-2 124M: 12 layers, hidden 768, 12 heads, vocab 50257, seq 1024", gpt2(12, 768, 12)},
         {"gpt2-medium", "GPT-2 355M: 24 layers, hidden 1024, 16 heads, vocab 50257, seq 1024", gpt2(24, 1024, 16)},

@@ -26,11 +26,6 @@ void ProgressMeter::add_times(const StepTimes& t) {
   if (t.optimizer_s > 0) ++steps_;
 }
 
-void ProgressMeter::add_loss(double loss) {
-  loss_sum_ += loss;
-  ++losses_;
-}
-
 std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr, double loss_scale,
                                 double grad_norm) {
   const auto now = std::chrono::steady_clock::now();
@@ -54,8 +49,7 @@ std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr
     out += buf;
   }
   interval_start_ = now;
-  samples_ = tokens_ = losses_ = steps_ = 0;
-  loss_sum_ = 0;
+  samples_ = tokens_ = steps_ = 0;
   times_ = StepTimes{};
   return out;
 }

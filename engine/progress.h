@@ -21,11 +21,9 @@ class ProgressMeter {
 
   void add_samples(int64_t samples, int64_t tokens);
   void add_times(const StepTimes& t);
-  void add_loss(double loss);  // one micro-step's loss on this rank
   bool due(int64_t global_step) const { return global_step % steps_per_print_ == 0; }
-  // Formats the line (the caller averages the loss across ranks first) and resets the interval.
+  // Formats the line (the caller averages the interval's loss across ranks first) and resets the interval.
   std::string line(int64_t global_step, double mean_loss, double lr, double loss_scale, double grad_norm);
-  double interval_mean_loss() const { return losses_ ? loss_sum_ / losses_ : 0; }
   bool printer() const { return printer_; }
 
  private:
@@ -33,8 +31,7 @@ class ProgressMeter {
   bool breakdown_, printer_;
   int dp_;
   std::chrono::steady_clock::time_point interval_start_;
-  int64_t samples_ = 0, tokens_ = 0, losses_ = 0, steps_ = 0;
-  double loss_sum_ = 0;
+  int64_t samples_ = 0, tokens_ = 0, steps_ = 0;
   StepTimes times_;
 };
 

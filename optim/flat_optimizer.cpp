@@ -2,6 +2,10 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/sqrt.h>
 #include <ATen/ops/zeros.h>
 
@@ -122,19 +126,31 @@ class Lamb final : public FlatOptimizer {
       if (in.weight_decay != 0) u.add_(s.params, in.weight_decay);
       updates.push_back(u);
     }
-    at::Tensor sums = at::zeros({2 * ctx_.num_params}, at::kDouble);  // [‖p‖² per param, ‖u‖² per param]
-    double* sum = sums.data_ptr<double>();
+    // [‖p‖² per param, ‖u‖² per param], summed on the device: no host synchronization in the step.
+    std::vector<at::Tensor> p_sq, u_sq;
+    std::vector<int64_t> index;
     for_each_piece(segments, updates, [&](const ShardPiece& piece, const at::Tensor& p, const at::Tensor& u) {
-      sum[piece.param] += p.pow(2).sum().item<double>();
-      sum[ctx_.num_params + piece.param] += u.pow(2).sum().item<double>();
+      p_sq.push_back(p.square().sum());
+      u_sq.push_back(u.square().sum());
+      index.push_back(piece.param);
     });
+    const auto device = segments.empty() ? at::Device(at::kCPU) : segments.front().params.device();
+    at::Tensor sums = at::zeros({2, ctx_.num_params}, at::TensorOptions().dtype(at::kDouble).device(device));
+    if (!index.empty()) {
+      at::Tensor idx = at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(device);
+      sums.select(0, 0).index_add_(0, idx, at::stack(p_sq).to(at::kDouble));
+      sums.select(0, 1).index_add_(0, idx, at::stack(u_sq).to(at::kDouble));
+    }
     if (ctx_.sum_across_ranks) ctx_.sum_across_ranks(sums);
+    // trust = clamp(‖p‖/‖u‖, min_coeff, max_coeff), and 1 where either norm is 0 (DeepSpeed's FusedLamb).
+    at::Tensor w = sums.select(0, 0).sqrt(), un = sums.select(0, 1).sqrt();
+    at::Tensor trust = at::where((w > 0).logical_and(un > 0), w / un, at::ones_like(w))
+                           .clamp_(p_.min_coeff, p_.max_coeff)
+                           .mul_(-in.lr)
+                           .to(at::kFloat);
     // Phase 2: p ← p − lr · trust · u, with the trust ratio of the whole parameter.
     for_each_piece(segments, updates, [&](const ShardPiece& piece, const at::Tensor& p, const at::Tensor& u) {
-      const double w = std::sqrt(sum[piece.param]), un = std::sqrt(sum[ctx_.num_params + piece.param]);
-      double trust = (w > 0 && un > 0) ? w / un : 1.0;
-      trust = std::min(std::max(trust, p_.min_coeff), p_.max_coeff);
-      p.add_(u, -in.lr * trust);
+      p.addcmul_(u, trust.select(0, piece.param));
     });
     for (const auto& s : segments) write_compute_copy(s);
   }

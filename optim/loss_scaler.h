@@ -2,17 +2,21 @@
 // as of v0.19.5: the DynamicLossScaler that ZeRO stages 1-3 use).
 //
 // The loss is multiplied by scale() before backward so small fp16 gradients do not flush to zero;
-// the optimizer unscales them. After each optimizer step's backward the engine asks every rank
-// whether its gradients hold inf/nan, reduces that flag (any rank), and calls update(overflow)
-// once. An overflowing step is skipped (no weight update, no lr-schedule advance) and the
-// dynamic scaler lowers the scale; a long enough run of clean steps raises it again.
+// the optimizer unscales them. After each optimizer step's backward the engine learns whether any
+// rank's gradients hold inf/nan (from the global gradient norm) and calls update(overflow) once.
+//
+// The one rule, for every precision: the step is skipped exactly when update() says `skip_step`,
+// and every scaler says so exactly when the gradients overflowed. A skipped step changes no weight
+// and does not advance the lr schedule; the dynamic scaler also lowers the scale, and a long enough
+// run of clean steps raises it again.
 //
 // Which scaler make_loss_scaler() builds:
 //   fp16.enabled, fp16.loss_scale == 0  DynamicLossScaler (see below)
 //   fp16.enabled, fp16.loss_scale > 0   StaticLossScaler: that scale forever; overflowing steps are
 //                                       still skipped, as DeepSpeed does
-//   fp16 off (fp32 or bf16)             UnitLossScaler: scale 1, never skips (DeepSpeed does not
-//                                       check bf16/fp32 gradients for overflow by default)
+//   fp16 off (fp32 or bf16)             UnitLossScaler: scale 1, skips non-finite steps. (DeepSpeed
+//                                       does not check bf16/fp32 gradients and would apply the NaN,
+//                                       ruining every weight; tessera skips the step and says so.)
 #pragma once
 
 #include <cstdint>
@@ -113,11 +117,11 @@ class StaticLossScaler : public LossScaler {
   double scale_;
 };
 
-// fp32 and bf16: no scaling, and no step is ever skipped.
+// fp32 and bf16: no scaling; a step with non-finite gradients is skipped (the weights stay finite).
 class UnitLossScaler : public LossScaler {
  public:
   double scale() const override { return 1.0; }
-  UpdateResult update(bool /*overflow*/) override { return {false, 1.0, 1.0}; }
+  UpdateResult update(bool overflow) override { return {overflow, 1.0, 1.0}; }
   bool dynamic() const override { return false; }
 };
 

@@ -1,6 +1,7 @@
 #include "parallel/c10d_compat.h"
 
 #include <cstdlib>
+#include <type_traits>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef TESSERA_WITH_CUDA
@@ -45,9 +46,36 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 }
 
-bool is_unsupported_collective(const std::exception& e) {
-  std::string what = e.what();
-  return what.find("does not support") != std::string::npos || what.find("not supported") != std::string::npos;
+namespace {
+// `&ProcessGroupGloo::_reduce_scatter_base` names ProcessGroupGloo's own member only when the class
+// declares one; an inherited member's address has Backend's member-pointer type instead.
+using GlooReduceScatterBase = c10::intrusive_ptr<c10d::Work> (c10d::ProcessGroupGloo::*)(
+    at::Tensor&, at::Tensor&, const c10d::ReduceScatterOptions&);
+constexpr bool kGlooHasReduceScatterBase =
+    std::is_same_v<decltype(&c10d::ProcessGroupGloo::_reduce_scatter_base), GlooReduceScatterBase>;
+}  // namespace
+
+bool has_native_reduce_scatter(BackendKind kind) {
+  return kind == BackendKind::Nccl || kGlooHasReduceScatterBase;
+}
+
+c10::Device collective_device(BackendKind kind, int local_rank) {
+  if (kind == BackendKind::Nccl) return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return c10::Device(c10::DeviceType::CPU);
+}
+
+void set_current_device(BackendKind kind, int local_rank) {
+#ifdef TESSERA_WITH_CUDA
+  if (kind == BackendKind::Nccl) c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
+#else
+  (void)kind;
+  (void)local_rank;
+#endif
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
 }
 
 }  // namespace tessera

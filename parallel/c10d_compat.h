@@ -20,7 +20,20 @@ bool nccl_available();
 c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                int rank, int size, std::chrono::milliseconds timeout);
 
-// True when `e` says the backend lacks the collective (so a fallback may be used instead).
-bool is_unsupported_collective(const std::exception& e);
+// Whether the backend has a native flat reduce-scatter (`_reduce_scatter_base`): NCCL always; Gloo
+// when the ProcessGroupGloo this was compiled against declares one (decided at compile time from
+// the class itself, never by reading an error message).
+bool has_native_reduce_scatter(BackendKind kind);
+
+// The device a backend's collectives take their tensors on: CUDA device `local_rank` for NCCL,
+// the CPU for Gloo.
+c10::Device collective_device(BackendKind kind, int local_rank);
+
+// Makes CUDA device `local_rank` current for this process (NCCL groups, the engine's buffers);
+// nothing without CUDA.
+void set_current_device(BackendKind kind, int local_rank);
+
+// An exception's message without the C++ backtrace that torch's own errors (c10::Error) carry.
+std::string message_of(const std::exception& e);
 
 }  // namespace tessera

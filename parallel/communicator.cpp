@@ -29,7 +29,7 @@ void CommHandle::wait() {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    throw CommError(what_ + " failed: " + e.what() +
+    throw CommError(what_ + " failed: " + message_of(e) +
                     "\n(a rank in this group exited or stopped calling collectives, or the timeout "
                     "TESSERA_TIMEOUT_S passed)");
   }
@@ -48,15 +48,17 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   }
 }
 
-void check_flat(const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.defined() && t.is_contiguous(), "tessera: ", what, " needs a defined, contiguous tensor");
-}
-
 }  // namespace
 
 Communicator::Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::string name, std::vector<int> ranks,
-                           int rank, CommunicatorOptions options)
-    : backend_(std::move(backend)), name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), options_(options) {
+                           int rank, c10::Device device, bool native_reduce_scatter, CommunicatorOptions options)
+    : backend_(std::move(backend)),
+      name_(std::move(name)),
+      ranks_(std::move(ranks)),
+      rank_(rank),
+      device_(device),
+      options_(options),
+      native_reduce_scatter_(native_reduce_scatter) {
   // Named once: every collective's error message and label reuse it.
   std::string list;
   for (size_t i = 0; i < ranks_.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(ranks_[i]);
@@ -66,6 +68,18 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::strin
 
 Communicator::~Communicator() = default;
 
+at::TensorOptions Communicator::options(at::ScalarType dtype) const {
+  return at::TensorOptions().dtype(dtype).device(device_);
+}
+
+void Communicator::check_tensor(const at::Tensor& t, const char* collective) const {
+  if (!t.defined() || !t.is_contiguous())
+    throw std::invalid_argument(std::string("tessera: ") + collective + " on " + describe() +
+                                " needs a defined, contiguous tensor");
+  if (t.device() != device_)
+    throw std::invalid_argument(std::string("tessera: ") + collective + " on " + describe() + " got a tensor on " +
+                                t.device().str() + "; this group's collectives take tensors on " + device_.str());
+}
 
 std::string Communicator::label(const char* collective, const at::Tensor& t) const {
   return std::string(collective) + " of " + std::to_string(t.numel()) + " " + std::string(t.dtype().name()) +
@@ -79,12 +93,12 @@ CommHandle Communicator::issue(const std::string& what, const std::function<c10:
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CommError(what + " failed to start: " + e.what());
+    throw CommError(what + " failed to start: " + message_of(e));
   }
 }
 
 CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
-  check_flat(tensor, "all_reduce");
+  check_tensor(tensor, "all_reduce");
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [tensor, p = size()]() mutable { tensor.div_(p); };
   return issue(label("all_reduce", tensor), [&] {
@@ -96,8 +110,8 @@ CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
 }
 
 CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
-  check_flat(input, "reduce_scatter");
-  check_flat(output, "reduce_scatter");
+  check_tensor(input, "reduce_scatter");
+  check_tensor(output, "reduce_scatter");
   const int64_t n = input.numel();
   TORCH_CHECK(output.numel() == chunk_range(n, size(), rank_).size(), "tessera: reduce_scatter output has ",
               output.numel(), " elements, this rank's chunk of ", n, " has ", chunk_range(n, size(), rank_).size());
@@ -106,18 +120,13 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
     return reduce_scatter_by_alltoall(input, output, op);
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [output, p = size()]() mutable { output.div_(p); };
-  try {
+  ++native_reduce_scatters_;
+  return issue(label("reduce_scatter", input), [&] {
     at::Tensor in = input.view({-1}), out = output.view({-1});
     c10d::ReduceScatterOptions o;
     o.reduceOp = to_c10d(op);
-    auto work = backend_->_reduce_scatter_base(out, in, o);
-    ++native_reduce_scatters_;
-    return CommHandle(std::move(work), std::move(finish), label("reduce_scatter", input));
-  } catch (const std::exception& e) {
-    if (!is_unsupported_collective(e)) throw CommError(label("reduce_scatter", input) + " failed to start: " + e.what());
-    native_reduce_scatter_ = false;  // this backend has none: use the all-to-all form from now on
-    return reduce_scatter_by_alltoall(input, output, op);
-  }
+    return backend_->_reduce_scatter_base(out, in, o);
+  }, std::move(finish));
 }
 
 CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
@@ -143,8 +152,8 @@ CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at:
 }
 
 CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& output) {
-  check_flat(input, "all_gather");
-  check_flat(output, "all_gather");
+  check_tensor(input, "all_gather");
+  check_tensor(output, "all_gather");
   const int p = size();
   const int64_t n = output.numel();
   TORCH_CHECK(input.numel() == chunk_range(n, p, rank_).size(), "tessera: all_gather input has ", input.numel(),
@@ -172,7 +181,7 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
 }
 
 CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {
-  check_flat(tensor, "broadcast");
+  check_tensor(tensor, "broadcast");
   return issue(label("broadcast", tensor), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions o;
@@ -182,8 +191,8 @@ CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {
 }
 
 CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& output) {
-  check_flat(input, "all_to_all");
-  check_flat(output, "all_to_all");
+  check_tensor(input, "all_to_all");
+  check_tensor(output, "all_to_all");
   TORCH_CHECK(input.numel() == output.numel() && input.numel() % size() == 0,
               "tessera: all_to_all needs input and output of the same size, divisible by the group size");
   return issue(label("all_to_all", input), [&] {
@@ -194,7 +203,7 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
 }
 
 CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
-  check_flat(tensor, "send");
+  check_tensor(tensor, "send");
   return issue(label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->send(tensors, peer, tag);
@@ -202,7 +211,7 @@ CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
 }
 
 CommHandle Communicator::recv_async(at::Tensor& tensor, int peer, int tag) {
-  check_flat(tensor, "recv");
+  check_tensor(tensor, "recv");
   return issue(label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->recv(tensors, peer, tag);

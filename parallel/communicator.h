@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/util/intrusive_ptr.h>
 
 namespace c10d {
@@ -42,11 +44,18 @@ struct ChunkRange {
 ChunkRange chunk_range(int64_t n, int p, int r);
 
 // A collective in flight. wait() blocks until it is done (and its local post-processing, such as
-// the sum after an all-to-all, has run); it throws CommError on failure.
-class CommHandle {
+// the sum after an all-to-all or the division of an Avg, has run exactly once); it throws
+// CommError on failure. Move-only: the post-processing mutates the result, so a copy could run it
+// twice. Dropping an unwaited handle skips the post-processing (the c10d work keeps its tensors
+// alive until the backend is done with them); every async collective is therefore [[nodiscard]].
+class [[nodiscard]] CommHandle {
  public:
   CommHandle() = default;
   CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what);
+  CommHandle(CommHandle&&) noexcept = default;
+  CommHandle& operator=(CommHandle&&) noexcept = default;
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
 
@@ -63,9 +72,12 @@ struct CommunicatorOptions {
 
 class Communicator {
  public:
-  // `ranks` are the global ranks of the group's members, in group-rank order.
+  // `ranks` are the global ranks of the group's members, in group-rank order. `device` is where the
+  // backend takes its tensors (the CPU for Gloo, this rank's GPU for NCCL): every collective checks
+  // its tensors against it, and callers make their scalars there (`options()`).
+  // `native_reduce_scatter`: the backend has a flat reduce-scatter (parallel/c10d_compat.h).
   Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::string name, std::vector<int> ranks, int rank,
-               CommunicatorOptions options = {});
+               c10::Device device, bool native_reduce_scatter, CommunicatorOptions options = {});
   ~Communicator();
 
   const std::string& name() const { return name_; }
@@ -73,33 +85,36 @@ class Communicator {
   int size() const { return static_cast<int>(ranks_.size()); }
   const std::vector<int>& global_ranks() const { return ranks_; }
   const std::string& describe() const { return description_; }  // "group 'data' (2 ranks: global 0, 2)"
+  c10::Device device() const { return device_; }
+  // Options for a tensor this group can take (fp32 on its device), e.g. a scalar to reduce.
+  at::TensorOptions options(at::ScalarType dtype = at::kFloat) const;
 
   // In place on `tensor`.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
-  CommHandle all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  [[nodiscard]] CommHandle all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 
   // `input`: the flat tensor of n elements; `output`: this rank's chunk, chunk_range(n, size, rank).
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
-  CommHandle reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
+  [[nodiscard]] CommHandle reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
 
   // `input`: this rank's chunk of `output`, a flat tensor of n elements.
   void all_gather(const at::Tensor& input, at::Tensor& output);
-  CommHandle all_gather_async(const at::Tensor& input, at::Tensor& output);
+  [[nodiscard]] CommHandle all_gather_async(const at::Tensor& input, at::Tensor& output);
 
   void broadcast(at::Tensor& tensor, int root);  // root is a group rank
-  CommHandle broadcast_async(at::Tensor& tensor, int root);
+  [[nodiscard]] CommHandle broadcast_async(at::Tensor& tensor, int root);
 
   // Equal splits: chunk j of `input` goes to group rank j; chunk i of `output` comes from rank i.
   void all_to_all(const at::Tensor& input, at::Tensor& output);
-  CommHandle all_to_all_async(const at::Tensor& input, at::Tensor& output);
+  [[nodiscard]] CommHandle all_to_all_async(const at::Tensor& input, at::Tensor& output);
 
   void send(at::Tensor& tensor, int peer, int tag = 0);  // peer is a group rank
-  CommHandle send_async(at::Tensor& tensor, int peer, int tag = 0);
+  [[nodiscard]] CommHandle send_async(at::Tensor& tensor, int peer, int tag = 0);
   void recv(at::Tensor& tensor, int peer, int tag = 0);
-  CommHandle recv_async(at::Tensor& tensor, int peer, int tag = 0);
+  [[nodiscard]] CommHandle recv_async(at::Tensor& tensor, int peer, int tag = 0);
 
   void barrier();
-  CommHandle barrier_async();
+  [[nodiscard]] CommHandle barrier_async();
 
   // How many reduce-scatters ran natively and as all-to-all (for tests and benchmarks).
   int64_t native_reduce_scatters() const { return native_reduce_scatters_; }
@@ -110,14 +125,16 @@ class Communicator {
   CommHandle issue(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                    std::function<void()> finish = {});
   std::string label(const char* collective, const at::Tensor& t) const;
+  void check_tensor(const at::Tensor& t, const char* collective) const;  // defined, contiguous, on device()
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string name_;
   std::string description_;
   std::vector<int> ranks_;
   int rank_;
+  c10::Device device_;
   CommunicatorOptions options_;
-  bool native_reduce_scatter_ = true;  // cleared when the backend says it has none
+  bool native_reduce_scatter_;
   int64_t native_reduce_scatters_ = 0;
   int64_t alltoall_reduce_scatters_ = 0;
 };

@@ -20,6 +20,8 @@ ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptio
   else if (options.backend != "gloo" && options.backend != "auto")
     throw std::invalid_argument("tessera: unknown backend '" + options.backend + "' (expected auto, gloo or nccl)");
 
+  // NCCL binds a group to the current CUDA device: make it this rank's GPU before any group exists.
+  set_current_device(backend_, info_.local_rank);
   store_ = rendezvous(info_);
   std::vector<int> everyone(info.world_size);
   for (int r = 0; r < info.world_size; ++r) everyone[r] = r;
@@ -40,7 +42,9 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
   int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), info_.rank) - ranks.begin());
   auto backend = make_backend(backend_, store, group_rank, static_cast<int>(ranks.size()), info_.timeout);
-  return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank, options.communicator);
+  return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank,
+                                        collective_device(backend_, info_.local_rank),
+                                        has_native_reduce_scatter(backend_), options.communicator);
 }
 
 Communicator& ParallelContext::group(Axis axis) {

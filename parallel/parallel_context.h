@@ -37,6 +37,7 @@ class ParallelContext {
   const GridShape& grid() const { return grid_; }
   Coordinates coordinates() const { return grid_.coordinates_of(info_.rank); }
   BackendKind backend() const { return backend_; }
+  c10::Device device() const { return collective_device(backend_, info_.local_rank); }  // where collectives run
 
   Communicator& world() { return *world_; }
   Communicator& data() { return *data_; }

@@ -1,5 +1,7 @@
 #include "parallel/rendezvous.h"
 
+#include "parallel/c10d_compat.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -131,12 +133,17 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info) {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
   } catch (const std::exception& e) {
+    // Under `tessera launch` the launcher sets MASTER_PORT itself: only its flag changes the port.
+    const char* launched = std::getenv("TESSERA_LAUNCHED");
+    const std::string how = launched && std::string(launched) == "1"
+                                ? "pass another port to tessera launch with --master-port"
+                                : "set MASTER_PORT to a free port";
     if (info.rank == 0)
-      throw RendezvousError("rank 0 could not host the rendezvous store on " + where +
-                            " (is the port in use? set MASTER_PORT): " + e.what());
+      throw RendezvousError("rank 0 could not host the rendezvous store on " + where + " (is the port in use? " +
+                            how + "): " + message_of(e));
     throw RendezvousError("rank " + std::to_string(info.rank) + " could not reach the rendezvous store at " + where +
                           " hosted by rank 0 within " + std::string(seconds) + " s: rank 0 never arrived. (" +
-                          e.what() + ")");
+                          message_of(e) + ")");
   }
 
   // Each rank leaves its name and bumps a counter; only on timeout are the names read, to say who

@@ -29,4 +29,8 @@ RunResult finish(const Started& s, double timeout_s = 60);
 
 bool contains(const std::string& text, const std::string& part);
 
+// A TCP port on 127.0.0.1 that nothing listens on now, chosen by the OS (for --master-port), so
+// tests can run in parallel (ctest -j2) without two of them meeting on one port.
+int free_port();
+
 }  // namespace tessera::testing

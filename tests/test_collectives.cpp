@@ -2,6 +2,14 @@
 // against values computed by hand (tests/test_worker.cpp), including uneven lengths.
 #include <catch2/catch.hpp>
 
+#include <ATen/ops/ones.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <chrono>
+#include <type_traits>
+
+#include "parallel/c10d_compat.h"
+#include "parallel/communicator.h"
 #include "subprocess.h"
 
 using tessera::testing::contains;
@@ -17,7 +25,7 @@ tessera::testing::RunResult launch(int ranks, std::vector<std::string> worker_ar
 }  // namespace
 
 TEST_CASE("collectives on 2 ranks") {
-  auto r = launch(2, {"collectives"}, 29741);
+  auto r = launch(2, {"collectives"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(contains(r.output, "collectives ok on rank 0"));
@@ -25,7 +33,7 @@ TEST_CASE("collectives on 2 ranks") {
 }
 
 TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
-  auto r = launch(4, {"collectives", "--tp", "2"}, 29742);
+  auto r = launch(4, {"collectives", "--tp", "2"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
   for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "collectives ok on rank " + std::to_string(rank)));
@@ -33,7 +41,7 @@ TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
 
 TEST_CASE("reduce-scatter built from all-to-all gives the same results (2 and 4 ranks)") {
   for (int ranks : {2, 4}) {
-    auto r = launch(ranks, {"collectives", "--alltoall-reduce-scatter"}, 29743 + ranks);
+    auto r = launch(ranks, {"collectives", "--alltoall-reduce-scatter"}, tessera::testing::free_port());
     INFO(r.output);
     CHECK(r.status == 0);
     CHECK(contains(r.output, "(native reduce-scatters 0, all-to-all"));
@@ -43,10 +51,11 @@ TEST_CASE("reduce-scatter built from all-to-all gives the same results (2 and 4 
 TEST_CASE("a dead peer makes the others fail with the collective and the group named") {
   // Started directly (not through the launcher, which would stop the survivors itself).
   std::vector<tessera::testing::Started> ranks;
+  const std::string port = std::to_string(tessera::testing::free_port());
   for (int r = 0; r < 2; ++r)
     ranks.push_back(tessera::testing::start({TESSERA_WORKER_PATH, "dead-peer"},
                                             {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"},
-                                             {"MASTER_PORT", "29751"}, {"TESSERA_TIMEOUT_S", "20"}}));
+                                             {"MASTER_PORT", port}, {"TESSERA_TIMEOUT_S", "20"}}));
   auto survivor = tessera::testing::finish(ranks[0], 60);
   auto dead = tessera::testing::finish(ranks[1], 60);
   INFO(survivor.output);
@@ -55,3 +64,38 @@ TEST_CASE("a dead peer makes the others fail with the collective and the group n
   CHECK(survivor.seconds < 30);
   CHECK(contains(survivor.output, "all_reduce of 1000 float elements on group 'world'"));
 }
+
+// ---- what a Communicator accepts (one process, a one-rank Gloo group) ----------------------
+
+namespace {
+c10::intrusive_ptr<c10d::Backend> one_rank_gloo() {
+  return tessera::make_backend(tessera::BackendKind::Gloo, c10::make_intrusive<c10d::HashStore>(), 0, 1,
+                               std::chrono::milliseconds(10000));
+}
+}  // namespace
+
+TEST_CASE("every collective takes its tensors on the group's device and names a mismatch") {
+  using tessera::Communicator;
+  // A group declared on another device than the tensors it is given refuses them before any
+  // backend call; the engine builds its scalars with the group's options(), so on NCCL they are CUDA.
+  Communicator cpu(one_rank_gloo(), "data", {0}, 0, c10::Device(c10::kCPU), true);
+  at::Tensor t = at::ones({4}, cpu.options());
+  CHECK(t.device() == c10::Device(c10::kCPU));
+  cpu.all_reduce(t);
+  CHECK(t.sum().item<float>() == 4);
+
+  Communicator meta(one_rank_gloo(), "data", {0}, 0, c10::Device(c10::kMeta), true);
+  CHECK(meta.options(at::kDouble).device() == c10::Device(c10::kMeta));
+  at::Tensor x = at::ones({4});
+  at::Tensor out = at::ones({4});
+  const auto wrong_device = Catch::Contains("got a tensor on cpu; this group's collectives take tensors on meta");
+  CHECK_THROWS_WITH(meta.all_reduce(x), wrong_device);
+  CHECK_THROWS_WITH(meta.broadcast(x, 0), wrong_device);
+  CHECK_THROWS_WITH(meta.all_gather(x, out), wrong_device);
+  CHECK_THROWS_WITH(meta.reduce_scatter(x, out), wrong_device);
+  CHECK_THROWS_WITH(meta.all_to_all(x, out), wrong_device);
+}
+
+// A handle's completion mutates the result (an Avg divides it): a copy could run it twice.
+static_assert(!std::is_copy_constructible_v<tessera::CommHandle>, "CommHandle must be move-only");
+static_assert(std::is_nothrow_move_constructible_v<tessera::CommHandle>, "CommHandle moves");

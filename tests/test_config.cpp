@@ -1,10 +1,18 @@
 // The DeepSpeed-compatible config: shipped configs, defaults, derivation, and bad configs whose
 // errors must name the JSON path.
-#include <catch2/catch.hpp>
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
 
 #include "engine/config_io.h"
+#include "engine/config_support.h"
 #include "subprocess.h"
 
 using namespace tessera;
@@ -19,13 +27,58 @@ struct Checked {
   ConfigReport report;
 };
 
+// What load_config and `tessera config check` do: parse, then resolve (after parse errors too).
 Checked check(const std::string& text, int world_size = 1) {
   Checked c;
-  if (auto j = parse_json_text(text, "test config", c.report)) {
-    c.config = parse_config(*j, c.report);
-    if (c.report.ok()) c.layout = resolve_config(c.config, world_size, c.report);
-  }
+  if (auto j = parse_json_text(text, "test config", c.report))
+    c.config = parse_and_resolve_config(*j, world_size, c.report, &c.layout);
   return c;
+}
+
+const ConfigIssue* find_issue(const std::vector<ConfigIssue>& issues, const std::string& path) {
+  for (const auto& i : issues)
+    if (i.path == path) return &i;
+  return nullptr;
+}
+
+std::string all_lines(const std::vector<ConfigIssue>& issues) {
+  std::string out;
+  for (const auto& i : issues) out += i.str() + "\n";
+  return out;
+}
+
+std::string error_of_load(const std::string& path_or_json, int world_size = 1) {
+  try {
+    load_config(path_or_json, world_size);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A fresh directory for one test's files, removed at the end of the test (plain POSIX calls: see
+// tests/test_launcher.cpp on std::filesystem and libtorch).
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/tessera_config_XXXXXX";
+    path = ::mkdtemp(pattern);
+  }
+  ~TempDir() {
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(d))
+        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ::unlink(file(e->d_name).c_str());
+      ::closedir(d);
+    }
+    ::rmdir(path.c_str());
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
 }
 
 bool has_error(const ConfigReport& r, const std::string& path, const std::string& part) {
@@ -270,4 +323,310 @@ TEST_CASE("tessera config check prints the effective config or every error") {
   CHECK(bad.status == 1);
   CHECK(contains(bad.output, "error: train_batch_size: \"auto\""));
   CHECK(contains(bad.output, "errors"));
+}
+
+// ---- issue 10: keys the engine does not act on yet -------------------------------------------
+
+TEST_CASE("engine support: configs the engine refuses are errors naming each key") {
+  auto issues_of = [](const std::string& name) {
+    Checked c = check(read_text_file(TESSERA_SOURCE_DIR "/configs/" + name), 8);
+    REQUIRE(c.report.ok());
+    return engine_support_issues(c.config);
+  };
+  auto zero3 = issues_of("zero3_offload_cpu.json");
+  INFO(all_lines(zero3));
+  CHECK(zero3.size() == 3);
+  for (const char* path : {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
+                           "zero_optimization.offload_param.device"}) {
+    const ConfigIssue* i = find_issue(zero3, path);
+    REQUIRE(i);
+    CHECK(i->severity == ConfigIssue::Severity::Error);
+    CHECK(contains(i->message, "not implemented yet"));
+  }
+  // The stage 3 keys come with the stage 3 error instead of as warnings of their own.
+  CHECK(contains(find_issue(zero3, "zero_optimization.stage")->message,
+                 "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+  CHECK(contains(find_issue(zero3, "zero_optimization.offload_param.device")->message,
+                 "zero_optimization.offload_param.pin_memory"));
+
+  auto infinity = issues_of("zero3_nvme_infinity.json");
+  INFO(all_lines(infinity));
+  CHECK(infinity.size() == 3);
+  CHECK(contains(find_issue(infinity, "zero_optimization.stage")->message, "zero_optimization.sub_group_size"));
+
+  auto tp_pp = issues_of("tp2_pp2_zero1.json");
+  INFO(all_lines(tp_pp));
+  CHECK(tp_pp.size() == 2);
+  REQUIRE(find_issue(tp_pp, "tensor_parallel.tp_size"));
+  CHECK(find_issue(tp_pp, "tensor_parallel.tp_size")->severity == ConfigIssue::Severity::Error);
+  REQUIRE(find_issue(tp_pp, "pipeline.stages"));
+  CHECK(contains(find_issue(tp_pp, "pipeline.stages")->message, "pipeline.activation_checkpoint_interval"));
+
+  auto onebit = issues_of("onebit_adam.json");
+  INFO(all_lines(onebit));
+  REQUIRE(onebit.size() == 1);
+  CHECK(onebit[0].str() == "error: optimizer.type: not implemented yet: found \"OneBitAdam\"; the engine builds "
+                           "Adam, AdamW, SGD and Lamb, not 1-bit Adam (the keys that come with it are not read "
+                           "either: optimizer.params.freeze_step, optimizer.params.comm_backend_name)");
+}
+
+TEST_CASE("engine support: every other shipped config runs without a word") {
+  const std::set<std::string> refused = {"zero3_offload_cpu.json", "zero3_nvme_infinity.json", "tp2_pp2_zero1.json",
+                                         "onebit_adam.json"};
+  int runnable = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TESSERA_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".json") continue;
+    const std::string name = entry.path().filename().string();
+    INFO(name);
+    Checked c = check(read_text_file(entry.path().string()), 8);
+    REQUIRE(c.report.ok());
+    auto issues = engine_support_issues(c.config);
+    INFO(all_lines(issues));
+    if (refused.count(name)) {
+      CHECK_FALSE(issues.empty());
+      for (const auto& i : issues) CHECK(i.severity == ConfigIssue::Severity::Error);
+    } else {
+      CHECK(issues.empty());
+      ++runnable;
+    }
+  }
+  CHECK(runnable >= 9);
+}
+
+TEST_CASE("engine support: a key the engine does not read is named unless it keeps DeepSpeed's default") {
+  Checked c = check(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"torch_adam": true}},
+    "zero_optimization": {"stage": 2, "contiguous_gradients": false, "reduce_scatter": false,
+                          "allgather_partitions": false, "round_robin_gradients": true,
+                          "load_from_fp32_weights": false, "stage3_max_live_parameters": 1e8,
+                          "offload_optimizer": {"pin_memory": true}},
+    "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 4},
+    "checkpoint": {"tag_validation": "Fail", "parallel_write": {"pipeline_stage": true}},
+    "aio": {"queue_depth": 16}, "pipeline": {"partition_method": "uniform"},
+    "tensorboard": {"enabled": true}, "comms_logger": {"enabled": true}})");
+  REQUIRE(c.report.ok());
+  auto issues = engine_support_issues(c.config);
+  INFO(all_lines(issues));
+  const char* expected[] = {"optimizer.params.torch_adam",
+                            "zero_optimization.contiguous_gradients",
+                            "zero_optimization.reduce_scatter",
+                            "zero_optimization.allgather_partitions",
+                            "zero_optimization.round_robin_gradients",
+                            "zero_optimization.load_from_fp32_weights",
+                            "zero_optimization.stage3_max_live_parameters",
+                            "zero_optimization.offload_optimizer.pin_memory",
+                            "activation_checkpointing.partition_activations",
+                            "activation_checkpointing.number_checkpoints",
+                            "checkpoint.tag_validation",
+                            "checkpoint.parallel_write.pipeline_stage",
+                            "aio.queue_depth",
+                            "pipeline.partition_method",
+                            "tensorboard.enabled",
+                            "comms_logger.enabled"};
+  CHECK(issues.size() == std::size(expected));
+  for (const char* path : expected) {
+    INFO(path);
+    const ConfigIssue* i = find_issue(issues, path);
+    REQUIRE(i);
+    CHECK(i->severity == ConfigIssue::Severity::Warning);
+    CHECK(contains(i->message, "not implemented yet: found "));
+  }
+  CHECK(find_issue(issues, "zero_optimization.contiguous_gradients")->str() ==
+        "warning: zero_optimization.contiguous_gradients: not implemented yet: found false; the engine always keeps "
+        "gradients in contiguous flat buffers");
+
+  // The same keys set to DeepSpeed's defaults (overlap_comm: the default for the stage) change nothing.
+  for (const char* text : {
+           R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"torch_adam": false}},
+               "zero_optimization": {"stage": 2, "contiguous_gradients": true, "overlap_comm": false,
+                                     "reduce_scatter": true, "allgather_partitions": true,
+                                     "round_robin_gradients": false, "stage3_max_live_parameters": 1e9,
+                                     "sub_group_size": 1e9, "offload_optimizer": {"device": "none", "ratio": 1.0}},
+               "activation_checkpointing": {"partition_activations": false, "number_checkpoints": null},
+               "checkpoint": {"tag_validation": "Warn"}, "aio": {"queue_depth": 8, "block_size": 1048576},
+               "pipeline": {"stages": 1, "partition_method": "parameters"},
+               "tensorboard": {"enabled": false, "output_path": "tb"}, "comms_logger": {"enabled": false}})",
+           // the engine always overlaps, so overlap_comm true is what it does
+           R"({"train_batch_size": 8, "optimizer": {"type": "SGD"},
+               "zero_optimization": {"stage": 1, "overlap_comm": true}})",
+       }) {
+    Checked d = check(text);
+    REQUIRE(d.report.ok());
+    auto none = engine_support_issues(d.config);
+    INFO(text << "\n" << all_lines(none));
+    CHECK(none.empty());
+  }
+}
+
+TEST_CASE("engine support: a config without an optimizer section is an error") {
+  Checked c = check(R"({"train_batch_size": 8})");
+  REQUIRE(c.report.ok());
+  auto issues = engine_support_issues(c.config);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].str() == "error: optimizer: missing; the engine builds the optimizer from this section (client "
+                           "optimizers are not supported yet)");
+  // An optimizer section that failed to parse is its own error, not a missing one.
+  Checked bad = check(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": "fast"}}})");
+  add_engine_support_issues(bad.config, bad.report);
+  INFO(bad.report.errors());
+  CHECK(error_count(bad.report) == 1);
+  CHECK(has_error(bad.report, "optimizer.params.lr", "expected a number"));
+}
+
+TEST_CASE("engine support: every row of the table is a key of the config and is in docs/config.md") {
+  std::ifstream in(TESSERA_SOURCE_DIR "/docs/config.md");
+  std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Config adam, onebit;
+  adam.optimizer.emplace(), adam.optimizer->type = "Adam";
+  onebit.optimizer.emplace(), onebit.optimizer->type = "OneBitAdam";
+  json keys = config_to_json(adam);
+  keys["optimizer"]["params"].update(config_to_json(onebit)["optimizer"]["params"]);
+  for (const auto& row : unimplemented_keys()) {
+    std::string path = row.path;
+    INFO(path);
+    CHECK(contains(docs, "`" + path + "`"));
+    bool pattern = path.back() == '*';
+    std::string section = pattern ? path.substr(0, path.rfind('.')) : path;
+    std::string pointer_text = "/" + section;
+    std::replace(pointer_text.begin(), pointer_text.end(), '.', '/');
+    json::json_pointer pointer(pointer_text);
+    REQUIRE(keys.contains(pointer));
+    if (pattern) {
+      std::string prefix = path.substr(section.size() + 1, path.size() - section.size() - 2);
+      bool any = false;
+      for (const auto& item : keys[pointer].items()) any = any || item.key().rfind(prefix, 0) == 0;
+      CHECK(any);
+    }
+  }
+}
+
+TEST_CASE("tessera config check names the keys the engine does not act on yet") {
+  auto refused = tessera::testing::run({TESSERA_CLI_PATH, "config", "check",
+                                        TESSERA_SOURCE_DIR "/configs/zero3_offload_cpu.json", "--world-size", "8"});
+  INFO(refused.output);
+  CHECK(refused.status == 1);
+  CHECK(contains(refused.output, "error: zero_optimization.stage: not implemented yet: found 3;"));
+  CHECK(contains(refused.output, "error: zero_optimization.offload_param.device: not implemented yet"));
+  CHECK(contains(refused.output, "zero3_offload_cpu.json: 3 errors"));
+
+  TempDir dir;
+  std::string warned = dir.file("warned.json");
+  std::ofstream(warned) << R"({"train_batch_size": 8, "optimizer": {"type": "AdamW"},
+                               "zero_optimization": {"stage": 2, "contiguous_gradients": false}})";
+  auto ok = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", warned});
+  INFO(ok.output);
+  CHECK(ok.status == 0);
+  CHECK(contains(ok.output, "warning: zero_optimization.contiguous_gradients: not implemented yet: found false"));
+  CHECK_FALSE(contains(ok.output, "warning: warning:"));
+  CHECK(contains(ok.output, "\"contiguous_gradients\": false"));  // the effective config still follows
+
+  std::string no_optimizer = dir.file("no_optimizer.json");
+  std::ofstream(no_optimizer) << R"({"train_batch_size": 8})";
+  auto missing = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", no_optimizer});
+  CHECK(missing.status == 1);
+  CHECK(contains(missing.output, "error: optimizer: missing; the engine builds the optimizer from this section"));
+}
+
+// ---- issue 10: every error in one pass -------------------------------------------------------
+
+TEST_CASE("a type error does not hide the errors found by resolution") {
+  const std::string text = R"({"steps_per_print": "10",
+    "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "fp16": {"enabled": true}, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})";
+  std::string e = error_of_load(text, 2);
+  INFO(e);
+  CHECK(count_of(e, "error: ") == 4);
+  CHECK(contains(e, "error: steps_per_print: found \"10\", expected an integer"));
+  CHECK(contains(e, "error: train_batch_size: train_batch_size 32 != train_micro_batch_size_per_gpu 4"));
+  CHECK(contains(e, "error: bf16.enabled: fp16.enabled and bf16.enabled are both true"));
+  CHECK(contains(e, "error: zero_optimization.offload_param.device: offload_param needs ZeRO stage 3"));
+}
+
+TEST_CASE("the README's three-error example prints three errors") {
+  const std::string text = R"({"train_batch_sise": 32, "train_micro_batch_size_per_gpu": "auto",
+    "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})";
+  const char* lines[] = {
+      "error: zero_optimization.offload_param.device: offload_param needs ZeRO stage 3 (parameters are partitioned "
+      "only there); zero_optimization.stage is 2\n",
+      "error: train_batch_sise: unknown key; did you mean \"train_batch_size\"? (set \"unknown_keys\": \"warn\" to "
+      "carry on regardless)\n",
+      "error: train_micro_batch_size_per_gpu: \"auto\" is a placeholder that Hugging Face's Trainer fills in; "
+      "tessera reads the config as written: set an integer\n"};
+  std::string e = error_of_load(text);
+  INFO(e);
+  CHECK(count_of(e, "error: ") == 3);
+  for (const char* line : lines) CHECK(contains(e, line));
+
+  TempDir dir;
+  std::string file = dir.file("readme.json");
+  std::ofstream(file) << text;
+  auto r = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", file});
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK(count_of(r.output, "error: ") == 3);
+  for (const char* line : lines) CHECK(contains(r.output, line));
+  CHECK(contains(r.output, "readme.json: 3 errors"));
+}
+
+TEST_CASE("resolution skips the checks on keys that failed to parse: no second error about them") {
+  // Each key below fails to parse; the checks that would read it (the batch triple, offload at
+  // stage 0, the parallel degrees, WarmupDecayLR's total_num_steps) must not add a second error.
+  auto c = check(R"({"train_batch_size": "auto", "optimizer": {"type": "AdamW"},
+                     "zero_optimization": {"stage": 7, "offload_optimizer": {"device": "cpu"}},
+                     "tensor_parallel": {"tp_size": 0},
+                     "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})", 2);
+  INFO(c.report.errors());
+  CHECK(error_count(c.report) == 4);
+  CHECK(has_error(c.report, "train_batch_size", "\"auto\""));
+  CHECK(has_error(c.report, "zero_optimization.stage", "found 7"));
+  CHECK(has_error(c.report, "tensor_parallel.tp_size", "found 0"));
+  CHECK(has_error(c.report, "scheduler.params.total_num_steps", "\"auto\""));
+  // A check whose keys all parsed still runs next to a parse error elsewhere.
+  auto d = check(R"({"train_batch_size": 8, "fp16": {"enabled": true, "hysteresis": 0}, "bf16": {"enabled": true},
+                     "scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}}})");
+  INFO(d.report.errors());
+  CHECK(error_count(d.report) == 3);
+  CHECK(has_error(d.report, "fp16.hysteresis", "expected a value >= 1"));
+  CHECK(has_error(d.report, "bf16.enabled", "both true"));
+  CHECK(has_error(d.report, "scheduler.params.cycle_min_lr", "OneCycle needs cycle_min_lr"));
+}
+
+// ---- issue 10: messages ----------------------------------------------------------------------
+
+TEST_CASE("load_config's warnings do not carry a second \"warning:\"") {
+  std::vector<std::string> warnings;
+  load_config(R"({"unknown_keys": "warn", "train_batch_size": 8, "wandb": {"enabled": true}})", 1, nullptr,
+              &warnings);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].rfind("wandb: DeepSpeed knows this key but tessera does not implement it", 0) == 0);
+  // Callers print them as "<program>: warning: <path>: <message>".
+  CHECK_FALSE(contains("tessera: warning: " + warnings[0], "warning: warning:"));
+}
+
+TEST_CASE("ConfigError names inline text and files naturally") {
+  std::string inline_error = error_of_load(R"({"train_batch_size": 0})");
+  CHECK(inline_error.rfind("invalid config (inline JSON text):\nerror: train_batch_size: found 0", 0) == 0);
+  CHECK(contains(error_of_load(R"({"train_batch_size": 8,})"),
+                 "error: (top level): the inline JSON text is not valid JSON"));
+
+  TempDir dir;
+  std::string file = dir.file("bad.json");
+  std::ofstream(file) << R"({"train_batch_size": 0})";
+  CHECK(error_of_load(file).rfind("invalid config '" + file + "':\nerror: train_batch_size: found 0", 0) == 0);
+}
+
+TEST_CASE("a config file that cannot be read says why") {
+  std::string e;
+  try {
+    read_text_file("/nonexistent/ds_config.json");
+  } catch (const ConfigError& x) {
+    e = x.what();
+  }
+  CHECK(e == "cannot read config file '/nonexistent/ds_config.json': No such file or directory");
+  CHECK(contains(error_of_load("/nonexistent/ds_config.json"), "No such file or directory"));
+  TempDir dir;
+  CHECK(error_of_load(dir.path) == "cannot read config file '" + dir.path + "': Is a directory");
+  auto r = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", "/nonexistent/ds_config.json"});
+  CHECK(r.status == 1);
+  CHECK(contains(r.output, "error: cannot read config file '/nonexistent/ds_config.json': No such file or directory"));
 }

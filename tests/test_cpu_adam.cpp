@@ -204,14 +204,6 @@ std::vector<Options> all_options() {
 
 }  // namespace
 
-TEST_CASE("cpu adam reports the ISA it dispatches to") {
-  CHECK(cpu_supports(Isa::Scalar));
-  CHECK(std::string(cpu_adam_isa()) == isa_name(cpu_adam_best_isa()));
-  CHECK(cpu_supports(cpu_adam_best_isa()));
-  if (cpu_supports(Isa::Avx512)) CHECK(cpu_adam_best_isa() == Isa::Avx512);
-  WARN("CPU Adam dispatches to " << cpu_adam_isa());
-}
-
 TEST_CASE("cpu adam matches the reference for every option on short arrays") {
   // Every combination of options on every short size: each tail length of both SIMD widths.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1234);

@@ -3,6 +3,7 @@
 // handling, and the memory each stage keeps.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <regex>
 
 #include "subprocess.h"
@@ -11,14 +12,13 @@ using tessera::testing::contains;
 
 namespace {
 
-int next_port = 29900;
-
-tessera::testing::RunResult train(int ranks, std::vector<std::string> args) {
+tessera::testing::RunResult train(int ranks, std::vector<std::string> args,
+                                  const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
-                                   "--master-port", std::to_string(next_port++), "--timeout", "60", "--",
+                                   "--master-port", std::to_string(tessera::testing::free_port()), "--timeout", "60", "--",
                                    TESSERA_ENGINE_WORKER_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
-  return tessera::testing::run(argv, {}, 180);
+  return tessera::testing::run(argv, env, 180);
 }
 
 }  // namespace
@@ -80,6 +80,97 @@ TEST_CASE("an inf on one rank makes every rank skip the same step and lower the 
   CHECK(contains(r.output, "step 2: gradient overflow, step skipped; loss scale 256 -> 128"));
   CHECK(contains(r.output, "skipped steps 1, global steps 4, loss scale 128"));
   CHECK(contains(r.output, "engine ok"));
+}
+
+// ---- defects of issue 10: each case failed before its fix ------------------------------------
+
+TEST_CASE("ranks seeded differently hold rank 0's parameters after construction") {
+  // Before the broadcast, rank 1 kept its own initialization at stage 0 forever and, at stages 1-2,
+  // its own master shard.
+  for (int stage : {0, 1, 2}) {
+    for (std::string dtype : {"fp32", "bf16"}) {
+      auto r = train(2, {"--stage", std::to_string(stage), "--dtype", dtype, "--seed-by-rank", "--steps", "3"});
+      INFO("stage " << stage << " " << dtype << "\n" << r.output);
+      CHECK(r.status == 0);
+      CHECK(contains(r.output, "engine ok"));
+    }
+  }
+}
+
+TEST_CASE("a parameter used on rank 0 only trains and matches the single-process reference") {
+  // Before: rank 1 launched the bucket holding the unused parameter last, rank 0 in place, and Gloo
+  // aborted both ("Received data size doesn't match expected size").
+  for (int stage : {0, 1, 2}) {
+    auto r = train(2, {"--stage", std::to_string(stage), "--unused-off-rank0", "--bucket", "300", "--mb", "1",
+                       "--gas", "2", "--steps", "3"});
+    INFO("stage " << stage << "\n" << r.output);
+    CHECK(r.status == 0);
+    CHECK(contains(r.output, "engine ok"));
+  }
+}
+
+TEST_CASE("ignore_unused_parameters false names the parameter that got no gradient") {
+  auto r = train(2, {"--stage", "1", "--unused-off-rank0", "--strict-unused", "--steps", "2"});
+  INFO(r.output);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "these parameters received no gradient in this backward: extra.bias"));
+  CHECK(contains(r.output, "ignore_unused_parameters"));
+}
+
+TEST_CASE("a backward that throws leaves no stale bucket state behind") {
+  // Step 1's backward throws on every rank after the later layers' buckets were launched; the engine
+  // discards that window, and the following steps match a reference that skipped batch 1. Before:
+  // the bucket counters kept their half-counted values and the next backward launched buckets early.
+  for (int stage : {0, 1, 2}) {
+    auto r = train(2, {"--stage", std::to_string(stage), "--throw-at-step", "1", "--bucket", "300", "--gas", "2",
+                       "--steps", "4"});
+    INFO("stage " << stage << "\n" << r.output);
+    CHECK(r.status == 0);
+    CHECK(contains(r.output, "engine ok"));
+  }
+}
+
+TEST_CASE("plain SGD with accumulation and clipping matches parameters and the gradient norm at every stage") {
+  // SGD without momentum makes the update -lr·g: a wrong average, a missing 1/gradient_accumulation_steps
+  // or a norm off by a constant shows in the parameters, and the norm is compared on its own.
+  for (int stage : {0, 1, 2}) {
+    auto r = train(2, {"--stage", std::to_string(stage), "--optimizer", "sgd-plain", "--gas", "2", "--clip", "0.5",
+                       "--bucket", "300", "--steps", "4"});
+    INFO("stage " << stage << "\n" << r.output);
+    CHECK(r.status == 0);
+    CHECK(contains(r.output, "engine ok"));
+  }
+}
+
+TEST_CASE("OneCycle does not cycle SGD's momentum") {
+  // The reference keeps momentum 0.9; before, the engine used the cycled beta1 (0.99 -> 0.8) as momentum.
+  auto r = train(2, {"--stage", "2", "--optimizer", "sgd", "--onecycle", "--steps", "4"});
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "engine ok"));
+}
+
+TEST_CASE("the bf16 tolerance catches a dropped step") {
+  // The engine skips batch 2 while the reference trains on it: the old absolute 3e-2 passed this.
+  auto r = train(2, {"--stage", "2", "--dtype", "bf16", "--steps", "4", "--drop-engine-step", "2"});
+  INFO(r.output);
+  CHECK(r.status != 0);
+  CHECK(contains(r.output, "engine MISMATCH"));
+}
+
+TEST_CASE("bf16 on a CPU without bf16 arithmetic is named once at start") {
+  // TESSERA_CPU_BF16 stands in for the two kinds of CPU (csrc/cpu_features.h).
+  const std::string note = "bf16 is enabled but this CPU has no AVX512_BF16 or AMX-BF16 instructions";
+  auto slow = train(2, {"--stage", "1", "--dtype", "bf16", "--steps", "1"}, {{"TESSERA_CPU_BF16", "0"}});
+  INFO(slow.output);
+  CHECK(slow.status == 0);
+  CHECK(contains(slow.output, note));
+  CHECK(slow.output.find(note) == slow.output.rfind(note));  // rank 0 only, once
+  auto fast = train(2, {"--stage", "1", "--dtype", "bf16", "--steps", "1"}, {{"TESSERA_CPU_BF16", "1"}});
+  CHECK(fast.status == 0);
+  CHECK_FALSE(contains(fast.output, note));
+  auto fp32 = train(2, {"--stage", "1", "--steps", "1"}, {{"TESSERA_CPU_BF16", "0"}});
+  CHECK_FALSE(contains(fp32.output, note));
 }
 
 TEST_CASE("per-rank memory of each ZeRO stage matches the accounting") {

@@ -165,14 +165,16 @@ TEST_CASE("DeepSpeed's published formulas: equal where the two describe the same
 }
 
 TEST_CASE("activations: Korthikanti et al.'s per-layer formulas - checkpointing - pipelines - logits") {
-  // A GPT shape (ffn 4h, MHA, dropout, materialized attention): the paper's case exactly.
+  // A GPT shape (ffn 4h, MHA, dropout) with eager attention (s×s scores stored): the paper's case exactly.
   TransformerShape sh;
   sh.layers = 2, sh.hidden = 64, sh.heads = 4, sh.vocab = 1000, sh.seq_len = 32;
   const double s = 32, b = 2, h = 64, a = 4, V = 1000, sbh = s * b * h;
+  std::string attention = "eager";
   auto run = [&](int tp, bool sp, const std::string& ckpt, const std::string& precision = "bf16") {
     EstimateInputs in;
     in.model.shape = sh;
     in.hardware.gpus_per_node = tp;
+    in.setup.attention = attention;
     in.setup.precision = precision;
     in.setup.micro_batch = 2;
     in.setup.tp = tp;
@@ -203,9 +205,61 @@ TEST_CASE("activations: Korthikanti et al.'s per-layer formulas - checkpointing 
   // fp32: the 2-byte activations double, the 1-byte dropout masks do not: sbh(84 - 4 + ...) here.
   CHECK(run(1, false, "none", "fp32").activations.per_layer_full ==
         static_cast<int64_t>(sbh * (2 * 34 - 2) + (2 * 5 - 1) * a * s * s * b));
-  // Fused attention keeps no s×s scores, only the fp32 log-sum-exp.
-  sh.flash_attention = true;
+  // SDPA keeps no s×s scores, only the fp32 log-sum-exp; the 1-byte dropout masks after attention
+  // and MLP stay (2sbh of the 34sbh), the attention-probability dropout is regenerated.
+  attention = "sdpa";
   CHECK(run(1, false, "none").activations.per_layer_full == static_cast<int64_t>(sbh * 34 + 4 * a * s * b));
+  CHECK(run(2, false, "none").activations.per_layer_full ==
+        static_cast<int64_t>(sbh * (10 + 24 / 2.0) + 4 * a * s * b / 2));
+}
+
+TEST_CASE("activations: SDPA by default - llama-7b at micro-batch 1 stores 17.12 GiB - eager attention 49.10 GiB") {
+  // Llama-2 7B, bf16 (e = 2), s = 4096, b = 1, h = 4096, a = 32 heads, SwiGLU f = 11008, V = 32000,
+  // 32 layers, no dropout. Per layer, bytes:
+  //   norm inputs, QKV input, MLP input 4e·sbh; Q and the output projection's input (= SDPA's
+  //   output) 2e·sbh; K, V 2e·sbh; SwiGLU gate, up, product 3e·sbf;
+  //   attention core: sdpa the fp32 log-sum-exp 4·a·s·b; eager the softmax output e·a·s²·b.
+  // Plus the output layer: final norm and head inputs 2e·sbh, fp32 logits and their gradient 8·sbV.
+  const int64_t s = 4096, b = 1, h = 4096, a = 32, f = 11008, V = 32000, L = 32, sbh = s * b * h;
+  const int64_t output = 4 * sbh + 8 * s * b * V;
+  const int64_t sdpa_layer = 16 * sbh + 6 * s * b * f + 4 * a * s * b;  // 539,492,352 B = 0.50 GiB
+  const int64_t eager_layer = 16 * sbh + 6 * s * b * f + 2 * a * s * s * b;  // 1.50 GiB: the s² term is 1 GiB
+  const int64_t sdpa_total = L * sdpa_layer + output, eager_total = L * eager_layer + output;
+  CHECK(sdpa_total == 18379440128LL);   // 17.12 GiB
+  CHECK(eager_total == 52722401280LL);  // 49.10 GiB, the figure the estimator printed before SDPA was the default
+
+  EstimateInputs in;
+  in.model.name = "llama-7b";
+  in.model.shape = find_preset("llama-7b")->shape;
+  in.hardware.gpus_per_node = 8;
+  in.setup.precision = "bf16";
+  in.setup.zero_stage = 2;
+  in.search = false;
+  EstimateResult r = estimate(in);  // the default: SDPA
+  CHECK(r.setup.attention == "sdpa");
+  CHECK(r.activations.per_layer_full == sdpa_layer);
+  CHECK(r.per_gpu.activations == sdpa_total);
+  CHECK(format_gib(r.per_gpu.activations) == "17.12GiB");
+  in.setup.attention = "eager";
+  EstimateResult e = estimate(in);
+  CHECK(e.activations.per_layer_full == eager_layer);
+  CHECK(e.per_gpu.activations == eager_total);
+  CHECK(format_gib(e.per_gpu.activations) == "49.10GiB");
+  // The same through a request (the CLI's --attention and tessera.estimate(attention=...)); the
+  // old --flash-attention flag (flash_attention: true/false) still reads as sdpa/eager.
+  json req = {{"preset", "llama-7b"}, {"bf16", true}, {"zero", 2}, {"gpus_per_node", 8}, {"search", false}};
+  CHECK(estimate_json(req)["per_gpu"]["activations_bytes"] == sdpa_total);
+  CHECK(estimate_json(req)["setup"]["attention"] == "sdpa");
+  req["attention"] = "eager";
+  CHECK(estimate_json(req)["per_gpu"]["activations_bytes"] == eager_total);
+  req.erase("attention");
+  req["flash_attention"] = false;
+  CHECK(estimate_json(req)["per_gpu"]["activations_bytes"] == eager_total);
+  req["attention"] = "sdpa";
+  CHECK_THROWS_WITH(estimate_json(req), Catch::Contains("contradicts"));
+  req.erase("flash_attention");
+  req["attention"] = "flash";
+  CHECK_THROWS_WITH(estimate_json(req), Catch::Contains("sdpa or eager"));
 }
 
 TEST_CASE("activations: a 1F1B pipeline's first stage holds `stages` micro-batches of its layers") {
@@ -267,27 +321,103 @@ TEST_CASE("verdict and search: fits or by how much - cheapest options first") {
   // The table covers every stage x offload choice: 1 + 2 + 2 + 6 rows.
   CHECK(r.table.size() == 11);
   REQUIRE_FALSE(r.options.empty());
-  // Least offload first: no option is preceded by a more offloaded one.
-  auto level = [](const OptionRow& o) {  // none < cpu optimizer < + cpu params < nvme optimizer < ...
-    auto cost = [](const std::string& d) { return d == "none" ? 0 : d == "cpu" ? 1 : 3; };
-    return cost(o.offload_optimizer) + cost(o.offload_param);
-  };
-  for (size_t i = 1; i < r.options.size(); ++i) CHECK(level(r.options[i - 1]) <= level(r.options[i]));
+  // Cheapest first: no option is preceded by a costlier one.
+  for (size_t i = 1; i < r.options.size(); ++i)
+    CHECK(r.options[i - 1].cost.total() <= r.options[i].cost.total() * (1 + 1e-9));
   CHECK(r.options.front().offload_optimizer == "none");
-  // The reported micro-batch is the largest power of two that fits.
+  // The reported micro-batch is the largest power of two that fits, and the option's memory is
+  // what that micro-batch needs.
   const OptionRow best = r.options.front();
   EstimateInputs check = in;
   check.search = false;
   check.setup.zero_stage = best.zero_stage;
+  check.setup.activation_checkpointing = best.activation_checkpointing;
   check.setup.micro_batch = best.max_micro_batch;
+  CHECK(best.micro_batch == best.max_micro_batch);
   CHECK(estimate(check).fits);
+  CHECK(estimate(check).per_gpu.total == best.per_gpu);
   check.setup.micro_batch = best.max_micro_batch * 2;
   CHECK_FALSE(estimate(check).fits);
-  // Nothing fits on a tiny GPU: the search retries with full checkpointing, then says so.
+  // Nothing fits on a tiny GPU, even with full checkpointing: the note says so.
   in.hardware.gpu_memory = 2 * kGiB;
   EstimateResult tiny = estimate(in);
   CHECK_FALSE(tiny.fits);
+  CHECK(tiny.options.empty());
   CHECK(contains(tiny.options_note, "checkpointing"));
+}
+
+TEST_CASE("search: every stage x offload x checkpointing that fits - ranked by the cost model - the headline example") {
+  // README's and docs/estimator.md's example: llama-7b, bf16, 8 GPUs of 80 GiB, 1 TiB of CPU memory.
+  EstimateInputs in;
+  in.model.name = "llama-7b";
+  in.model.shape = find_preset("llama-7b")->shape;
+  in.hardware.gpus_per_node = 8;
+  in.hardware.gpu_memory = 80 * kGiB;
+  in.hardware.cpu_memory = 1024 * kGiB;
+  in.setup.precision = "bf16";
+  in.setup.zero_stage = 2;
+  auto find = [](const EstimateResult& r, int stage, const std::string& ckpt, const std::string& offload = "none") {
+    for (const auto& o : r.options)
+      if (o.zero_stage == stage && o.activation_checkpointing == ckpt && o.offload_optimizer == offload &&
+          o.offload_param == "none")
+        return o;
+    FAIL("no option zero_stage=" << stage << " checkpointing " << ckpt << " offload " << offload);
+    return OptionRow{};
+  };
+  EstimateResult r = estimate(in);
+  REQUIRE_FALSE(r.options.empty());
+  const OptionRow& first = r.options.front();
+  INFO(format_estimate(r));
+  // SDPA: ZeRO-2 fits without checkpointing at micro-batch 2, and costs least: no recomputation,
+  // and 4Ψ of fp32 gradients reduce-scattered per micro-step + 2Ψ of bf16 parameters allgathered
+  // per step, where ZeRO-3 allgathers the parameters in the forward and again in the backward.
+  CHECK(first.zero_stage == 2);
+  CHECK(first.activation_checkpointing == "none");
+  CHECK(first.max_micro_batch == 2);
+  CHECK(first.offload_optimizer == "none");
+  CHECK(first.validated);
+  // ZeRO-2 with full checkpointing fits at micro-batch 16 and is in the list, costing one more
+  // forward of the layers: 32 layers of 2·(4h² + 3hf) + 4sh FLOPs per token, against 3 forwards
+  // of the layers and the head (2hV): 0.327 of the compute.
+  const OptionRow z2_full = find(r, 2, "full");
+  CHECK(z2_full.max_micro_batch == 16);
+  const double h = 4096, f = 11008, S = 4096, V = 32000;
+  const double layer = 2 * (4 * h * h + 3 * h * f) + 4 * S * h, forward = 32 * layer + 2 * h * V;
+  CHECK(z2_full.cost.recompute / z2_full.cost.compute == Approx(32 * layer / (3 * forward)).epsilon(1e-9));
+  CHECK(z2_full.cost.recompute / z2_full.cost.compute == Approx(0.327).margin(0.001));
+  // ZeRO-3 without checkpointing fits at the same micro-batch 2 and moves 8Ψ per micro-step to
+  // ZeRO-2's 6Ψ (gas 1): 4/3 of ZeRO-2's communication (Rajbhandari et al.'s 1.5x with 16-bit gradients).
+  const OptionRow z3 = find(r, 3, "none");
+  CHECK(z3.max_micro_batch == 2);
+  CHECK(z3.cost.communication / first.cost.communication == Approx(4.0 / 3).epsilon(1e-3));
+  CHECK(first.cost.total() < z3.cost.total());
+  CHECK(first.cost.total() < z2_full.cost.total());
+  // Every ZeRO-3 option ranks after the first ZeRO-2 one.
+  size_t first_z3 = r.options.size(), first_z2 = r.options.size();
+  for (size_t i = r.options.size(); i-- > 0;) {
+    if (r.options[i].zero_stage == 3) first_z3 = i;
+    if (r.options[i].zero_stage == 2) first_z2 = i;
+  }
+  CHECK(first_z2 < first_z3);
+  // The report shows the cost of each option.
+  const std::string text = format_estimate(r);
+  CHECK(contains(text, "1. zero_stage=2, offload_optimizer=none, offload_param=none, checkpointing none: micro-batch up to 2"));
+  CHECK(contains(text, "; cost 1."));
+
+  // With eager attention (the estimator's old default) nothing at ZeRO-2 fits without
+  // checkpointing; the old search put ZeRO-3 (micro-batch 1) first. ZeRO-2 with checkpointing
+  // fits — full at micro-batch 16, selective (which drops exactly the s² terms) at 2 — and is cheaper.
+  in.setup.attention = "eager";
+  EstimateResult e = estimate(in);
+  REQUIRE_FALSE(e.options.empty());
+  INFO(format_estimate(e));
+  CHECK(e.options.front().zero_stage == 2);
+  CHECK(e.options.front().activation_checkpointing != "none");
+  CHECK(find(e, 2, "full").max_micro_batch == 16);
+  CHECK(find(e, 3, "none").max_micro_batch == 1);
+  CHECK(e.options.front().cost.total() < find(e, 3, "none").cost.total());
+  for (const auto& o : e.options)
+    CHECK_FALSE((o.zero_stage <= 2 && o.activation_checkpointing == "none" && o.offload_optimizer == "none"));
 }
 
 TEST_CASE("the CPU and NVMe capacities are checked when given") {
@@ -377,6 +507,14 @@ TEST_CASE("tessera estimate: the table - the verdict as exit status - --json") {
   json parsed = json::parse(j.output);
   CHECK(parsed["fits"] == false);
   CHECK(parsed["per_gpu"]["model_states_bytes"] == 140000000000LL + 140000000000LL);
+  auto eager = tessera::testing::run({TESSERA_CLI_PATH, "estimate", "--preset", "llama-7b", "--bf16", "--zero", "2",
+                                      "--gpus-per-node", "8", "--attention", "eager", "--json"},
+                                     {}, 60);
+  INFO(eager.output);
+  json eager_json = json::parse(eager.output);
+  CHECK(eager_json["setup"]["attention"] == "eager");
+  CHECK(eager_json["per_gpu"]["activations_bytes"] == 52722401280LL);
+  CHECK(eager_json["options"].at(0)["cost"]["relative"].get<double>() >= 1.0);
   auto bad = tessera::testing::run({TESSERA_CLI_PATH, "estimate", "--preset", "nope"}, {}, 60);
   CHECK(bad.status == 2);
   CHECK(contains(bad.output, "unknown preset"));

@@ -34,7 +34,7 @@ std::string gpt_config(int micro, int stage) {
 }  // namespace
 
 TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 and 2) reach the same loss on the same global batch") {
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, 29961);
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
   INFO(one.output);
   REQUIRE(one.status == 0);
   const double reference = final_loss(one.output);
@@ -42,7 +42,7 @@ TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 and 2) reach the same loss on t
   CHECK(reference < 5.4);  // from ln(256) = 5.55 at the start
   CHECK(contains(one.output, "step 10 | loss "));
   for (int stage : {1, 2}) {
-    auto two = run_example(TESSERA_TRAIN_GPT_PATH, 2, gpt_config(8, stage), 10, 29962 + stage);
+    auto two = run_example(TESSERA_TRAIN_GPT_PATH, 2, gpt_config(8, stage), 10, tessera::testing::free_port());
     INFO(two.output);
     REQUIRE(two.status == 0);
     CHECK(std::abs(final_loss(two.output) - reference) < 1e-4);
@@ -54,7 +54,7 @@ TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
                        R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 10,
                            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
                            "zero_optimization": {"stage": 2}})",
-                       30, 29965);
+                       30, tessera::testing::free_port());
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(final_loss(r.output) > 0);

@@ -1,6 +1,11 @@
 // Rendezvous from each launcher's environment, and a rank that never arrives.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "parallel/rendezvous.h"
 #include "subprocess.h"
 
@@ -66,7 +71,7 @@ TEST_CASE("a rank that never arrives makes the others fail within the timeout na
   // Rank 0 of 3 alone (ranks 1 and 2 are never started).
   auto r = tessera::testing::run({TESSERA_WORKER_PATH, "context"},
                                  {{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"},
-                                  {"MASTER_PORT", "29731"}, {"TESSERA_TIMEOUT_S", "2"}},
+                                  {"MASTER_PORT", std::to_string(tessera::testing::free_port())}, {"TESSERA_TIMEOUT_S", "2"}},
                                  30);
   CHECK(r.status == 1);
   CHECK(r.seconds < 10);
@@ -77,9 +82,43 @@ TEST_CASE("a rank that never arrives makes the others fail within the timeout na
 TEST_CASE("a rank whose master never arrives fails within the timeout naming rank 0") {
   auto r = tessera::testing::run({TESSERA_WORKER_PATH, "context"},
                                  {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                  {"MASTER_PORT", "29732"}, {"TESSERA_TIMEOUT_S", "2"}},
+                                  {"MASTER_PORT", std::to_string(tessera::testing::free_port())}, {"TESSERA_TIMEOUT_S", "2"}},
                                  30);
   CHECK(r.status == 1);
   CHECK(r.seconds < 15);
   CHECK(contains(r.output, "rank 0 never arrived"));
+}
+
+TEST_CASE("a port in use is reported with the way to change it, and no C++ backtrace") {
+  // A listening socket holds the port, so rank 0 cannot host the store there.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t length = sizeof(addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+
+  // Under tessera launch only --master-port changes the port (before: "set MASTER_PORT").
+  auto launched = tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", "1", "--master-port", port,
+                                         "--timeout", "5", "--", TESSERA_WORKER_PATH, "context"},
+                                        {}, 60);
+  // Started by hand (or another launcher), the variable is the way.
+  auto by_hand = tessera::testing::run({TESSERA_WORKER_PATH, "context"},
+                                       {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                        {"MASTER_PORT", port}, {"TESSERA_TIMEOUT_S", "5"}},
+                                       60);
+  ::close(fd);
+  INFO(launched.output << "\n----\n" << by_hand.output);
+  CHECK(launched.status != 0);
+  CHECK(contains(launched.output, "could not host the rendezvous store"));
+  CHECK(contains(launched.output, "--master-port"));
+  CHECK_FALSE(contains(launched.output, "set MASTER_PORT"));
+  CHECK_FALSE(contains(launched.output, "frame #"));  // torch's backtrace stays out of the message
+  CHECK(by_hand.status != 0);
+  CHECK(contains(by_hand.output, "set MASTER_PORT to a free port"));
 }

@@ -1,11 +1,12 @@
 #include "zero/zero_optimizer.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -19,12 +20,13 @@ namespace tessera {
 struct ZeroOptimizer::Group {
   FlatLayout layout;
   std::vector<at::Tensor> params;  // the model's tensors, now views into `compute`
+  std::vector<std::string> names;  // for error messages
   at::Tensor compute;              // flat, compute dtype: what the model reads
   at::Tensor master;               // fp32 local shard (mixed precision only)
   at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stage 2)
   std::vector<at::Tensor> staging; // stage 2: a bucket's gradients while it fills
   std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
-  std::vector<bool> launched;      // per bucket: reduction launched this micro-step
+  std::vector<bool> arrived;       // per parameter: its gradient arrived this micro-step
   std::vector<ShardSegment> segments;  // this rank's chunks as views: built once, buffers never move
   std::unique_ptr<FlatOptimizer> optimizer;
   double lr_scale = 1;
@@ -62,7 +64,8 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
       bucket_numel_(config.zero_optimization.reduce_bucket_size),
       allgather_numel_(config.zero_optimization.allgather_bucket_size),
       data_(parallel.data()),
-      compute_dtype_(compute_dtype_of(config)) {
+      compute_dtype_(compute_dtype_of(config)),
+      ignore_unused_parameters_(config.zero_optimization.ignore_unused_parameters) {
   if (!config.optimizer)
     throw std::invalid_argument("tessera: the config has no \"optimizer\" section; the engine needs one "
                                 "(client-side optimizers are not supported)");
@@ -80,33 +83,29 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
     auto& spec = model.groups[gi];
     auto g = std::make_unique<Group>();
     std::vector<int64_t> numels;
-    for (auto& p : spec.params) {
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const auto& p = spec.params[i];
+      g->names.push_back(i < spec.param_names.size() && !spec.param_names[i].empty()
+                             ? spec.param_names[i]
+                             : "group '" + spec.name + "' parameter " + std::to_string(i));
       if (!p.defined() || !p.requires_grad() || !p.is_leaf())
-        throw std::invalid_argument("tessera: parameter " + std::to_string(numels.size()) + " of group " +
-                                    std::to_string(gi) + " must be a defined leaf tensor that requires grad");
+        throw std::invalid_argument("tessera: " + g->names.back() + " must be a defined leaf tensor that requires grad");
+      if (p.device() != data_.device())
+        throw std::invalid_argument("tessera: " + g->names.back() + " is on " + p.device().str() +
+                                    ", but the data-parallel group's collectives run on " + data_.device().str() +
+                                    " (move the model there before initializing the engine)");
       if (!seen.insert(p.unsafeGetTensorImpl()).second)
-        throw std::invalid_argument("tessera: a parameter appears twice in the model description");
+        throw std::invalid_argument("tessera: a parameter appears twice in the model description (" +
+                                    g->names.back() + ")");
       numels.push_back(p.numel());
     }
     if (numels.empty()) continue;
     g->layout = FlatLayout::build(numels, partitions, bucket_numel_);
     const auto& L = g->layout;
-    const auto device = spec.params.front().device();
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-
-    // Copy the initial values straight from the model's tensors: into the compute buffer (cast),
-    // and, with mixed precision, this rank's pieces into the fp32 master shard (exact, not
-    // rounded through the compute dtype). No full fp32 copy is made, so construction peaks at the
-    // model's own tensors plus the compute buffer plus the master shard.
-    g->compute = at::zeros({L.total}, f32.dtype(compute_dtype_));
-    for (size_t i = 0; i < spec.params.size(); ++i)
-      g->compute.narrow(0, L.params[i].offset, L.params[i].numel).copy_(spec.params[i].detach().reshape({-1}));
-    if (compute_dtype_ != at::kFloat) {
-      g->master = at::zeros({L.shard_numel}, f32);
-      for (const ShardPiece& piece : L.pieces(rank))
-        g->master.narrow(0, piece.local_offset, piece.numel)
-            .copy_(spec.params[piece.param].detach().reshape({-1}).narrow(0, piece.param_offset, piece.numel));
-    }
+    const auto f32 = data_.options(at::kFloat);
+    g->compute = at::empty({L.total}, f32.dtype(compute_dtype_));
+    if (compute_dtype_ != at::kFloat) g->master = at::empty({L.shard_numel}, f32);
+    fill_from_model(*g, spec, rank);
 
     // The model's tensors become views into the compute buffer (same objects, new storage).
     for (size_t i = 0; i < spec.params.size(); ++i) {
@@ -120,8 +119,11 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
     g->segments = make_segments(*g);
     g->staging.resize(L.buckets.size());
     g->pending.resize(L.buckets.size());
-    g->launched.assign(L.buckets.size(), false);
-    for (size_t b = 0; b < L.buckets.size(); ++b) g->pending[b] = static_cast<int>(L.buckets[b].params.size());
+    g->arrived.assign(L.params.size(), false);
+    for (size_t b = 0; b < L.buckets.size(); ++b) {
+      g->pending[b] = static_cast<int>(L.buckets[b].params.size());
+      launch_order_.emplace_back(static_cast<int>(groups_.size()), static_cast<int>(b));
+    }
 
     LambContext lamb;
     lamb.pieces = L.pieces(rank);
@@ -135,11 +137,42 @@ ZeroOptimizer::ZeroOptimizer(const Config& config, ParallelContext& parallel, Mo
   if (groups_.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
 }
 
-ZeroOptimizer::~ZeroOptimizer() {
-  try {
-    wait_all();
-  } catch (...) {
+// Fills the compute buffer and the fp32 master shard from the model's tensors AS DATA-PARALLEL
+// RANK 0 HOLDS THEM, as DDP and DeepSpeed do at construction: ranks that initialized their model
+// differently (another seed) start from identical parameters. The values travel in fp32 (the
+// master shard is exact, not rounded through the compute dtype), one broadcast per piece of at
+// most 2^24 elements of each bucket: no per-parameter collectives, and a transient of at most
+// 64 MiB on top of the model's tensors, the compute buffer and the master shard.
+void ZeroOptimizer::fill_from_model(Group& g, const ParamGroup& spec, int rank) {
+  constexpr int64_t kPiece = int64_t(1) << 24;
+  const FlatLayout& L = g.layout;
+  const bool broadcast = data_.size() > 1;
+  for (const FlatBucket& k : L.buckets) {
+    for (int64_t begin = 0; begin < k.numel; begin += kPiece) {
+      const int64_t end = std::min(k.numel, begin + kPiece);  // [begin, end) of the bucket
+      at::Tensor values = at::zeros({end - begin}, data_.options(at::kFloat));  // padding stays 0
+      for (int p : k.params) {
+        const int64_t p_begin = L.params[p].offset - k.offset, p_end = p_begin + L.params[p].numel;
+        const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
+        if (lo >= hi) continue;
+        values.narrow(0, lo - begin, hi - lo)
+            .copy_(spec.params[p].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+      }
+      if (broadcast) data_.broadcast(values, 0);
+      g.compute.narrow(0, k.offset + begin, end - begin).copy_(values);
+      if (!g.mixed()) continue;
+      // This rank's chunk of the bucket is [rank·shard, (rank+1)·shard): its part inside this piece.
+      const int64_t lo = std::max(begin, rank * k.shard), hi = std::min(end, (rank + 1) * k.shard);
+      if (lo < hi) g.master.narrow(0, k.shard_offset + lo - rank * k.shard, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+    }
   }
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  // Reductions still in flight here were launched by a backward that threw or a step that failed:
+  // waiting could block for the timeout per collective, and their results are not wanted. The
+  // c10d work objects keep their tensors alive until the backend is done with them.
+  in_flight_.clear();
   // The hooks point at this object: take them off the parameters, which may outlive the engine.
   for (auto& g : groups_)
     for (auto& p : g->params) {
@@ -162,11 +195,20 @@ void ZeroOptimizer::on_grad_ready(int group, int param, const at::Tensor& grad) 
     if (!g.staging[fp.bucket].defined()) g.staging[fp.bucket] = acquire_staging(b.numel);
     g.staging[fp.bucket].narrow(0, fp.offset - b.offset, fp.numel).add_(flat);
   }
-  if (--g.pending[fp.bucket] == 0 && (stage_ == 2 || boundary_)) launch_bucket(g, fp.bucket);
+  g.arrived[param] = true;
+  if (--g.pending[fp.bucket] == 0 && communicates()) launch_ready_buckets();
+}
+
+void ZeroOptimizer::launch_ready_buckets() {
+  while (next_launch_ < launch_order_.size()) {
+    auto [group, bucket] = launch_order_[next_launch_];
+    if (groups_[group]->pending[bucket] != 0) return;  // a bucket before the rest is not complete yet
+    ++next_launch_;
+    launch_bucket(*groups_[group], bucket);
+  }
 }
 
 void ZeroOptimizer::launch_bucket(Group& g, int bucket) {
-  g.launched[bucket] = true;
   const FlatBucket& b = g.layout.buckets[bucket];
   const int dp = data_.size();
   if (stage_ == 0) {
@@ -246,16 +288,62 @@ void ZeroOptimizer::wait_all() {
   while (!in_flight_.empty()) wait_oldest();
 }
 
+std::string ZeroOptimizer::unused_parameters() const {
+  std::string names;
+  int count = 0;
+  for (const auto& g : groups_)
+    for (size_t i = 0; i < g->arrived.size(); ++i)
+      if (!g->arrived[i] && ++count <= 20) names += (names.empty() ? "" : ", ") + g->names[i];
+  if (count > 20) names += ", ... (" + std::to_string(count) + " in all)";
+  return names;
+}
+
+void ZeroOptimizer::reset_bucket_counters() {
+  for (auto& g : groups_) {
+    for (size_t b = 0; b < g->layout.buckets.size(); ++b)
+      g->pending[b] = static_cast<int>(g->layout.buckets[b].params.size());
+    std::fill(g->arrived.begin(), g->arrived.end(), false);
+  }
+  next_launch_ = 0;
+}
+
 void ZeroOptimizer::end_backward() {
-  for (auto& gp : groups_) {
-    Group& g = *gp;
-    for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
-      if (!g.launched[b] && (stage_ == 2 || boundary_)) launch_bucket(g, static_cast<int>(b));
-      g.launched[b] = false;
-      g.pending[b] = static_cast<int>(g.layout.buckets[b].params.size());
+  if (!ignore_unused_parameters_) {
+    std::string unused = unused_parameters();
+    if (!unused.empty()) {
+      abort_backward();
+      throw std::runtime_error(
+          "tessera: these parameters received no gradient in this backward: " + unused +
+          ". Every rank must reduce every bucket, so with zero_optimization.ignore_unused_parameters false "
+          "an unused parameter is an error; set it to true (DeepSpeed's default) to treat missing "
+          "gradients as zero, or make the forward use them.");
     }
   }
+  // Whatever has not been launched yet goes now, in the fixed order; missing gradients are zero.
+  if (communicates()) {
+    while (next_launch_ < launch_order_.size()) {
+      auto [group, bucket] = launch_order_[next_launch_++];
+      launch_bucket(*groups_[group], bucket);
+    }
+  }
+  reset_bucket_counters();
   wait_all();
+}
+
+void ZeroOptimizer::abort_backward() {
+  reset_bucket_counters();
+  try {
+    wait_all();  // the reductions this rank launched (its peers launched them too when all were interrupted)
+  } catch (const CommError&) {
+    in_flight_.clear();  // a peer did not take part: those results are lost with the rest
+  }
+  for (auto& g : groups_) {
+    for (auto& staging : g->staging) {
+      if (staging.defined()) staging_free_.push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging);
+      staging = at::Tensor();
+    }
+  }
+  zero_grad();
 }
 
 std::vector<ShardSegment> ZeroOptimizer::make_segments(const Group& g) const {
@@ -272,15 +360,6 @@ std::vector<ShardSegment> ZeroOptimizer::make_segments(const Group& g) const {
     out.push_back(s);
   }
   return out;
-}
-
-double ZeroOptimizer::local_grad_sumsq(Group& g) {
-  double sumsq = 0;
-  for (const auto& s : g.segments) {
-    const double n = s.grads.norm().item<double>();
-    sumsq += n * n;
-  }
-  return sumsq;
 }
 
 void ZeroOptimizer::allgather_parameters(Group& g) {
@@ -303,40 +382,32 @@ void ZeroOptimizer::allgather_parameters(Group& g) {
   for (auto& p : pending) p.first.wait();
 }
 
-ZeroStepResult ZeroOptimizer::step(double loss_scale, double clip, const StepInputs& inputs) {
+double ZeroOptimizer::global_grad_sumsq() {
   wait_all();
-  ZeroStepResult result;
-  // One norm for all groups and ranks, and with it the overflow decision, alike on every rank with
-  // no extra collective: at stage 0 every rank holds the same averaged gradients (an inf/nan on
-  // one rank reached all of them through the allreduce); at stages 1–2 the sum of the shards'
-  // squares over the data-parallel group carries an inf/nan from any rank. (The engine runs pure
-  // data parallelism today, so the data group is the world; model-parallel groups will add a MAX.)
-  double sumsq = 0;
-  for (auto& g : groups_) sumsq += local_grad_sumsq(*g);
-  if (stage_ > 0 && data_.size() > 1) {
-    at::Tensor total = at::full({1}, sumsq, at::kDouble);
-    data_.all_reduce(total);
-    sumsq = total.item<double>();
-  }
-  if (!std::isfinite(sumsq)) {
-    result.overflow = true;
-    result.grad_norm = std::numeric_limits<double>::quiet_NaN();
-    return result;
-  }
-  result.grad_norm = std::sqrt(sumsq) / loss_scale;
-  double coef = 1.0 / loss_scale;
-  if (clip > 0 && result.grad_norm > clip) coef *= clip / (result.grad_norm + 1e-6);  // DeepSpeed's rule
+  // One sum for all groups and ranks, alike on every rank with no extra collective at stage 0:
+  // there every rank holds the same averaged gradients (an inf/nan on one rank reached all of them
+  // through the allreduce); at stages 1–2 the sum of the shards' squares over the data-parallel
+  // group carries an inf/nan from any rank. The squares are summed on the gradients' device; the
+  // one host synchronization of the step is reading the total. (The engine runs pure data
+  // parallelism today, so the data group is the world; model-parallel groups will add theirs.)
+  std::vector<at::Tensor> norms;
+  for (auto& g : groups_)
+    for (const auto& s : g->segments) norms.push_back(s.grads.norm());
+  at::Tensor total = at::stack(norms).to(at::kDouble).square_().sum().reshape({1});
+  if (stage_ > 0 && data_.size() > 1) data_.all_reduce(total);
+  return total.item<double>();
+}
 
+void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   for (auto& gp : groups_) {
     Group& g = *gp;
     StepInputs in = inputs;
     in.lr = inputs.lr * g.lr_scale;
     in.weight_decay = g.weight_decay;
-    in.grad_scale = coef;
+    in.grad_scale = grad_scale;
     g.optimizer->step(in, g.segments);  // also writes the compute copy of this rank's chunks
     if (stage_ > 0 && data_.size() > 1) allgather_parameters(g);
   }
-  return result;
 }
 
 void ZeroOptimizer::zero_grad() {

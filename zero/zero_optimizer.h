@@ -34,11 +34,6 @@ namespace tessera {
 
 class ParallelContext;
 
-struct ZeroStepResult {
-  bool overflow = false;
-  double grad_norm = 0;  // global, unscaled, before clipping
-};
-
 class ZeroOptimizer {
  public:
   ZeroOptimizer(const Config& config, ParallelContext& parallel, ModelDescription& model);
@@ -46,12 +41,21 @@ class ZeroOptimizer {
 
   // Whether the coming backward ends a gradient accumulation (stages 0/1 communicate only then).
   void begin_backward(bool boundary);
-  // After autograd: launch the buckets still waiting (unused parameters) and wait for every reduction.
+  // After autograd: launch the buckets still waiting (parameters with no gradient count as zero),
+  // in the fixed order, and wait for every reduction. With ignore_unused_parameters false, a
+  // parameter without a gradient is an error naming it.
   void end_backward();
+  // After autograd threw (a caught KeyboardInterrupt, out of memory): waits for the reductions
+  // already launched, resets the bucket counters and discards the gradients accumulated since the
+  // last optimizer step (they mix the interrupted micro-step in), so the next backward starts clean.
+  void abort_backward();
 
-  // The optimizer step on this rank's shard, then the allgather of the updated parameters.
-  // `loss_scale` divides the gradients; `clip` is gradient_clipping (0: none).
-  ZeroStepResult step(double loss_scale, double clip, const StepInputs& inputs);
+  // Waits for every reduction; the sum of squares of all gradients (still loss-scaled) over the
+  // data-parallel group: non-finite when any rank's gradients overflowed.
+  double global_grad_sumsq();
+  // The optimizer on this rank's shard with the gradients multiplied by `grad_scale` (1/loss scale
+  // × the clipping coefficient), then the allgather of the updated parameters (stages 1–2).
+  void apply(double grad_scale, const StepInputs& inputs);
   void zero_grad();
   MemoryReport memory() const;
 
@@ -64,13 +68,17 @@ class ZeroOptimizer {
     CommHandle handle;
     std::function<void()> finish;
   };
+  bool communicates() const { return stage_ == 2 || boundary_; }  // this micro-step reduces gradients
+  void launch_ready_buckets();
   void launch_bucket(Group& g, int bucket);
+  void reset_bucket_counters();
+  std::string unused_parameters() const;
   at::Tensor acquire_staging(int64_t numel);
   at::Tensor receive_buffer(int64_t numel);
   void wait_oldest();
   void wait_all();
   std::vector<ShardSegment> make_segments(const Group& g) const;
-  double local_grad_sumsq(Group& g);
+  void fill_from_model(Group& g, const ParamGroup& spec, int rank);
   void allgather_parameters(Group& g);
 
   int stage_;
@@ -78,7 +86,13 @@ class ZeroOptimizer {
   Communicator& data_;
   at::ScalarType compute_dtype_;
   std::vector<std::unique_ptr<Group>> groups_;
+  bool ignore_unused_parameters_;
   bool boundary_ = true;
+  // Buckets are reduced in one fixed order on every rank (group by group, bucket by bucket, which
+  // is the order backward fills them): a bucket waits for the ones before it, so a parameter that
+  // one rank skips cannot reorder the collectives across ranks.
+  std::vector<std::pair<int, int>> launch_order_;  // (group, bucket)
+  size_t next_launch_ = 0;
   std::deque<InFlight> in_flight_;
   std::vector<at::Tensor> staging_free_;
   int64_t staging_bytes_ = 0;                          // staging buffers allocated (stage 2)

@@ -1,10 +1,15 @@
 // `tessera config check FILE [--world-size N] [--unknown-keys warn]`: prints the effective config
-// with every default filled in (exit 0), or every error with its JSON path (exit 1).
+// with every default filled in (exit 0), or every error with its JSON path (exit 1). Besides the
+// config's own errors, it names the keys the engine does not act on yet (engine/config_support.h):
+// warnings, or errors where the engine refuses the config (ZeRO-3, offload, tensor or pipeline
+// parallelism, 1-bit Adam, no optimizer section). Warnings and errors go to stderr, the
+// effective config to stdout.
 #include <cstdio>
 #include <iostream>
 
 #include "engine/cli/commands.h"
 #include "engine/config_io.h"
+#include "engine/config_support.h"
 
 namespace tessera {
 
@@ -25,8 +30,8 @@ int check_config(const std::string& file, int world_size, const std::string& unk
   if (json) {
     ParseOptions options;
     if (!unknown_keys.empty()) options.unknown_keys = unknown_keys;
-    config = parse_config(*json, report, options);
-    if (report.ok()) layout = resolve_config(config, world_size, report);
+    config = parse_and_resolve_config(*json, world_size, report, &layout, options);
+    add_engine_support_issues(config, report);
   }
   std::cerr << report.warnings();
   if (!report.ok()) {
@@ -50,7 +55,9 @@ int check_config(const std::string& file, int world_size, const std::string& unk
 void register_config_command(CLI::App& app, int& exit_code) {
   auto* config = app.add_subcommand("config", "Work with DeepSpeed-compatible training configs");
   config->require_subcommand(1);
-  auto* check = config->add_subcommand("check", "Print the effective config with every default filled in, or all errors");
+  auto* check = config->add_subcommand(
+      "check", "Print the effective config with every default filled in, or all errors; name the keys the engine "
+               "does not act on yet");
   struct Args {
     std::string file;
     int world_size = 1;

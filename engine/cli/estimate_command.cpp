@@ -20,7 +20,7 @@ namespace {
 struct EstimateFlags {
   std::optional<std::string> params, largest_layer_params;
   std::optional<int64_t> layers, hidden, heads, kv_heads, ffn, vocab, seq_len, max_positions;
-  std::optional<std::string> mlp, norm, preset, config;
+  std::optional<std::string> mlp, norm, preset, config, attention;
   std::optional<int> zero;
   std::optional<std::string> offload_optimizer, offload_param, optimizer, precision;
   bool bf16 = false, fp16 = false;
@@ -31,6 +31,7 @@ struct EstimateFlags {
   CLI::Option* checkpointing_flag = nullptr;
   std::optional<std::string> gpu_mem, cpu_mem, nvme, device, device_overhead, host_overhead;
   std::optional<double> fragmentation;
+  std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw;
 };
 
 // "7B", "6.74e9", "131M", "842496" -> a count.
@@ -73,6 +74,9 @@ nlohmann::json request_from(const EstimateFlags& f) {
   put("param_groups", f.param_groups), put("gpus_per_node", f.gpus_per_node), put("nodes", f.nodes);
   if (f.sequence_parallel) j["sequence_parallel"] = true;
   if (f.flash_attention) j["flash_attention"] = true;
+  put("attention", f.attention);
+  put("gpu_tflops", f.gpu_tflops), put("intra_node_bw", f.intra_node_bw), put("inter_node_bw", f.inter_node_bw);
+  put("pcie_bw", f.pcie_bw), put("host_mem_bw", f.host_mem_bw), put("nvme_bw", f.nvme_bw);
   if (f.checkpointing_flag->count() > 0)
     j["activation_checkpointing"] = f.activation_checkpointing.empty() ? "full" : f.activation_checkpointing;
   put("gpu_mem", f.gpu_mem), put("cpu_mem", f.cpu_mem), put("nvme", f.nvme), put("device", f.device);
@@ -130,7 +134,11 @@ void register_estimate_command(CLI::App& app, int& exit_code) {
   sub->add_option("--max-positions", f->max_positions, "Learned position embeddings (GPT-2; 0: rotary)")->group("Model");
   sub->add_option("--mlp", f->mlp, "gelu (2 matrices) or swiglu (3)")->check(CLI::IsMember({"gelu", "swiglu"}))->group("Model");
   sub->add_option("--norm", f->norm, "layernorm or rmsnorm")->check(CLI::IsMember({"layernorm", "rmsnorm"}))->group("Model");
-  sub->add_flag("--flash-attention", f->flash_attention, "Fused attention: no s x s scores stored")->group("Model");
+  sub->add_option("--attention", f->attention,
+                  "What attention stores: sdpa (default: scaled_dot_product_attention, no s x s scores) or eager "
+                  "(written out: s x s scores, softmax and dropout masks per head)")
+      ->check(CLI::IsMember({"sdpa", "eager"}))->group("Model");
+  sub->add_flag("--flash-attention", f->flash_attention, "Same as --attention sdpa (the default)")->group("Model");
   // The training setup.
   sub->add_option("--config", f->config, "tessera/DeepSpeed config JSON; flags override its keys")->group("Training");
   sub->add_option("--zero", f->zero, "ZeRO stage 0-3")->check(CLI::Range(0, 3))->group("Training");
@@ -169,6 +177,15 @@ void register_estimate_command(CLI::App& app, int& exit_code) {
   sub->add_option("--device-overhead", f->device_overhead, "Per GPU: CUDA context and workspaces (1GiB)")->group("Hardware");
   sub->add_option("--host-overhead", f->host_overhead, "Per rank process on the host (1GiB; 0.5GiB with --device cpu)")
       ->group("Hardware");
+  // The cost model's rates (docs/estimator.md, "Ranking: the cost model").
+  sub->add_option("--gpu-tflops", f->gpu_tflops, "Achieved TFLOP/s per GPU in the compute dtype (150 bf16/fp16, 15 fp32)")
+      ->group("Cost model");
+  sub->add_option("--intra-node-bw", f->intra_node_bw, "Collective bus bandwidth within a node, GB/s (200)")->group("Cost model");
+  sub->add_option("--inter-node-bw", f->inter_node_bw, "Per GPU between nodes, GB/s (25)")->group("Cost model");
+  sub->add_option("--pcie-bw", f->pcie_bw, "Host <-> GPU per GPU, GB/s (20)")->group("Cost model");
+  sub->add_option("--host-mem-bw", f->host_mem_bw, "Host memory bandwidth per node, GB/s (100): the CPU optimizer")
+      ->group("Cost model");
+  sub->add_option("--nvme-bw", f->nvme_bw, "NVMe bandwidth per node, GB/s (6)")->group("Cost model");
   // Output.
   sub->add_option("--max-micro-batch", f->max_micro_batch, "Largest micro-batch the search tries (1024)")->group("Output");
   sub->add_flag("--no-search", f->no_search, "Only the given configuration: no table, no options")->group("Output");

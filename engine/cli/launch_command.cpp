@@ -57,7 +57,7 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& extras)
   try {
     std::vector<std::string> warnings;
     LaunchConfig config = load_launch_config(flags.config, overrides_from(flags), &warnings);
-    for (const auto& w : warnings) std::cerr << "tessera launch: " << w << "\n";
+    for (const auto& w : warnings) std::cerr << "tessera launch: warning: " << w << "\n";
     return launch(config, flags.command);
   } catch (const ConfigError& e) {
     std::cerr << "tessera launch: " << e.what();

@@ -159,8 +159,8 @@ class Engine:
         self.compute_dtype = first.dtype  # after the engine took the parameters over: bf16/fp16/fp32
         self._micro = self.config["train_micro_batch_size_per_gpu"]
         self._recorded = False  # record_batch() called since the last backward
-        self._step_losses = []
-        self.last_step_loss = None  # the last optimizer step's loss on this rank (mean of its micro-steps)
+        self._step_losses = []  # this step's micro-batch losses, as tensors: read from the device only when needed
+        self._last_step_loss = None
         self._step_samples = 0
         self._step_tokens = 0
         self._step_start = time.perf_counter()
@@ -232,7 +232,7 @@ class Engine:
         if not self._recorded:
             self.record_batch(self._micro)
         self._c.backward(loss)
-        self._step_losses.append(self._c.last_loss)
+        self._step_losses.append(loss.detach().reshape(()))
         self._recorded = False
         return loss
 
@@ -250,14 +250,16 @@ class Engine:
         losses, samples, tokens = self._step_losses, self._step_samples, self._step_tokens
         self._step_losses, self._step_samples, self._step_tokens = [], 0, 0
         self._step_start = now
-        self.last_step_loss = sum(losses) / len(losses) if losses else float("nan")
+        self._last_step_loss = torch.stack(losses).double().mean() if losses else None
         if self.monitor is None:
             return
-        loss = self.last_step_loss
-        if self.dp_world_size > 1:  # every rank joins: the step's loss averaged over the data-parallel ranks
-            t = torch.tensor([loss], dtype=torch.float64)
+        if self.dp_world_size > 1:  # every rank joins: the step's loss averaged over the data-parallel ranks,
+            # on the device the data group's collectives take (CPU for Gloo, this rank's GPU for NCCL)
+            t = self._last_step_loss.reshape(1).to(self._c.context.device)
             self._c.context.all_reduce(t, "avg", "data")
             loss = t.item()
+        else:
+            loss = self.last_step_loss
         record = {
             "step": self.global_steps,
             "loss": loss,
@@ -282,6 +284,13 @@ class Engine:
         return self._c.is_gradient_accumulation_boundary()
 
     # --- state ------------------------------------------------------------------------------------
+    @property
+    def last_step_loss(self):
+        """The last optimizer step's loss on this rank (mean of its micro-steps); None before the first."""
+        if self._last_step_loss is None:
+            return None
+        return self._last_step_loss.item()
+
     @property
     def global_steps(self):
         """Optimizer steps taken (skipped fp16 overflow steps included, as in DeepSpeed)."""

@@ -3,12 +3,13 @@ KeyboardInterrupt as soon as the engine call it is in returns (backward/step rel
 return within a step), so the job ends with status 130 well within the launcher's grace period (5 s,
 after which it would SIGKILL). A rank waiting in the rendezvous (C++, minutes) has SIGINT's default
 action for that wait and ends at once."""
+import os
 import signal
 import subprocess
 import sys
 import time
 
-from conftest import CLI, ROOT, child_env, free_port
+from conftest import CLI, HERE, ROOT, child_env, free_port
 
 GRACE_S = 5
 
@@ -63,3 +64,21 @@ def test_ctrl_c_during_the_rendezvous_stops_at_once():
     out, seconds = interrupt(proc)
     assert proc.returncode == 130, out
     assert "killed after" not in out and seconds < GRACE_S, out
+
+
+def test_a_dead_peer_gives_a_comm_error_without_cpp_backtrace():
+    # Started directly, not through the launcher (which would stop the survivor itself).
+    env = child_env(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), TESSERA_TIMEOUT_S="30",
+                    OMP_NUM_THREADS="1")
+    ranks = [subprocess.Popen([sys.executable, os.path.join(HERE, "interrupt_worker.py"), "die"],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    out0 = ranks[0].communicate(timeout=120)[0]
+    ranks[1].communicate(timeout=120)
+    assert ranks[1].returncode == 3
+    assert ranks[0].returncode == 1, out0
+    assert "error type CommError" in out0, out0
+    assert "group 'data'" in out0 or "group 'world'" in out0, out0
+    # torch's C++ backtrace ("frame #3: ...", "Exception raised from ...") stays out of the message.
+    assert "frame #" not in out0, out0
+    assert "Exception raised from" not in out0, out0

@@ -1,0 +1,228 @@
+// The table of config keys the engine does not act on yet (engine/config_support.h), and the
+// check that names the ones a config sets to anything but a value that changes nothing.
+//
+// Which keys are here was found by reading the code: a key is on the list when nothing in engine/,
+// zero/, optim/ reads its Config field (or reads it only to refuse it). What the engine does read:
+// the batch triple; optimizer type and params (Adam/AdamW: lr, betas, eps, weight_decay,
+// bias_correction, adam_w_mode; SGD: momentum, dampening, nesterov; Lamb: max_coeff, min_coeff);
+// every scheduler key; fp16.*, bf16.enabled, gradient_clipping, steps_per_print,
+// wall_clock_breakdown; zero_optimization.stage, reduce_bucket_size, allgather_bucket_size,
+// ignore_unused_parameters; tensor_parallel.tp_size and pipeline.stages (checked against the
+// parallel context); pipeline.micro_batches (must equal gradient_accumulation_steps);
+// unknown_keys (the parser); csv_monitor (the Python API writes the metrics).
+#include "engine/config_support.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace tessera {
+
+using nlohmann::json;
+using Severity = ConfigIssue::Severity;
+
+namespace {
+
+constexpr Severity kError = Severity::Error;
+constexpr Severity kWarning = Severity::Warning;
+
+const char* const kStage = "zero_optimization.stage";
+const char* const kOffloadOptimizer = "zero_optimization.offload_optimizer.device";
+const char* const kOffloadParam = "zero_optimization.offload_param.device";
+const char* const kPipeline = "pipeline.stages";
+const char* const kOptimizerType = "optimizer.type";
+
+// Errors first: a warning folds into the error that covers it, so errors are decided first.
+const std::vector<UnimplementedKey> kRows = {
+    // ---- errors: ignoring these would change the result
+    {kStage, kError, "[0, 1, 2]", "the engine runs ZeRO stages 0, 1 and 2, not stage 3's partitioned parameters", {}},
+    {kOffloadOptimizer, kError, R"(["none"])",
+     "the engine keeps the optimizer states on the training device, without CPU or NVMe offload", {}},
+    {kOffloadParam, kError, R"(["none"])",
+     "the engine keeps the parameters on the training device, without CPU or NVMe offload", {}},
+    {"tensor_parallel.tp_size", kError, "[1]", "the engine runs data parallelism only, without tensor parallelism", {}},
+    {kPipeline, kError, "[1]", "the engine runs data parallelism only, without pipeline stages", {}},
+    {kOptimizerType, kError, R"(["Adam", "AdamW", "SGD", "Lamb"])",
+     "the engine builds Adam, AdamW, SGD and Lamb, not 1-bit Adam", {}},
+
+    // ---- warnings: not read, but the training is the same without them
+    {"zero_optimization.contiguous_gradients", kWarning, "",
+     "the engine always keeps gradients in contiguous flat buffers", {}},
+    {"zero_optimization.overlap_comm", kWarning, "[true]",
+     "the engine always overlaps the gradient reduction with the backward pass", {kStage}},
+    {"zero_optimization.reduce_scatter", kWarning, "",
+     "the engine always reduce-scatters gradients at stages 1 and 2 (no all-reduce variant)", {}},
+    {"zero_optimization.allgather_partitions", kWarning, "",
+     "the engine always all-gathers the updated partitions in buckets", {}},
+    {"zero_optimization.round_robin_gradients", kWarning, "", "no round-robin gradient partitioning", {}},
+    {"zero_optimization.load_from_fp32_weights", kWarning, "",
+     "it applies when loading a checkpoint, which the engine does not do yet", {}},
+    {"zero_optimization.sub_group_size", kWarning, "", "optimizer sub-groups come with ZeRO stage 3 and offload",
+     {kStage, kOffloadOptimizer}},
+    {"zero_optimization.stage3_*", kWarning, "", "it tunes ZeRO stage 3, which the engine does not run", {kStage}},
+    {"zero_optimization.offload_optimizer.*", kWarning, "", "it tunes optimizer offload, which the engine does not do",
+     {kOffloadOptimizer}},
+    {"zero_optimization.offload_param.*", kWarning, "", "it tunes parameter offload, which the engine does not do",
+     {kOffloadParam}},
+    {"aio.*", kWarning, "", "asynchronous I/O serves NVMe offload, which the engine does not do",
+     {kOffloadOptimizer, kOffloadParam}},
+    {"pipeline.partition_method", kWarning, "", "it tunes pipeline parallelism; the engine runs one stage",
+     {kPipeline}},
+    {"pipeline.activation_checkpoint_interval", kWarning, "",
+     "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
+    {"activation_checkpointing.*", kWarning, "",
+     "the engine does not checkpoint activations (a model may call torch.utils.checkpoint itself)", {}},
+    {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
+    {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
+    {"optimizer.params.freeze_step", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
+     {kOptimizerType}},
+    {"optimizer.params.cuda_aware", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
+     {kOptimizerType}},
+    {"optimizer.params.comm_backend_name", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
+     {kOptimizerType}},
+    {"tensorboard.enabled", kWarning, "", "no TensorBoard output; csv_monitor writes the metrics as JSON lines", {}},
+    {"comms_logger.enabled", kWarning, "", "no communication logging", {}},
+};
+
+const json* at_path(const json& j, const std::string& path) {
+  const json* node = &j;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t dot = path.find('.', start);
+    std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!node->is_object()) return nullptr;
+    auto it = node->find(key);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node;
+}
+
+// Defaults for this config: what DeepSpeed would use for every key the user left out, including
+// the defaults that depend on other keys (overlap_comm) and the optimizer params of its type.
+json reference_of(const Config& c) {
+  Config ref;
+  if (c.optimizer) {
+    ref.optimizer.emplace();
+    ref.optimizer->type = c.optimizer->type;  // params' defaults depend on the type
+  }
+  if (c.zero_optimization.overlap_comm) ref.zero_optimization.overlap_comm = c.zero_optimization.stage == 3;
+  json j = config_to_json(ref);
+  if (c.optimizer) j["optimizer"]["type"] = nullptr;  // the type has no default: only acted_on counts
+  return j;
+}
+
+bool is_pattern(const std::string& path) { return !path.empty() && path.back() == '*'; }
+
+struct Finding {
+  const UnimplementedKey* row;
+  std::string path;
+  json value;
+};
+
+// Every key of the config that its row says the engine does not act on, in table order.
+std::vector<Finding> findings_of(const Config& c) {
+  const json actual = config_to_json(c);
+  const json reference = reference_of(c);
+  std::set<std::string> own_rows;
+  for (const auto& row : kRows)
+    if (!is_pattern(row.path)) own_rows.insert(row.path);
+
+  std::vector<Finding> out;
+  for (const auto& row : kRows) {
+    const std::string path = row.path;
+    if (!is_pattern(path)) {
+      const json* value = at_path(actual, path);
+      if (!value) continue;  // a section the config does not have (an optimizer of another type)
+      const json* default_value = at_path(reference, path);
+      if (default_value && *value == *default_value) continue;
+      if (*row.acted_on) {
+        json acted = json::parse(row.acted_on);
+        if (std::find(acted.begin(), acted.end(), *value) != acted.end()) continue;
+      }
+      out.push_back({&row, path, *value});
+      continue;
+    }
+    // "section.prefix*": every key of the section starting with prefix, and all keys below it.
+    size_t dot = path.rfind('.');
+    const std::string section = path.substr(0, dot), prefix = path.substr(dot + 1, path.size() - dot - 2);
+    const json* node = at_path(actual, section);
+    if (!node || !node->is_object()) continue;
+    std::function<void(const json&, const std::string&, bool)> walk = [&](const json& n, const std::string& at,
+                                                                          bool top) {
+      for (const auto& item : n.items()) {
+        if (top && item.key().compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string key_path = at + "." + item.key();
+        if (own_rows.count(key_path)) continue;
+        if (item.value().is_object()) {
+          walk(item.value(), key_path, false);
+          continue;
+        }
+        const json* default_value = at_path(reference, key_path);
+        if (default_value && item.value() == *default_value) continue;
+        out.push_back({&row, key_path, item.value()});
+      }
+    };
+    walk(*node, section, true);
+  }
+  return out;
+}
+
+// `prior`: the config's own errors, when given; a key (or section) already in error there is not
+// reported again, nor are the warnings its row would fold into it.
+std::vector<ConfigIssue> issues_of(const Config& c, const ConfigReport* prior) {
+  auto already = [&](const std::string& path) { return prior && has_error_at(*prior, path); };
+  std::vector<ConfigIssue> issues;
+  if (!c.optimizer && !already("optimizer"))
+    issues.push_back({kError, "optimizer",
+                      "missing; the engine builds the optimizer from this section (client optimizers are not "
+                      "supported yet)"});
+
+  std::vector<Finding> findings = findings_of(c);
+  std::map<std::string, std::vector<std::string>> folded;  // error path -> the keys it covers
+  std::set<std::string> fired;                           // error rows that are reported
+  for (const auto& f : findings)
+    if (f.row->severity == kError && !already(f.path)) fired.insert(f.path);
+  for (const auto& f : findings) {
+    if (f.row->severity != kWarning) continue;
+    for (const char* cover : f.row->covered_by) {
+      if (!cover) continue;
+      if (fired.count(cover)) {
+        folded[cover].push_back(f.path);
+        break;
+      }
+    }
+  }
+  for (const auto& f : findings) {
+    if (already(f.path)) continue;
+    bool covered = false;
+    for (const char* cover : f.row->covered_by)
+      if (cover && (fired.count(cover) || already(cover))) covered = true;
+    if (covered) continue;
+    std::string message = "not implemented yet: found " + f.value.dump() + "; " + f.row->note;
+    if (f.row->severity == kError && folded.count(f.path)) {
+      message += " (the keys that come with it are not read either: ";
+      const auto& keys = folded[f.path];
+      for (size_t i = 0; i < keys.size(); ++i) message += (i ? ", " : "") + keys[i];
+      message += ")";
+    }
+    issues.push_back({f.row->severity, f.path, message});
+  }
+  return issues;
+}
+
+}  // namespace
+
+const std::vector<UnimplementedKey>& unimplemented_keys() { return kRows; }
+
+std::vector<ConfigIssue> engine_support_issues(const Config& config) { return issues_of(config, nullptr); }
+
+void add_engine_support_issues(const Config& config, ConfigReport& report) {
+  for (auto& issue : issues_of(config, &report)) report.issues.push_back(std::move(issue));
+}
+
+}  // namespace tessera
