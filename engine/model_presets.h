@@ -31,7 +31,7 @@ struct TransformerShape {
   bool biases = true;              // linear layers carry biases (GPT-2) or not (Llama)
   bool tied_embeddings = true;     // LM head shares the token embedding (GPT-2) or has its own (Llama)
   bool dropout = true;             // dropout layers (their 1-byte masks are stored activations)
-  bool flash_attention = false;    // fused attention (FlashAttention, SDPA): no s×s scores are stored
+  bool flash_attention = false;    // the preset's own note only: the estimate follows TrainingSetup::attention (sdpa by default)
 
   int64_t kv_dim() const { return (kv_heads > 0 ? kv_heads : heads) * (hidden / (heads > 0 ? heads : 1)); }
   int64_t ffn_dim() const { return ffn > 0 ? ffn : 4 * hidden; }

@@ -89,7 +89,7 @@ TEST_CASE("a rank whose master never arrives fails within the timeout naming ran
   CHECK(contains(r.output, "rank 0 never arrived"));
 }
 
-TEST_CASE("a port in use is reported with the way to change it, and no C++ backtrace") {
+TEST_CASE("a port in use is reported with the way to change it and no C++ backtrace") {
   // A listening socket holds the port, so rank 0 cannot host the store there.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
@@ -104,7 +104,7 @@ TEST_CASE("a port in use is reported with the way to change it, and no C++ backt
   const std::string port = std::to_string(ntohs(addr.sin_port));
 
   // Under tessera launch only --master-port changes the port (before: "set MASTER_PORT").
-  auto launched = tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", "1", "--master-port", port,
+  auto launched = tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", "2", "--master-port", port,
                                          "--timeout", "5", "--", TESSERA_WORKER_PATH, "context"},
                                         {}, 60);
   // Started by hand (or another launcher), the variable is the way.

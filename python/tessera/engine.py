@@ -170,9 +170,6 @@ class Engine:
         if mon.get("enabled"):
             path = os.path.join(mon.get("output_path", ""), mon.get("job_name", "DeepSpeedJobName"), "metrics.jsonl")
             self.monitor = JsonlMonitor(path if self.global_rank == 0 else None)
-        if self.config.get("tensorboard", {}).get("enabled") and self.global_rank == 0:
-            print("tessera: warning: tensorboard: not implemented; csv_monitor writes the metrics as JSONL",
-                  file=sys.stderr, flush=True)
 
     # --- the module -------------------------------------------------------------------------------
     @property

@@ -65,7 +65,7 @@ def test_config_file_and_json_text_are_accepted(tmp_path):
 
 
 def test_engine_refusals_are_value_errors():
-    with pytest.raises(ValueError, match="stage 3 is not implemented"):
+    with pytest.raises(tessera.ConfigError, match="zero_optimization.stage: not implemented yet: found 3"):
         tessera.initialize(model=mlp(), config=config(zero_optimization={"stage": 3}))
     m = mlp()
     with pytest.raises(ValueError, match="leaf tensor"):
