@@ -1,6 +1,7 @@
 #include "subprocess.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -79,6 +80,22 @@ RunResult run(const std::vector<std::string>& argv, const std::map<std::string, 
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TempDir::TempDir() {
+  char pattern[] = "/tmp/tessera_test_XXXXXX";
+  const char* made = ::mkdtemp(pattern);
+  if (!made) throw std::runtime_error("TempDir: mkdtemp failed");
+  path = made;
+}
+
+TempDir::~TempDir() {
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ::unlink(file(e->d_name).c_str());
+    ::closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

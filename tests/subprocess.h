@@ -29,6 +29,18 @@ RunResult finish(const Started& s, double timeout_s = 60);
 
 bool contains(const std::string& text, const std::string& part);
 
+// A fresh directory for one test's files, removed with its (flat) contents at the end of the test.
+// Plain POSIX calls: std::filesystem::remove_all resolves to a broken copy exported by libtorch.so
+// in the torch 2.11 wheel (it crashes).
+struct TempDir {
+  std::string path;
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
 // A TCP port on 127.0.0.1 that nothing listens on now, chosen by the OS (for --master-port), so
 // tests can run in parallel (ctest -j2) without two of them meeting on one port.
 int free_port();

@@ -56,24 +56,7 @@ std::string error_of_load(const std::string& path_or_json, int world_size = 1) {
   return "";
 }
 
-// A fresh directory for one test's files, removed at the end of the test (plain POSIX calls: see
-// tests/test_launcher.cpp on std::filesystem and libtorch).
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/tessera_config_XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempDir() {
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (dirent* e = ::readdir(d))
-        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ::unlink(file(e->d_name).c_str());
-      ::closedir(d);
-    }
-    ::rmdir(path.c_str());
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using tessera::testing::TempDir;
 
 int count_of(const std::string& text, const std::string& part) {
   int n = 0;

@@ -22,25 +22,7 @@ using tessera::testing::contains;
 
 namespace {
 
-// A fresh directory for one test's files, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/tessera_launch_XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  // Files are flat; plain POSIX calls, because std::filesystem::remove_all resolves to a broken
-  // copy exported by libtorch.so in the torch 2.11 wheel (it crashes).
-  ~TempDir() {
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (dirent* e = ::readdir(d))
-        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ::unlink(file(e->d_name).c_str());
-      ::closedir(d);
-    }
-    ::rmdir(path.c_str());
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using tessera::testing::TempDir;
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
