@@ -20,8 +20,13 @@ ChunkRange chunk_range(int64_t n, int p, int r) {
 
 // ---- CommHandle ------------------------------------------------------------------------------
 
-CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what)
-    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)) {}
+CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
+                       CollectiveStats* stats)
+    : work_(std::move(work)),
+      finish_(std::move(finish)),
+      what_(std::move(what)),
+      stats_(stats),
+      started_(std::chrono::steady_clock::now()) {}
 
 void CommHandle::wait() {
   if (!work_) return;
@@ -34,6 +39,7 @@ void CommHandle::wait() {
                     "TESSERA_TIMEOUT_S passed)");
   }
   if (finish_) finish_();
+  if (stats_) stats_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
 }
 
 // ---- Communicator ----------------------------------------------------------------------------
@@ -86,10 +92,14 @@ std::string Communicator::label(const char* collective, const at::Tensor& t) con
          " elements on " + describe();
 }
 
-CommHandle Communicator::issue(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+CommHandle Communicator::issue(const char* collective, int64_t bytes, const std::string& what,
+                               const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                std::function<void()> finish) {
+  CollectiveStats& entry = stats_[collective];
+  ++entry.calls;
+  entry.bytes += bytes;
   try {
-    return CommHandle(start(), std::move(finish), what);
+    return CommHandle(start(), std::move(finish), what, &entry);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -101,7 +111,7 @@ CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce");
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [tensor, p = size()]() mutable { tensor.div_(p); };
-  return issue(label("all_reduce", tensor), [&] {
+  return issue("all_reduce", tensor.nbytes(), label("all_reduce", tensor), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
@@ -121,7 +131,7 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [output, p = size()]() mutable { output.div_(p); };
   ++native_reduce_scatters_;
-  return issue(label("reduce_scatter", input), [&] {
+  return issue("reduce_scatter", input.nbytes(), label("reduce_scatter", input), [&] {
     at::Tensor in = input.view({-1}), out = output.view({-1});
     c10d::ReduceScatterOptions o;
     o.reduceOp = to_c10d(op);
@@ -145,7 +155,7 @@ CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at:
     else at::sum_out(out, rows, {0});
     if (op == ReduceOp::Avg) out.div_(p);
   };
-  return issue(label("reduce_scatter (all-to-all)", input), [&] {
+  return issue("reduce_scatter", input.nbytes(), label("reduce_scatter (all-to-all)", input), [&] {
     at::Tensor in = input.view({-1});
     return backend_->alltoall_base(received, in, recv_counts, send_counts);
   }, std::move(finish));
@@ -159,7 +169,7 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
   TORCH_CHECK(input.numel() == chunk_range(n, p, rank_).size(), "tessera: all_gather input has ", input.numel(),
               " elements, this rank's chunk of ", n, " has ", chunk_range(n, p, rank_).size());
   if (n % p == 0) {
-    return issue(label("all_gather", output), [&] {
+    return issue("all_gather", output.nbytes(), label("all_gather", output), [&] {
       at::Tensor in = input.view({-1}), out = output.view({-1});
       return backend_->_allgather_base(out, in);
     });
@@ -176,13 +186,13 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
       out.narrow(0, c.begin, c.size()).copy_(padded_out.narrow(0, r * row, c.size()));
     }
   };
-  return issue(label("all_gather", output), [&] { return backend_->_allgather_base(padded_out, padded_in); },
+  return issue("all_gather", output.nbytes(), label("all_gather", output), [&] { return backend_->_allgather_base(padded_out, padded_in); },
                std::move(finish));
 }
 
 CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast");
-  return issue(label("broadcast", tensor), [&] {
+  return issue("broadcast", tensor.nbytes(), label("broadcast", tensor), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -195,7 +205,7 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
   check_tensor(output, "all_to_all");
   TORCH_CHECK(input.numel() == output.numel() && input.numel() % size() == 0,
               "tessera: all_to_all needs input and output of the same size, divisible by the group size");
-  return issue(label("all_to_all", input), [&] {
+  return issue("all_to_all", input.nbytes(), label("all_to_all", input), [&] {
     at::Tensor in = input.view({-1}), out = output.view({-1});
     std::vector<int64_t> equal;  // empty split lists mean equal splits
     return backend_->alltoall_base(out, in, equal, equal);
@@ -204,7 +214,7 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
 
 CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "send");
-  return issue(label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
+  return issue("send", tensor.nbytes(), label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->send(tensors, peer, tag);
   });
@@ -212,14 +222,14 @@ CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
 
 CommHandle Communicator::recv_async(at::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "recv");
-  return issue(label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
+  return issue("recv", tensor.nbytes(), label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->recv(tensors, peer, tag);
   });
 }
 
 CommHandle Communicator::barrier_async() {
-  return issue("barrier on " + describe(), [&] { return backend_->barrier(); });
+  return issue("barrier", 0, "barrier on " + describe(), [&] { return backend_->barrier(); });
 }
 
 void Communicator::all_reduce(at::Tensor& t, ReduceOp op) { all_reduce_async(t, op).wait(); }

@@ -13,7 +13,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,6 +45,19 @@ struct ChunkRange {
 };
 ChunkRange chunk_range(int64_t n, int p, int r);
 
+// What one kind of collective moved on this group, as seen by this rank (Communicator::stats()).
+//   calls    how many were issued
+//   bytes    the size of each call's whole flat buffer, summed (the tensor of an all_reduce or
+//            broadcast, the input of a reduce_scatter or all_to_all, the output of an all_gather,
+//            the message of a send/recv): the size NCCL's own tests report
+//   seconds  from the call until the caller's wait() returned, summed; for an async collective that
+//            includes whatever the caller did meanwhile (so it bounds the communication time)
+struct CollectiveStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
 // A collective in flight. wait() blocks until it is done (and its local post-processing, such as
 // the sum after an all-to-all or the division of an Avg, has run exactly once); it throws
 // CommError on failure. Move-only: the post-processing mutates the result, so a copy could run it
@@ -51,7 +66,8 @@ ChunkRange chunk_range(int64_t n, int p, int r);
 class [[nodiscard]] CommHandle {
  public:
   CommHandle() = default;
-  CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what);
+  CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
+             CollectiveStats* stats = nullptr);
   CommHandle(CommHandle&&) noexcept = default;
   CommHandle& operator=(CommHandle&&) noexcept = default;
   CommHandle(const CommHandle&) = delete;
@@ -63,6 +79,8 @@ class [[nodiscard]] CommHandle {
   c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> finish_;
   std::string what_;
+  CollectiveStats* stats_ = nullptr;  // the communicator's entry for this collective
+  std::chrono::steady_clock::time_point started_;
 };
 
 struct CommunicatorOptions {
@@ -116,14 +134,22 @@ class Communicator {
   void barrier();
   [[nodiscard]] CommHandle barrier_async();
 
+  // Per collective ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "send",
+  // "recv", "barrier"): calls, bytes and seconds since construction or reset_stats(). For tests,
+  // benchmarks and a communication logger.
+  const std::map<std::string, CollectiveStats>& stats() const { return stats_; }
+  void reset_stats() {  // zeroes the entries in place: handles in flight point at them
+    for (auto& entry : stats_) entry.second = CollectiveStats{};
+  }
+
   // How many reduce-scatters ran natively and as all-to-all (for tests and benchmarks).
   int64_t native_reduce_scatters() const { return native_reduce_scatters_; }
   int64_t alltoall_reduce_scatters() const { return alltoall_reduce_scatters_; }
 
  private:
   CommHandle reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op);
-  CommHandle issue(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                   std::function<void()> finish = {});
+  CommHandle issue(const char* collective, int64_t bytes, const std::string& what,
+                   const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> finish = {});
   std::string label(const char* collective, const at::Tensor& t) const;
   void check_tensor(const at::Tensor& t, const char* collective) const;  // defined, contiguous, on device()
 
@@ -135,6 +161,7 @@ class Communicator {
   c10::Device device_;
   CommunicatorOptions options_;
   bool native_reduce_scatter_;
+  std::map<std::string, CollectiveStats> stats_;  // std::map: entries stay put while handles point at them
   int64_t native_reduce_scatters_ = 0;
   int64_t alltoall_reduce_scatters_ = 0;
 };

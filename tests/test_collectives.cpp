@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <chrono>
@@ -99,3 +100,26 @@ TEST_CASE("every collective takes its tensors on the group's device and names a 
 // A handle's completion mutates the result (an Avg divides it): a copy could run it twice.
 static_assert(!std::is_copy_constructible_v<tessera::CommHandle>, "CommHandle must be move-only");
 static_assert(std::is_nothrow_move_constructible_v<tessera::CommHandle>, "CommHandle moves");
+
+TEST_CASE("a communicator counts calls and bytes and seconds per collective") {
+  tessera::Communicator comm(one_rank_gloo(), "data", {0}, 0, c10::Device(c10::kCPU), true);
+  at::Tensor t = at::ones({256}, comm.options());
+  comm.all_reduce(t);
+  tessera::CommHandle pending = comm.all_reduce_async(t, tessera::ReduceOp::Avg);
+  pending.wait();
+  at::Tensor whole = at::zeros({256}, comm.options());
+  comm.all_gather(t, whole);
+  comm.barrier();
+  const auto& stats = comm.stats();
+  REQUIRE(stats.count("all_reduce") == 1);
+  CHECK(stats.at("all_reduce").calls == 2);
+  CHECK(stats.at("all_reduce").bytes == 2 * 256 * 4);
+  CHECK(stats.at("all_reduce").seconds > 0);
+  CHECK(stats.at("all_gather").calls == 1);
+  CHECK(stats.at("all_gather").bytes == 256 * 4);
+  CHECK(stats.at("barrier").calls == 1);
+  CHECK(stats.count("reduce_scatter") == 0);
+  comm.reset_stats();
+  CHECK(comm.stats().at("all_reduce").calls == 0);
+  CHECK(comm.stats().at("all_reduce").bytes == 0);
+}
