@@ -234,7 +234,7 @@ void ZeroOptimizer::launch_bucket(Group& g, int bucket) {
   at::Tensor staging = g.staging[bucket];
   g.staging[bucket] = at::Tensor();
   at::Tensor shard = g.grads.narrow(0, b.shard_offset, b.shard);
-  auto release = [this, staging]() { staging_free_.push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging); };
+  auto release = [this, staging]() { release_staging(staging); };
   if (dp == 1) {
     shard.add_(staging);
     release();
@@ -254,6 +254,11 @@ at::Tensor ZeroOptimizer::receive_buffer(int64_t numel) {
   receive_bytes_now_ += out.nbytes();  // every receive buffer in flight counts, until its bucket is folded in
   receive_bytes_peak_ = std::max(receive_bytes_peak_, receive_bytes_now_);
   return out;
+}
+
+void ZeroOptimizer::release_staging(const at::Tensor& staging) {
+  // acquire_staging hands out a narrowed view: the whole buffer goes back to the free list.
+  staging_free_.push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging);
 }
 
 at::Tensor ZeroOptimizer::acquire_staging(int64_t numel) {
@@ -339,7 +344,7 @@ void ZeroOptimizer::abort_backward() {
   }
   for (auto& g : groups_) {
     for (auto& staging : g->staging) {
-      if (staging.defined()) staging_free_.push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging);
+      if (staging.defined()) release_staging(staging);
       staging = at::Tensor();
     }
   }

@@ -74,6 +74,7 @@ class ZeroOptimizer {
   void reset_bucket_counters();
   std::string unused_parameters() const;
   at::Tensor acquire_staging(int64_t numel);
+  void release_staging(const at::Tensor& staging);
   at::Tensor receive_buffer(int64_t numel);
   void wait_oldest();
   void wait_all();
