@@ -1,16 +1,19 @@
 #include "engine/engine.h"
 
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "csrc/cpu_features.h"
-#include "engine/config_io.h"
-#include "engine/config_support.h"
+#include "engine/config/config_io.h"
+#include "engine/config/config_support.h"
 #include "engine/progress.h"
+#include "optim/grad_norm.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/parallel_context.h"
@@ -21,10 +24,64 @@ namespace tessera {
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Every parameter's name, for the unit listing (ZeroOptimizer names them the same way in errors).
+std::unordered_map<const void*, std::string> parameter_names(const ModelDescription& model) {
+  std::unordered_map<const void*, std::string> names;
+  for (const ParamGroup& g : model.groups)
+    for (size_t i = 0; i < g.params.size(); ++i)
+      if (g.params[i].defined())
+        names.emplace(g.params[i].unsafeGetTensorImpl(),
+                      i < g.param_names.size() && !g.param_names[i].empty()
+                          ? g.param_names[i]
+                          : "group '" + g.name + "' parameter " + std::to_string(i));
+  return names;
+}
+
+// What ZeRO takes from the config.
+ZeroOptions zero_options(const Config& c) {
+  ZeroOptions o;
+  o.stage = c.zero_optimization.stage;
+  o.reduce_bucket_numel = c.zero_optimization.reduce_bucket_size;
+  o.allgather_bucket_numel = c.zero_optimization.allgather_bucket_size;
+  o.ignore_unused_parameters = c.zero_optimization.ignore_unused_parameters;
+  o.compute_dtype = c.bf16.enabled ? at::kBFloat16 : c.fp16.enabled ? at::kHalf : at::kFloat;
+  o.optimizer = c.optimizer->type;
+  o.hyper = c.optimizer->params;
+  return o;
+}
 }  // namespace
 
+// ---- units ---------------------------------------------------------------------------------------
+
+UnitScope::UnitScope(UnitTracker* tracker, int unit) : tracker_(tracker), unit_(unit) { tracker_->forward_begin(unit); }
+
+UnitScope::UnitScope(UnitScope&& other) noexcept : tracker_(other.tracker_), unit_(other.unit_) {
+  other.tracker_ = nullptr;
+}
+
+UnitScope::~UnitScope() {
+  if (tracker_) tracker_->forward_end(unit_);
+}
+
+void watch_unit_output(UnitTracker& tracker, int unit, const at::Tensor& output) {
+  if (!output.requires_grad()) return;
+  UnitTracker* t = &tracker;
+  output.register_hook([t, unit](const at::Tensor& grad) {
+    t->output_gradient(unit);
+    return grad;
+  });
+}
+
+at::Tensor UnitScope::output(const at::Tensor& output) {
+  if (tracker_) watch_unit_output(*tracker_, unit_, output);
+  return output;
+}
+
+// ---- construction --------------------------------------------------------------------------------
+
 Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
-    : config_(std::move(config)), parallel_(parallel) {
+    : config_(std::move(config)), parallel_(parallel), units_(model, parameter_names(model)) {
   if (!config_.gradient_accumulation_steps || !config_.train_micro_batch_size_per_gpu)
     throw std::invalid_argument("tessera: the config's batch sizes are not resolved; build it with load_config() "
                                 "or resolve_config() for this world size");
@@ -32,8 +89,8 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
   if (grid.tensor != config_.tensor_parallel.tp_size || grid.pipe != config_.pipeline.stages)
     throw std::invalid_argument("tessera: the parallel context (" + grid.str() +
                                 ") does not match the config's tensor_parallel.tp_size and pipeline.stages");
-  // Keys the engine does not act on yet (engine/config_support.h): errors refuse the config, the
-  // rest are named once on rank 0.
+  // Keys the engine does not act on yet (engine/config/config_support.h): errors refuse the
+  // config, the rest are named once on rank 0.
   std::string refused, ignored;
   for (const ConfigIssue& issue : engine_support_issues(config_))
     (issue.severity == ConfigIssue::Severity::Error ? refused : ignored) += "  " + issue.str() + "\n";
@@ -48,9 +105,11 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
                 cpu_bf16_missing().c_str());
   if (printer) std::fflush(stdout);
   gradient_accumulation_steps_ = *config_.gradient_accumulation_steps;
-  zero_ = std::make_unique<ZeroOptimizer>(config_, parallel_, model);
+  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_), parallel_, model, &units_);
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);
-  schedule_ = make_lr_schedule(config_.scheduler, config_.optimizer->params.lr);
+  schedule_ = config_.scheduler ? make_lr_schedule(config_.scheduler->type, config_.scheduler->params,
+                                                   config_.optimizer->params.lr)
+                                : make_lr_schedule("", {}, config_.optimizer->params.lr);
   progress_ = std::make_unique<ProgressMeter>(config_.steps_per_print, config_.wall_clock_breakdown,
                                               parallel_.rank() == 0, grid.data);
   last_step_end_ = Clock::now();
@@ -58,29 +117,41 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
 
 Engine::~Engine() = default;
 
+// ---- backward ------------------------------------------------------------------------------------
+
 bool Engine::is_gradient_accumulation_boundary() const {
   return (micro_step_ + 1) % gradient_accumulation_steps_ == 0;
 }
 
 void Engine::backward(const at::Tensor& loss) {
+  last_loss_ = loss.detach().to(at::kDouble).reshape({1});
+  // DeepSpeed's scaling: the loss of one micro-batch is 1/gas of the step's loss; fp16 scales up.
+  run_backward([&] { (loss * (scaler_->scale() / double(gradient_accumulation_steps_))).backward(); });
+  at::Tensor on_group = last_loss_.to(parallel_.data().device());
+  interval_loss_sum_ = interval_loss_sum_.defined() ? interval_loss_sum_.add_(on_group) : on_group.clone();
+  ++interval_losses_;
+}
+
+void Engine::backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& output_grads) {
+  if (outputs.size() != output_grads.size())
+    throw std::invalid_argument("tessera: backward(outputs, output_grads) got " + std::to_string(outputs.size()) +
+                                " outputs and " + std::to_string(output_grads.size()) + " gradients");
+  run_backward([&] { torch::autograd::backward(outputs, output_grads); });
+}
+
+void Engine::run_backward(const std::function<void()>& autograd) {
   StepTimes t;
   t.forward_s = since(last_step_end_);
-  last_loss_ = loss.detach().to(at::kDouble).reshape({1});
   auto start = Clock::now();
   zero_->begin_backward(is_gradient_accumulation_boundary());
-  // DeepSpeed's scaling: the loss of one micro-batch is 1/gas of the step's loss; fp16 scales up.
-  at::Tensor scaled = loss * (scaler_->scale() / double(gradient_accumulation_steps_));
   try {
-    scaled.backward();
+    autograd();
   } catch (...) {
     // Buckets of this micro-step may be half filled or in flight: start the window again.
     zero_->abort_backward();
     micro_step_ -= micro_step_ % gradient_accumulation_steps_;
     throw;
   }
-  at::Tensor on_group = last_loss_.to(parallel_.data().device());
-  interval_loss_sum_ = interval_loss_sum_.defined() ? interval_loss_sum_.add_(on_group) : on_group.clone();
-  ++interval_losses_;
   t.backward_s = since(start);
   auto wait_start = Clock::now();
   zero_->end_backward();
@@ -91,10 +162,94 @@ void Engine::backward(const at::Tensor& loss) {
 
 void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samples(samples, tokens); }
 
+// ---- step ----------------------------------------------------------------------------------------
+
 void Engine::step() {
   ++micro_step_;
   if (micro_step_ % gradient_accumulation_steps_ == 0) optimizer_step();
   last_step_end_ = Clock::now();
+}
+
+// One optimizer step, as the algorithm reads (DeepSpeed's order, one host read of the norm):
+void Engine::optimizer_step() {
+  auto start = Clock::now();
+  // 1. Wait for the gradient reduction launched during backward.
+  zero_->wait_for_gradients();
+
+  // 2. Unscale, norm, overflow: the norm over every rank's part of the gradients, reduced over the
+  //    right groups (optim/grad_norm.h); non-finite on any rank means overflow on every rank.
+  const double scale = scaler_->scale();
+  const NormGroups groups{&parallel_.data(), &parallel_.tensor(), &parallel_.pipe()};
+  const double sumsq = global_grad_sumsq(zero_->gradient_parts(), groups);
+  const bool overflow = !std::isfinite(sumsq);
+
+  if (!overflow) {
+    // 3. Clip: unscaling and clipping are one factor on the gradients (DeepSpeed's rule).
+    last_grad_norm_ = std::sqrt(sumsq) / scale;
+    const double grad_scale = clip_coefficient(last_grad_norm_, config_.gradient_clipping) / scale;
+
+    // 4. The optimizer on this rank's shards, at the schedule's lr (and OneCycle's momentum).
+    const int64_t applied = global_step_ - skipped_steps_;  // the schedule advances on applied steps only
+    StepInputs in;
+    in.step = applied + 1;
+    in.lr = schedule_->lr_at(applied);
+    // OneCycle cycles the betas of optimizers that have them (Adam, AdamW, LAMB) and also sets
+    // beta2, as DeepSpeed does; SGD has no betas, and DeepSpeed leaves its momentum alone.
+    if (config_.optimizer->type != "SGD") {
+      in.beta1 = schedule_->momentum_at(applied);
+      if (in.beta1) in.beta2 = kOneCycleBeta2;
+    }
+    zero_->apply(grad_scale, in);
+
+    // 5. Parameter gather: every rank gets every updated chunk (stages 1–2).
+    zero_->gather_parameters();
+  }
+
+  // 6. Loss-scale update: one rule for every precision (optim/loss_scaler.h); an overflow skips
+  //    the step and lowers a dynamic fp16 scale.
+  const UpdateResult update = scaler_->update(overflow);
+  if (update.skip_step) {
+    ++skipped_steps_;
+    print_overflow(update);
+  }
+
+  // 7. Schedule: the next step's counters (the LR is a function of the applied steps), a fresh
+  //    accumulation window, and the progress line when due.
+  zero_->zero_grad();
+  ++global_step_;
+  StepTimes t;
+  t.optimizer_s = since(start);
+  progress_->add_times(t);
+  if (progress_->due(global_step_)) print_progress();
+}
+
+void Engine::print_overflow(const UpdateResult& update) const {
+  if (parallel_.rank() != 0) return;
+  if (scaler_->dynamic() && update.new_scale != update.old_scale)
+    std::printf("[tessera] step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
+                (long long)global_step_ + 1, update.old_scale, update.new_scale);
+  else if (scaler_->dynamic())
+    std::printf("[tessera] step %lld: gradient overflow, step skipped; loss scale kept at %g (hysteresis)\n",
+                (long long)global_step_ + 1, update.old_scale);
+  else
+    std::printf("[tessera] step %lld: non-finite gradients, step skipped\n", (long long)global_step_ + 1);
+  std::fflush(stdout);
+}
+
+// All ranks join the average of the interval's loss; rank 0 prints. The one host read of the
+// losses happens here, every steps_per_print steps.
+void Engine::print_progress() {
+  at::Tensor mean = interval_losses_ ? interval_loss_sum_ / double(interval_losses_)
+                                     : at::zeros({1}, parallel_.data().options(at::kDouble));
+  if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
+  interval_loss_sum_ = at::Tensor();
+  interval_losses_ = 0;
+  std::string line = progress_->line(global_step_, mean.item<double>(), learning_rate(), scaler_->scale(),
+                                     last_grad_norm_);
+  if (progress_->printer()) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
 }
 
 double Engine::learning_rate() const { return schedule_->lr_at(global_step_ - skipped_steps_); }
@@ -102,69 +257,6 @@ double Engine::learning_rate() const { return schedule_->lr_at(global_step_ - sk
 double Engine::loss_scale() const { return scaler_->scale(); }
 
 double Engine::last_loss() const { return last_loss_.defined() ? last_loss_.item<double>() : 0.0; }
-
-void Engine::optimizer_step() {
-  auto start = Clock::now();
-  const int64_t applied = global_step_ - skipped_steps_;  // the schedule advances on applied steps only
-  StepInputs in;
-  in.step = applied + 1;
-  in.lr = schedule_->lr_at(applied);
-  // OneCycle cycles the betas of optimizers that have them (Adam, AdamW, LAMB) and also sets beta2,
-  // as DeepSpeed does; SGD has no betas, and DeepSpeed leaves its momentum alone.
-  if (config_.optimizer->type != "SGD") {
-    in.beta1 = schedule_->momentum_at(applied);
-    if (in.beta1) in.beta2 = kOneCycleBeta2;
-  }
-  // 1. Wait for the gradient reduction; the global norm decides overflow (one host read).
-  const double scale = scaler_->scale();
-  const double sumsq = zero_->global_grad_sumsq();
-  const bool overflow = !std::isfinite(sumsq);
-  // 2. One rule for every precision (optim/loss_scaler.h): the scaler decides whether a step whose
-  //    gradients are not finite is skipped, and lowers the fp16 scale when it is dynamic.
-  auto update = scaler_->update(overflow);
-  if (!update.skip_step) {
-    // 3. Unscale and clip in one factor (DeepSpeed's rule: clip/(norm + 1e-6) when norm > clip),
-    //    then the optimizer on the shards and the parameter allgather.
-    last_grad_norm_ = std::sqrt(sumsq) / scale;
-    double coef = 1.0 / scale;
-    const double clip = config_.gradient_clipping;
-    if (clip > 0 && last_grad_norm_ > clip) coef *= clip / (last_grad_norm_ + 1e-6);
-    zero_->apply(coef, in);
-  } else {
-    ++skipped_steps_;
-    if (parallel_.rank() == 0) {
-      if (scaler_->dynamic() && update.new_scale != update.old_scale)
-        std::printf("[tessera] step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
-                    (long long)global_step_ + 1, update.old_scale, update.new_scale);
-      else if (scaler_->dynamic())
-        std::printf("[tessera] step %lld: gradient overflow, step skipped; loss scale kept at %g (hysteresis)\n",
-                    (long long)global_step_ + 1, update.old_scale);
-      else
-        std::printf("[tessera] step %lld: non-finite gradients, step skipped\n", (long long)global_step_ + 1);
-      std::fflush(stdout);
-    }
-  }
-  zero_->zero_grad();
-  ++global_step_;
-  StepTimes t;
-  t.optimizer_s = since(start);
-  progress_->add_times(t);
-  if (progress_->due(global_step_)) {
-    // All ranks join the average of the interval's loss; rank 0 prints. The one host read of the
-    // losses happens here, every steps_per_print steps.
-    at::Tensor mean = interval_losses_ ? interval_loss_sum_ / double(interval_losses_)
-                                       : at::zeros({1}, parallel_.data().options(at::kDouble));
-    if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
-    interval_loss_sum_ = at::Tensor();
-    interval_losses_ = 0;
-    std::string line = progress_->line(global_step_, mean.item<double>(), learning_rate(), scaler_->scale(),
-                                       last_grad_norm_);
-    if (progress_->printer()) {
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-    }
-  }
-}
 
 void Engine::zero_grad() { zero_->zero_grad(); }
 

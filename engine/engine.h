@@ -1,23 +1,28 @@
 // Engine: the composition root. Built from a Config, a ParallelContext and a model description
-// (its parameters, in groups), it owns the flat buffers, the gradient reducer, the optimizer, the
-// loss scaler and the LR schedule, and drives one training step in DeepSpeed's shape:
+// (its parameters in optimizer groups, and its units: zero/model.h), it owns the ZeRO buffers and
+// stage strategy, the loss scaler, the LR schedule and the unit tracker, and drives one training
+// step in DeepSpeed's shape:
 //
 //   for each micro-batch:  loss = model(batch);  engine.backward(loss);  engine.step();
 //
 // `step()` applies the optimizer only at a gradient-accumulation boundary (every
-// gradient_accumulation_steps micro-steps), as DeepSpeed's engine does. The engine never sees the
-// model's code: C++ and Python models hand it the same parameter lists.
+// gradient_accumulation_steps micro-steps), as DeepSpeed's engine does; engine.cpp reads the step
+// top-down. The engine never sees the model's code: C++ and Python models hand it the same
+// parameter lists, and say where each unit's forward starts and ends (unit()).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
+#include "zero/model.h"
+#include "zero/units.h"
 
 namespace tessera {
 
@@ -26,27 +31,32 @@ class ZeroOptimizer;
 class LossScaler;
 class LrSchedule;
 class ProgressMeter;
+struct UpdateResult;
 
-struct ParamGroup {
-  std::vector<at::Tensor> params;  // leaf tensors; the engine re-points them into its flat buffer
-  std::optional<double> lr;            // overrides optimizer.params.lr (a factor of the schedule)
-  std::optional<double> weight_decay;  // overrides optimizer.params.weight_decay
-  std::string name;
-  std::vector<std::string> param_names;  // optional, one per parameter: named in errors
-};
+// The forward of one unit, from construction to destruction (RAII), as a C++ model reports it:
+//
+//   at::Tensor Block::forward(at::Tensor x) {
+//     auto scope = engine.unit(i);
+//     ...
+//     return scope.output(y);   // optional: the unit's backward begins when y's gradient arrives
+//   }
+// Reports unit `unit`'s backward begin when `output`'s gradient arrives (a hook on the tensor).
+void watch_unit_output(UnitTracker& tracker, int unit, const at::Tensor& output);
 
-struct ModelDescription {
-  std::vector<ParamGroup> groups;
-};
+class UnitScope {
+ public:
+  UnitScope(UnitTracker* tracker, int unit);
+  ~UnitScope();
+  UnitScope(UnitScope&& other) noexcept;
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+  UnitScope& operator=(UnitScope&&) = delete;
+  // Returns `output` unchanged, with a hook that reports the unit's backward begin.
+  at::Tensor output(const at::Tensor& output);
 
-// Per-rank bytes held by the engine's own buffers (not activations), measured from the buffers.
-struct MemoryReport {
-  int64_t parameters = 0;        // compute-dtype parameters (the model's tensors)
-  int64_t master_parameters = 0; // fp32 master slice (mixed precision only)
-  int64_t gradients = 0;         // fp32 gradient accumulation (full, or this rank's slice)
-  int64_t optimizer_states = 0;  // moments etc., this rank's slice
-  int64_t buckets = 0;           // communication staging buffers
-  int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
+ private:
+  UnitTracker* tracker_;
+  int unit_;
 };
 
 class Engine {
@@ -62,11 +72,18 @@ class Engine {
   // the last optimizer step are discarded and the accumulation window starts again; the exception
   // is rethrown. No host synchronization: the loss is read only when a progress line is due.
   void backward(const at::Tensor& loss);
-  // At a boundary: finish reductions, unscale and check overflow, clip, optimizer step, allgather,
-  // advance the LR schedule. Otherwise only counts the micro-step.
+  // The backward of a model part whose outputs feed something else (a pipeline stage): autograd
+  // from `outputs` with `output_grads` as their gradients, which are used as given (they come from
+  // the part that owns the loss, already scaled by it). Records no loss.
+  void backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& output_grads);
+  // At a boundary: the optimizer step (engine.cpp reads it top-down). Otherwise counts the micro-step.
   void step();
   bool is_gradient_accumulation_boundary() const;
   void zero_grad();
+
+  // The model's units (zero/model.h): a C++ model enters each unit's scope in its forward.
+  UnitScope unit(int index) { return UnitScope(&units_, index); }
+  UnitTracker& units() { return units_; }
 
   // Tells the progress line how many samples (and tokens) the last micro-batch had on this rank.
   void record_batch(int64_t samples, int64_t tokens = 0);
@@ -81,12 +98,17 @@ class Engine {
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }
   MemoryReport memory() const;
+  const ZeroOptimizer& zero() const { return *zero_; }
 
  private:
+  void run_backward(const std::function<void()>& autograd);
   void optimizer_step();
+  void print_overflow(const UpdateResult& update) const;
+  void print_progress();
 
   Config config_;
   ParallelContext& parallel_;
+  UnitTracker units_;
   std::unique_ptr<ZeroOptimizer> zero_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<LrSchedule> schedule_;

@@ -25,7 +25,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/config_io.h"
+#include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "examples/data/fashion_mnist.h"
 #include "examples/models/cnn.h"

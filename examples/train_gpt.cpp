@@ -25,7 +25,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/config_io.h"
+#include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "engine/progress.h"  // peak_rss_bytes
 #include "examples/data/fortunes_corpus.h"

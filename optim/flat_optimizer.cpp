@@ -33,7 +33,7 @@ bool cpu_kernel_applies(const ShardSegment& s) {
 
 class Adam final : public FlatOptimizer {
  public:
-  Adam(const OptimizerParams& p, int64_t n, const at::TensorOptions& o)
+  Adam(const OptimizerHyperparams& p, int64_t n, const at::TensorOptions& o)
       : p_(p), exp_avg_(at::zeros({n}, o)), exp_avg_sq_(at::zeros({n}, o)) {}
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
@@ -70,13 +70,13 @@ class Adam final : public FlatOptimizer {
   const char* name() const override { return p_.adam_w_mode ? "AdamW" : "Adam"; }
 
  private:
-  OptimizerParams p_;
+  OptimizerHyperparams p_;
   at::Tensor exp_avg_, exp_avg_sq_;
 };
 
 class Sgd final : public FlatOptimizer {
  public:
-  Sgd(const OptimizerParams& p, int64_t n, const at::TensorOptions& o) : p_(p) {
+  Sgd(const OptimizerHyperparams& p, int64_t n, const at::TensorOptions& o) : p_(p) {
     if (p_.momentum != 0) momentum_buffer_ = at::zeros({n}, o);
   }
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
@@ -100,14 +100,14 @@ class Sgd final : public FlatOptimizer {
   const char* name() const override { return "SGD"; }
 
  private:
-  OptimizerParams p_;
+  OptimizerHyperparams p_;
   at::Tensor momentum_buffer_;
   bool started_ = false;
 };
 
 class Lamb final : public FlatOptimizer {
  public:
-  Lamb(const OptimizerParams& p, int64_t n, const at::TensorOptions& o, LambContext ctx)
+  Lamb(const OptimizerHyperparams& p, int64_t n, const at::TensorOptions& o, LambContext ctx)
       : p_(p), exp_avg_(at::zeros({n}, o)), exp_avg_sq_(at::zeros({n}, o)), ctx_(std::move(ctx)) {}
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
@@ -172,19 +172,18 @@ class Lamb final : public FlatOptimizer {
     }
   }
 
-  OptimizerParams p_;
+  OptimizerHyperparams p_;
   at::Tensor exp_avg_, exp_avg_sq_;
   LambContext ctx_;
 };
 
 }  // namespace
 
-std::unique_ptr<FlatOptimizer> make_flat_optimizer(const OptimizerConfig& config, int64_t shard_numel,
+std::unique_ptr<FlatOptimizer> make_flat_optimizer(const std::string& t, const OptimizerHyperparams& params, int64_t shard_numel,
                                                    const at::TensorOptions& options, LambContext lamb) {
-  const auto& t = config.type;
-  if (t == "Adam" || t == "AdamW") return std::make_unique<Adam>(config.params, shard_numel, options);
-  if (t == "SGD") return std::make_unique<Sgd>(config.params, shard_numel, options);
-  if (t == "Lamb") return std::make_unique<Lamb>(config.params, shard_numel, options, std::move(lamb));
+  if (t == "Adam" || t == "AdamW") return std::make_unique<Adam>(params, shard_numel, options);
+  if (t == "SGD") return std::make_unique<Sgd>(params, shard_numel, options);
+  if (t == "Lamb") return std::make_unique<Lamb>(params, shard_numel, options, std::move(lamb));
   throw std::invalid_argument("tessera: optimizer.type \"" + t +
                               "\" is not available in the engine yet (Adam, AdamW, SGD and Lamb are)");
 }

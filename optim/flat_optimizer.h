@@ -19,21 +19,10 @@
 #include <optional>
 #include <vector>
 
-#include "engine/config.h"
-#include "zero/flat_layout.h"
+#include "optim/options.h"
+#include "optim/shard.h"
 
 namespace tessera {
-
-// One contiguous run of this rank's shard: fp32 master parameters and fp32 gradients (views), and
-// where the run starts in the shard (the optimizer's states are laid out like the shard). Every
-// optimizer writes the updated parameters into `compute_copy` when it is defined (Adam on the CPU
-// fuses that write into its single pass over memory: csrc/cpu_adam.h).
-struct ShardSegment {
-  at::Tensor params;
-  at::Tensor grads;
-  int64_t local_offset = 0;
-  at::Tensor compute_copy;  // mixed precision: the bf16/fp16 chunk to receive the updated params
-};
 
 struct StepInputs {
   int64_t step = 1;  // 1-based count of applied optimizer steps (bias correction)
@@ -59,7 +48,7 @@ struct LambContext {
   std::function<void(at::Tensor&)> sum_across_ranks;  // in place, over the data-parallel group
 };
 
-std::unique_ptr<FlatOptimizer> make_flat_optimizer(const OptimizerConfig& config, int64_t shard_numel,
+std::unique_ptr<FlatOptimizer> make_flat_optimizer(const std::string& type, const OptimizerHyperparams& params, int64_t shard_numel,
                                                    const at::TensorOptions& state_options, LambContext lamb = {});
 
 }  // namespace tessera

@@ -70,7 +70,7 @@ UpdateResult DynamicLossScaler::update(bool overflow) {
   return {overflow, old_scale, s.scale};
 }
 
-std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, bool bf16_enabled) {
+std::unique_ptr<LossScaler> make_loss_scaler(const LossScaleParams& fp16, bool bf16_enabled) {
   if (fp16.enabled && bf16_enabled) throw std::invalid_argument("fp16 and bf16 cannot both be enabled");
   if (!fp16.enabled) return std::make_unique<UnitLossScaler>();
   if (fp16.loss_scale > 0.0) return std::make_unique<StaticLossScaler>(fp16.loss_scale);

@@ -23,7 +23,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "engine/config.h"
+#include "optim/options.h"
 
 namespace tessera {
 
@@ -127,6 +127,6 @@ class UnitLossScaler : public LossScaler {
 
 // The scaler for the config's precision (table at the top). Throws std::invalid_argument when
 // fp16 and bf16 are both enabled (the config check already rejects that).
-std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, bool bf16_enabled);
+std::unique_ptr<LossScaler> make_loss_scaler(const LossScaleParams& fp16, bool bf16_enabled);
 
 }  // namespace tessera

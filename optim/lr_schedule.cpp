@@ -106,7 +106,7 @@ double WarmupCosineLr::lr_at(int64_t step) const {
 
 // ---- OneCycle ----
 
-OneCycleLr::OneCycleLr(const SchedulerParams& p) {
+OneCycleLr::OneCycleLr(const LrScheduleParams& p) {
   if (!p.cycle_min_lr || !p.cycle_max_lr)
     throw std::invalid_argument("OneCycle needs scheduler.params.cycle_min_lr and cycle_max_lr");
   if (p.cycle_first_step_size <= 0)
@@ -185,10 +185,8 @@ std::optional<double> OneCycleLr::momentum_at(int64_t step) const {
 
 // ---- factory ----
 
-std::unique_ptr<LrSchedule> make_lr_schedule(const std::optional<SchedulerConfig>& config, double base_lr) {
-  if (!config) return std::make_unique<ConstantLr>(base_lr);
-  const SchedulerParams& p = config->params;
-  const std::string& type = config->type;
+std::unique_ptr<LrSchedule> make_lr_schedule(const std::string& type, const LrScheduleParams& p, double base_lr) {
+  if (type.empty()) return std::make_unique<ConstantLr>(base_lr);
   if (type == "WarmupLR")
     return std::make_unique<WarmupLr>(p.warmup_min_lr, p.warmup_max_lr, p.warmup_num_steps, p.warmup_type,
                                       std::nullopt);

@@ -26,7 +26,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/config.h"
+#include "optim/options.h"
 
 namespace tessera {
 
@@ -134,7 +134,7 @@ class WarmupCosineLr : public LrSchedule {
 // The stairs follow DeepSpeed >= 0.19.4 (earlier versions ignored the stair counts).
 class OneCycleLr : public LrSchedule {
  public:
-  explicit OneCycleLr(const SchedulerParams& p);
+  explicit OneCycleLr(const LrScheduleParams& p);
   double lr_at(int64_t step) const override;
   std::optional<double> momentum_at(int64_t step) const override;
   std::string name() const override { return "OneCycle"; }
@@ -157,6 +157,6 @@ class OneCycleLr : public LrSchedule {
 // `base_lr` is optimizer.params.lr (WarmupCosineLR scales it; the others set absolute lrs).
 // No scheduler: constant base_lr. Throws std::invalid_argument for parameters DeepSpeed rejects
 // (warmup_num_steps <= 0) or a config that skipped validation (a missing required value).
-std::unique_ptr<LrSchedule> make_lr_schedule(const std::optional<SchedulerConfig>& config, double base_lr);
+std::unique_ptr<LrSchedule> make_lr_schedule(const std::string& type, const LrScheduleParams& params, double base_lr);
 
 }  // namespace tessera

@@ -12,6 +12,10 @@
 
 namespace tessera {
 
+CommHandle::CommHandle(CommHandle&&) noexcept = default;
+CommHandle& CommHandle::operator=(CommHandle&&) noexcept = default;
+CommHandle::~CommHandle() = default;
+
 ChunkRange chunk_range(int64_t n, int p, int r) {
   int64_t base = n / p, extra = n % p;
   int64_t begin = r * base + std::min<int64_t>(r, extra);

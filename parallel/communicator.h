@@ -68,8 +68,10 @@ class [[nodiscard]] CommHandle {
   CommHandle() = default;
   CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
              CollectiveStats* stats = nullptr);
-  CommHandle(CommHandle&&) noexcept = default;
-  CommHandle& operator=(CommHandle&&) noexcept = default;
+  // Out of line (communicator.cpp), where c10d::Work is complete: users need not include it.
+  CommHandle(CommHandle&&) noexcept;
+  CommHandle& operator=(CommHandle&&) noexcept;
+  ~CommHandle();
   CommHandle(const CommHandle&) = delete;
   CommHandle& operator=(const CommHandle&) = delete;
   void wait();

@@ -21,6 +21,9 @@
 //                        the engine discards that window and the reference skips batch K.
 //   --onecycle           OneCycle schedule with cycle_momentum (SGD's momentum must not cycle).
 //   --drop-engine-step K the engine skips batch K while the reference trains on it (must MISMATCH).
+//   --units              the model is three units (layer1, layer2, head) and enters each one's scope
+//                        (Engine::unit) in its forward; the last micro-step's unit events must be
+//                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step
 // --hidden H widens the MLP to 16 -> H -> H -> 8 (H·H + 26·H parameters; 0, the default, keeps
 // the 1528-parameter one). --memory-sweep skips the reference: for ZeRO 0/1/2 × fp32/bf16 it builds
 // an Engine over a fresh model, trains --steps steps and prints its memory on rank 0, one line each
@@ -44,10 +47,11 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "engine/config_io.h"
+#include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "optim/lr_schedule.h"
 #include "parallel/parallel_context.h"
@@ -65,6 +69,7 @@ struct Args {
   bool memory = false;
   int hidden = 0;
   bool memory_sweep = false;
+  bool units = false;
 };
 
 // A two-layer MLP with a bias-free third layer: parameters of several shapes and sizes. With
@@ -95,15 +100,29 @@ struct Mlp {
   // `extra_rows`: [rows, 1] of 0/1 choosing the rows that add the extra bias (undefined: none do).
   // `throw_in_backward`: the gradient of the first layer's output throws (after the later layers'
   // parameters have their gradients).
+  // `engine`: when given, each layer is a unit whose forward runs inside engine->unit(i).
   at::Tensor loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& extra_rows = {},
-                  bool throw_in_backward = false) const {
+                  bool throw_in_backward = false, Engine* engine = nullptr) const {
     auto dtype = params[0].scalar_type();
-    at::Tensor h = at::tanh(at::linear(x.to(dtype), params[0], params[1]));
+    auto enter = [&](int unit) { return engine ? std::optional<UnitScope>(engine->unit(unit)) : std::nullopt; };
+    auto leave = [](std::optional<UnitScope>& scope, at::Tensor t) { return scope ? scope->output(t) : t; };
+    at::Tensor h, out;
+    {
+      auto scope = enter(0);
+      h = leave(scope, at::tanh(at::linear(x.to(dtype), params[0], params[1])));
+    }
     if (throw_in_backward)
       h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("injected failure in backward"); });
-    h = at::tanh(at::linear(h, params[2], params[3]));
-    at::Tensor out = at::linear(h, params[4]);
-    if (extra_rows.defined()) out = out + params[5] * extra_rows.to(dtype);
+    {
+      auto scope = enter(1);
+      h = leave(scope, at::tanh(at::linear(h, params[2], params[3])));
+    }
+    {
+      auto scope = enter(2);
+      out = at::linear(h, params[4]);
+      if (extra_rows.defined()) out = out + params[5] * extra_rows.to(dtype);
+      out = leave(scope, out);
+    }
     return at::mse_loss(out.to(at::kFloat), y);
   }
 };
@@ -234,8 +253,13 @@ double base_lr(const Args& a) {
   return 0.01;
 }
 
-ModelDescription describe(Mlp& model) {
+ModelDescription describe(Mlp& model, bool units = false) {
   ModelDescription d;
+  if (units) {
+    d.units = {{"layer1", {model.params[0], model.params[1]}}, {"layer2", {model.params[2], model.params[3]}},
+               {"head", {model.params[4]}}};
+    if (model.params.size() > 5) d.units[2].params.push_back(model.params[5]);
+  }
   d.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights",
                       {"layer1.weight", "layer2.weight", "layer3.weight"}});
   std::vector<at::Tensor> biases = {model.params[1], model.params[3]};
@@ -248,14 +272,33 @@ ModelDescription describe(Mlp& model) {
   return d;
 }
 
+// The last micro-step's events, in order, and one forward and one backward per unit per micro-step.
+void check_unit_events(Engine& engine, int64_t micro_steps, int rank) {
+  std::string got, want;
+  for (const auto& [unit, event] : engine.units().trace())
+    got += std::to_string(unit) + ":" + unit_event_name(event) + " ";
+  for (int u = 0; u < 3; ++u) want += std::to_string(u) + ":forward_begin " + std::to_string(u) + ":forward_end ";
+  for (int u = 2; u >= 0; --u) want += std::to_string(u) + ":backward_begin " + std::to_string(u) + ":backward_end ";
+  if (got != want) throw std::runtime_error("unit events: got " + got + "\nwant " + want);
+  for (int u = 0; u < engine.units().size(); ++u) {
+    const UnitStats& st = engine.units().stats()[u];
+    if (st.forwards != micro_steps || st.backwards != micro_steps)
+      throw std::runtime_error("unit " + engine.units().unit(u).name + ": " + std::to_string(st.forwards) +
+                               " forwards and " + std::to_string(st.backwards) + " backwards in " +
+                               std::to_string(micro_steps) + " micro-steps");
+  }
+  if (rank == 0) std::printf("units ok: %s\n", got.c_str());
+}
+
 int run(const Args& a) {
   auto ctx = ParallelContext::from_environment(ParallelOptions{});
   const int dp = ctx->data().size(), rank = ctx->data().rank();
   Config config = load_config(config_text(a), ctx->world_size());
   Mlp model(a.seed_by_rank ? 42 + rank : 42, a.hidden, a.unused_off_rank0);
-  Engine engine(config, *ctx, describe(model));
+  Engine engine(config, *ctx, describe(model, a.units));
   Reference reference(a);
-  auto schedule = make_lr_schedule(config.scheduler, base_lr(a));
+  auto schedule = config.scheduler ? make_lr_schedule(config.scheduler->type, config.scheduler->params, base_lr(a))
+                                   : make_lr_schedule("", {}, base_lr(a));
 
   // Right after construction every rank holds rank 0's parameters (the engine broadcasts them).
   for (size_t i = 0; i < model.params.size(); ++i)
@@ -275,7 +318,9 @@ int run(const Args& a) {
       const int64_t begin = (int64_t(micro) * dp + rank) * a.mb;
       at::Tensor mine = a.unused_off_rank0 && rank == 0 ? extra_rows.narrow(0, begin, a.mb) : at::Tensor();
       const bool fail = step == a.throw_at_step && micro == a.gas - 1;
-      at::Tensor loss = model.loss(x.narrow(0, begin, a.mb), y.narrow(0, begin, a.mb), mine, fail);
+      if (a.units && step == a.steps - 1 && micro == a.gas - 1) engine.units().record_trace(true);
+      at::Tensor loss = model.loss(x.narrow(0, begin, a.mb), y.narrow(0, begin, a.mb), mine, fail,
+                                   a.units ? &engine : nullptr);
       if (step == a.inject_inf_step && rank == dp - 1) loss = loss * std::numeric_limits<float>::infinity();
       engine_loss += loss.item<double>() / a.gas;
       try {
@@ -305,6 +350,8 @@ int run(const Args& a) {
       max_norm_diff = std::max(max_norm_diff, std::abs(engine.last_grad_norm() - reference.last_norm) / reference.last_norm);
     }
   }
+
+  if (a.units) check_unit_events(engine, int64_t(a.steps) * a.gas, rank);
 
   // The model's tensors are in the compute dtype: compare them with the reference rounded to it.
   // In bf16/fp16 one rounding step (an ulp, 0.004 near 1 in bf16) is as large as an update, so the
@@ -398,6 +445,7 @@ int main(int argc, char** argv) {
     else if (k == "--memory") a.memory = true;
     else if (k == "--hidden") a.hidden = std::stoi(next());
     else if (k == "--memory-sweep") a.memory_sweep = true;
+    else if (k == "--units") a.units = true;
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;
     else if (k == "--strict-unused") a.strict_unused = true;

@@ -40,6 +40,20 @@ TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
   for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "collectives ok on rank " + std::to_string(rank)));
 }
 
+// optim/grad_norm.h on 2 × 2 grids: parts flagged data-/tensor-sharded and replicated, each piece
+// counted once, against the closed form the worker computes over the grid; an inf on one rank
+// reaches every rank.
+TEST_CASE("the gradient norm reduces over the right groups on 2 x 2 grids") {
+  for (std::vector<std::string> grid : {std::vector<std::string>{"--tp", "2"}, {"--tp", "2", "--pp", "2"}}) {
+    std::vector<std::string> args = {"grad-norm"};
+    args.insert(args.end(), grid.begin(), grid.end());
+    auto r = launch(4, args, tessera::testing::free_port());
+    INFO(r.output);
+    CHECK(r.status == 0);
+    for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "grad norm ok on rank " + std::to_string(rank)));
+  }
+}
+
 TEST_CASE("reduce-scatter built from all-to-all gives the same results (2 and 4 ranks)") {
   for (int ranks : {2, 4}) {
     auto r = launch(ranks, {"collectives", "--alltoall-reduce-scatter"}, tessera::testing::free_port());

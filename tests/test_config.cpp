@@ -11,8 +11,8 @@
 #include <iterator>
 #include <set>
 
-#include "engine/config_io.h"
-#include "engine/config_support.h"
+#include "engine/config/config_io.h"
+#include "engine/config/config_support.h"
 #include "subprocess.h"
 
 using namespace tessera;

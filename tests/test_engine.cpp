@@ -207,3 +207,16 @@ TEST_CASE("per-rank memory with bf16 compute: 2 bytes of parameters - fp32 maste
     CHECK(std::abs(std::stod(m[4]) - states[stage]) <= 8 * 2);
   }
 }
+
+// A C++ model that enters Engine::unit(i) around each layer: the engine hears forward 0, 1, 2 and
+// backward 2, 1, 0 (the backward of a unit ends when its last parameter gradient arrived), once
+// per micro-step, and training is unchanged against the reference.
+TEST_CASE("a C++ model reports unit events the engine tracks in order") {
+  for (int stage : {0, 2}) {
+    auto r = train(2, {"--stage", std::to_string(stage), "--units", "--gas", "2", "--steps", "3"});
+    INFO("stage " << stage << "\n" << r.output);
+    CHECK(r.status == 0);
+    CHECK(contains(r.output, "engine ok"));
+    CHECK(contains(r.output, "units ok: 0:forward_begin 0:forward_end 1:forward_begin"));
+  }
+}

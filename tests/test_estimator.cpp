@@ -1,4 +1,4 @@
-// The memory estimator (engine/estimator.h): presets, hand-computed model states (a 7B model on
+// The memory estimator (engine/estimator/estimator.h): presets, hand-computed model states (a 7B model on
 // 8 GPUs at each ZeRO stage), DeepSpeed's published formulas where the two describe the same thing,
 // Korthikanti et al.'s activation formulas, the verdict and the search, the JSON and the CLI, and
 // — the acceptance check — the estimate against the engine's measured memory on 1, 2 and 4 ranks.
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/config_io.h"
-#include "engine/estimator.h"
+#include "engine/config/config_io.h"
+#include "engine/estimator/estimator.h"
 #include "examples/models/gpt.h"
 #include "subprocess.h"
 

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <thread>
 
-#include "engine/launch_config.h"
-#include "engine/launcher.h"
+#include "engine/launch/launch_config.h"
+#include "engine/launch/launcher.h"
 #include "subprocess.h"
 
 using namespace tessera;

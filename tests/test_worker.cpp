@@ -3,6 +3,9 @@
 //   tessera_test_worker collectives [--tp N]   every collective against values computed by hand
 //   tessera_test_worker context                rendezvous, print the context, exit
 //   tessera_test_worker dead-peer              the last rank exits; the others call all_reduce
+//   tessera_test_worker grad-norm [--tp N] [--pp N]   the global gradient norm (optim/grad_norm.h)
+//                                              over parts flagged data-/tensor-sharded, against
+//                                              the closed form
 //
 // Each check failure throws; the exit status is 1 with the message on stderr.
 #include <ATen/ops/arange.h>
@@ -12,12 +15,16 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
+#include <vector>
 #include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
 
+#include "optim/grad_norm.h"
 #include "parallel/parallel_context.h"
 
 using namespace tessera;
@@ -110,9 +117,58 @@ void check_collectives(ParallelContext& ctx) {
   world.barrier();
 }
 
-int run(const std::string& mode, int tp, bool force_alltoall) {
+// Four kinds of gradient part on every rank of a pipe × data × tensor grid, each filled with a
+// value that depends only on the coordinates it is split over, so every copy of a replicated part
+// agrees (as real gradients would) and the whole model's Σ g² is a sum over the grid:
+//   A  data- and tensor-sharded  3 elements of 1 + d + 2t + 4s
+//   B  data-sharded, replicated  2 elements of 5 + d + 4s       (the same on every tensor rank)
+//   C  whole, tensor-sharded     4 elements of 7 + t + 4s       (the same on every data rank)
+//   D  whole, replicated         1 element of 10 + 4s           (the same on data and tensor ranks)
+// Counting each piece once: Σ_{s,d,t} 3·A² + Σ_{s,d} 2·B² + Σ_{s,t} 4·C² + Σ_s D².
+void check_grad_norm(ParallelContext& ctx) {
+  const GridShape& g = ctx.grid();
+  const Coordinates me = ctx.coordinates();
+  auto a = [](int s, int d, int t) { return 1.0 + d + 2 * t + 4 * s; };
+  auto b = [](int s, int d) { return 5.0 + d + 4 * s; };
+  auto c = [](int s, int t) { return 7.0 + t + 4 * s; };
+  auto e = [](int s) { return 10.0 + 4 * s; };
+  double want = 0;
+  for (int s = 0; s < g.pipe; ++s) {
+    want += e(s) * e(s);
+    for (int d = 0; d < g.data; ++d) want += 2 * b(s, d) * b(s, d);
+    for (int t = 0; t < g.tensor; ++t) want += 4 * c(s, t) * c(s, t);
+    for (int d = 0; d < g.data; ++d)
+      for (int t = 0; t < g.tensor; ++t) want += 3 * a(s, d, t) * a(s, d, t);
+  }
+  std::vector<GradPart> parts = {
+      {at::full({3}, a(me.pipe, me.data, me.tensor), at::kFloat), true, true},
+      {at::full({2}, b(me.pipe, me.data), at::kFloat), true, false},
+      {at::full({4}, c(me.pipe, me.tensor), at::kFloat), false, true},
+      {at::full({1}, e(me.pipe), at::kFloat), false, false},
+  };
+  const NormGroups groups{&ctx.data(), &ctx.tensor(), &ctx.pipe()};
+  const double got = global_grad_sumsq(parts, groups);
+  if (std::abs(got - want) > 1e-6 * want)  // each part's norm is taken in fp32
+    throw std::runtime_error("grad norm: sum of squares " + std::to_string(got) + ", closed form " + std::to_string(want));
+  // An overflow in a sharded part on one rank is an overflow everywhere; so is one in a replicated
+  // part on one pipeline stage (its copies agree within the stage: they were allreduced).
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<GradPart> sharded_inf = parts, stage_inf = parts;
+  sharded_inf[0].grads = parts[0].grads.clone();
+  if (ctx.rank() == ctx.world_size() - 1) sharded_inf[0].grads[0] = inf;
+  if (std::isfinite(global_grad_sumsq(sharded_inf, groups)))
+    throw std::runtime_error("grad norm: the last rank's inf did not reach rank " + std::to_string(ctx.rank()));
+  stage_inf[3].grads = parts[3].grads.clone();
+  if (me.pipe == g.pipe - 1) stage_inf[3].grads[0] = inf;
+  if (std::isfinite(global_grad_sumsq(stage_inf, groups)))
+    throw std::runtime_error("grad norm: the last stage's inf did not reach rank " + std::to_string(ctx.rank()));
+  std::printf("grad norm ok on rank %d: %.1f (closed form %.1f) in %s\n", ctx.rank(), got, want, g.str().c_str());
+}
+
+int run(const std::string& mode, int tp, int pp, bool force_alltoall) {
   ParallelOptions options;
   options.tensor = tp;
+  options.pipe = pp;
   options.backend = "gloo";
   options.communicator.force_alltoall_reduce_scatter = force_alltoall;
   auto ctx = ParallelContext::from_environment(options);
@@ -125,6 +181,10 @@ int run(const std::string& mode, int tp, bool force_alltoall) {
     check_collectives(*ctx);
     std::printf("collectives ok on rank %d (native reduce-scatters %lld, all-to-all %lld)\n", ctx->rank(),
                 (long long)ctx->world().native_reduce_scatters(), (long long)ctx->world().alltoall_reduce_scatters());
+    return 0;
+  }
+  if (mode == "grad-norm") {
+    check_grad_norm(*ctx);
     return 0;
   }
   if (mode == "dead-peer") {
@@ -146,14 +206,15 @@ int run(const std::string& mode, int tp, bool force_alltoall) {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
-  int tp = 1;
+  int tp = 1, pp = 1;
   bool force_alltoall = false;
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--pp") && i + 1 < argc) pp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--alltoall-reduce-scatter")) force_alltoall = true;
   }
   try {
-    return run(mode, tp, force_alltoall);
+    return run(mode, tp, pp, force_alltoall);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker error: %s\n", e.what());
     return 1;

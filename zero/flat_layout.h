@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "optim/shard.h"
+
 namespace tessera {
 
 struct FlatParam {
@@ -33,14 +35,6 @@ struct FlatBucket {
   int64_t shard = 0;         // numel / partitions: each rank's chunk
   int64_t shard_offset = 0;  // where this bucket's chunk starts in a rank's local shard
   std::vector<int> params;   // indices (registration order) of the parameters in this bucket
-};
-
-// A piece of one parameter inside a rank's local shard (what LAMB needs for per-parameter norms).
-struct ShardPiece {
-  int param = 0;
-  int64_t local_offset = 0;  // in the rank's local shard
-  int64_t param_offset = 0;  // element offset inside the parameter
-  int64_t numel = 0;
 };
 
 struct FlatLayout {

@@ -1,6 +1,6 @@
 // `tessera config check FILE [--world-size N] [--unknown-keys warn]`: prints the effective config
 // with every default filled in (exit 0), or every error with its JSON path (exit 1). Besides the
-// config's own errors, it names the keys the engine does not act on yet (engine/config_support.h):
+// config's own errors, it names the keys the engine does not act on yet (engine/config/config_support.h):
 // warnings, or errors where the engine refuses the config (ZeRO-3, offload, tensor or pipeline
 // parallelism, 1-bit Adam, no optimizer section). Warnings and errors go to stderr, the
 // effective config to stdout.
@@ -8,8 +8,8 @@
 #include <iostream>
 
 #include "engine/cli/commands.h"
-#include "engine/config_io.h"
-#include "engine/config_support.h"
+#include "engine/config/config_io.h"
+#include "engine/config/config_support.h"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // `tessera estimate`: will a training configuration fit, and what is the cheapest layout that fits
-// (engine/estimator.h, docs/estimator.md). The flags become a JSON request, the same one
+// (engine/estimator/estimator.h, docs/estimator.md). The flags become a JSON request, the same one
 // tessera::estimate_json takes from Python, so both read it identically.
 //
 // Exit status: 0 fits, 1 does not fit, 2 the inputs are invalid.
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "engine/cli/commands.h"
-#include "engine/estimator.h"
+#include "engine/estimator/estimator.h"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // `tessera launch [OPTIONS] -- PROGRAM [ARGS...]`: the command line of the launcher
-// (engine/launcher.h). Flags override the keys of the --config file: they are merged into its
+// (engine/launch/launcher.h). Flags override the keys of the --config file: they are merged into its
 // JSON before parsing, so a flag's value gets the same checks, and errors, as the key.
 #include <iostream>
 #include <memory>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "engine/cli/commands.h"
-#include "engine/launch_config.h"
-#include "engine/launcher.h"
+#include "engine/launch/launch_config.h"
+#include "engine/launch/launcher.h"
 
 namespace tessera {
 

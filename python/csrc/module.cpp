@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "csrc/cpu_features.h"
-#include "engine/config_io.h"
+#include "engine/config/config_io.h"
 #include "engine/engine.h"
-#include "engine/estimator.h"
+#include "engine/estimator/estimator.h"
 #include "engine/progress.h"
 #include "parallel/parallel_context.h"
 
@@ -210,11 +210,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<EngineHandle>(m, "Engine")
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
                        const std::vector<std::tuple<std::vector<at::Tensor>, std::optional<double>,
-                                                    std::optional<double>, std::string>>& groups) {
+                                                    std::optional<double>, std::string, std::vector<std::string>>>& groups,
+                       const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");
              ModelDescription model;
-             for (const auto& [params, lr, weight_decay, name] : groups)
-               model.groups.push_back(ParamGroup{params, lr, weight_decay, name});
+             for (const auto& [params, lr, weight_decay, name, names] : groups)
+               model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, {}});
+             for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
              auto e = std::make_unique<EngineHandle>();
              e->context = context;
              std::vector<at::Tensor> params;
@@ -227,11 +229,50 @@ PYBIND11_MODULE(_C, m) {
                e->hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
              return e;
            }),
-           py::arg("config"), py::arg("context"), py::arg("groups"))
+           py::arg("config"), py::arg("context"), py::arg("groups"), py::arg("units"))
       .def(
           "backward",
           [](EngineHandle& e, const at::Tensor& loss) { blocking([&] { e.engine->backward(loss); }); },
           py::arg("loss"))
+      .def(
+          "backward_outputs",
+          [](EngineHandle& e, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {
+            blocking([&] { e.engine->backward(outputs, grads); });
+          },
+          py::arg("outputs"), py::arg("output_grads"))
+      // Unit events (zero/units.h), from the module hooks python/tessera/engine.py installs.
+      .def("unit_forward_begin", [](EngineHandle& e, int unit) { e.engine->units().forward_begin(unit); })
+      .def("unit_forward_end", [](EngineHandle& e, int unit) { e.engine->units().forward_end(unit); })
+      .def("unit_output", [](EngineHandle& e, int unit, const at::Tensor& output) {
+        watch_unit_output(e.engine->units(), unit, output);
+      })
+      .def("record_unit_trace", [](EngineHandle& e, bool on) { e.engine->units().record_trace(on); })
+      .def("unit_trace",
+           [](EngineHandle& e) {
+             py::list out;
+             for (const auto& [unit, event] : e.engine->units().trace())
+               out.append(py::make_tuple(unit, unit_event_name(event)));
+             e.engine->units().clear_trace();
+             return out;
+           })
+      .def("units",
+           [](EngineHandle& e) {
+             py::list out;
+             const UnitTracker& t = e.engine->units();
+             for (int u = 0; u < t.size(); ++u) {
+               py::dict d;
+               d["name"] = t.unit(u).name;
+               d["params"] = t.unit(u).params;
+               d["shared"] = t.unit(u).shared;
+               d["numel"] = t.unit(u).owned_numel;
+               d["forwards"] = t.stats()[u].forwards;
+               d["backwards"] = t.stats()[u].backwards;
+               d["forward_s"] = t.stats()[u].forward_s;
+               d["backward_s"] = t.stats()[u].backward_s;
+               out.append(d);
+             }
+             return out;
+           })
       .def("step",
            [](EngineHandle& e) { blocking([&] { e.engine->step(); }); })
       .def("zero_grad", [](EngineHandle& e) { e.engine->zero_grad(); })
@@ -262,7 +303,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("peak_rss_bytes", &peak_rss_bytes, "Peak resident set size of this process, in bytes.");
 
-  // The memory estimator (engine/estimator.h): a JSON request with the CLI's flags as keys, a JSON
+  // The memory estimator (engine/estimator/estimator.h): a JSON request with the CLI's flags as keys, a JSON
   // answer; tessera.estimate() wraps it.
   m.def(
       "estimate_json",

@@ -1,5 +1,6 @@
 """tessera.initialize() and the Engine it returns: DeepSpeed's training loop over the C++ engine."""
 import collections.abc
+import difflib
 import json
 import os
 import sys
@@ -90,9 +91,58 @@ def _param_groups(model, model_parameters):
     return [(_tensor_list(items, "model_parameters"), None, None, "all")]
 
 
+def _default_unit_modules(model):
+    """The model's units, in registration order (usually forward order): each top-level child that
+    has parameters, where a container (ModuleList, Sequential, ModuleDict) is not a unit itself but
+    stands for its entries, recursively (the repeated blocks of a transformer, GPT-2's
+    `transformer.h.3`). Names as in named_modules()."""
+    units = []
+
+    def visit(prefix, module):
+        for name, child in module.named_children():
+            if not any(True for _ in child.parameters()):
+                continue
+            if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+                visit(prefix + name + ".", child)
+            else:
+                units.append((prefix + name, child))
+
+    visit("", model)
+    return units
+
+
+def _units(model, unit_names, trainable):
+    """[(name, module)] for the unit modules, and the C++ engine's [(name, [params])]. Parameters
+    of the model that no unit covers (the root's own) form one more unit, named "<root>"."""
+    if unit_names is None:
+        modules = _default_unit_modules(model)
+    else:
+        if isinstance(unit_names, str) or not isinstance(unit_names, collections.abc.Iterable):
+            raise TypeError("tessera.initialize: units must be a list of module names, got %s" % _type_name(unit_names))
+        named = dict(model.named_modules())
+        modules = []
+        for n in unit_names:
+            if not isinstance(n, str):
+                raise TypeError("tessera.initialize: units must be module names (str), got %s" % _type_name(n))
+            if n not in named:
+                close = difflib.get_close_matches(n, [k for k in named if k], n=1)
+                raise ValueError("tessera.initialize: units: %r is not a module of the model%s"
+                                 % (n, " (did you mean %r?)" % close[0] if close else ""))
+            modules.append((n, named[n]))
+    spec, covered = [], set()
+    for name, module in modules:
+        params = [p for p in module.parameters() if id(p) in trainable]
+        covered.update(id(p) for p in params)
+        spec.append((name, params))
+    rest = [p for p in trainable.values() if id(p) not in covered]
+    if rest:
+        spec.append(("<root>", rest))
+    return modules, spec
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
-               config_params=None):
+               config_params=None, units=None):
     """Builds the engine that trains `model` as `config` says; returns the Engine.
 
     model:            a torch.nn.Module. Its parameters become views into the engine's flat buffers
@@ -102,6 +152,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     model_parameters: None (every parameter of the model that requires grad), an iterable of
                       tensors, or param-group dicts {"params": [...], "lr": x, "weight_decay": y}.
                       A group's lr is a factor on the schedule: schedule(t) * lr / optimizer.params.lr.
+
+    units:            the model's units (docs/architecture.md), as module names, in forward order;
+                      default: each top-level child with parameters, the entries of a ModuleList or
+                      Sequential counted one by one. The engine hears when each unit's forward and
+                      backward start and end (module hooks); `engine.units()` lists them.
 
     Unlike deepspeed.initialize, returns the engine alone, not a 4-tuple; the optimizer and the LR
     schedule always come from the config (optimizer=, lr_scheduler=, training_data= are refused).
@@ -134,17 +189,51 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     devices = {p.device.type for g in groups for p in g[0]}
     backend = "gloo" if devices <= {"cpu"} else "auto"
     context = comm._get_context(backend, cfg.tensor, cfg.pipe)
-    cengine = _C.Engine(cfg, context, groups)
-    return Engine(model, cengine, groups)
+    names = {id(p): n for n, p in model.named_parameters()}
+    trainable = {id(p): p for g in groups for p in g[0]}
+    unit_modules, unit_spec = _units(model, units, trainable)
+    cgroups = [g + ([names.get(id(p), "") for p in g[0]],) for g in groups]
+    cengine = _C.Engine(cfg, context, cgroups, unit_spec)
+    return Engine(model, cengine, groups, unit_modules)
+
+
+class _UnitEnter:
+    def __init__(self, cengine, index):
+        self._c, self._index = cengine, index
+
+    def __call__(self, module, inputs):
+        self._c.unit_forward_begin(self._index)
+
+
+class _UnitLeave:
+    """Ends the unit's forward, and watches its first output that requires grad: the unit's
+    backward begins when that output's gradient arrives."""
+
+    def __init__(self, cengine, index):
+        self._c, self._index = cengine, index
+
+    def __call__(self, module, inputs, output):
+        first = output
+        while isinstance(first, (tuple, list)) and first:
+            first = first[0]
+        if isinstance(output, dict):
+            first = next((v for v in output.values() if isinstance(v, torch.Tensor)), None)
+        if isinstance(first, torch.Tensor) and first.requires_grad:
+            self._c.unit_output(self._index, first)
+        self._c.unit_forward_end(self._index)
 
 
 class Engine:
     """Trains one torch.nn.Module: engine(*args) runs its forward, engine.backward(loss) and
     engine.step() do the rest. Attributes the module has and the engine lacks are the module's."""
 
-    def __init__(self, module, cengine, groups):
+    def __init__(self, module, cengine, groups, unit_modules=()):
         self._module = module
         self._c = cengine
+        self._unit_hooks = []
+        for index, (_, unit) in enumerate(unit_modules):
+            self._unit_hooks.append(unit.register_forward_pre_hook(_UnitEnter(cengine, index)))
+            self._unit_hooks.append(unit.register_forward_hook(_UnitLeave(cengine, index)))
         self.config = json.loads(cengine.config_json())  # the effective config, every default filled in
         self._base_lr = self.config["optimizer"]["params"]["lr"]
         self._group_lrs = [g[1] for g in groups]
@@ -170,6 +259,11 @@ class Engine:
         if mon.get("enabled"):
             path = os.path.join(mon.get("output_path", ""), mon.get("job_name", "DeepSpeedJobName"), "metrics.jsonl")
             self.monitor = JsonlMonitor(path if self.global_rank == 0 else None)
+
+    def __del__(self):
+        # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
+        for handle in self.__dict__.get("_unit_hooks", ()):
+            handle.remove()
 
     # --- the module -------------------------------------------------------------------------------
     @property
@@ -206,6 +300,20 @@ class Engine:
     def state_dict(self, *args, **kwargs):
         return self._module.state_dict(*args, **kwargs)
 
+    # --- units ------------------------------------------------------------------------------------
+    def units(self):
+        """The model's units in forward order: name, parameter names (and the shared ones an earlier
+        unit owns), elements owned, and forward/backward counts and seconds so far."""
+        return self._c.units()
+
+    def record_unit_events(self, on=True):
+        """Starts (or stops) recording unit events; unit_events() returns and clears them."""
+        self._c.record_unit_trace(on)
+
+    def unit_events(self):
+        """[(unit index, "forward_begin" | "forward_end" | "backward_begin" | "backward_end")] since the last call."""
+        return self._c.unit_trace()
+
     # --- training ---------------------------------------------------------------------------------
     def record_batch(self, samples, tokens=0):
         """Tells the progress line (and the metrics) how many samples and tokens this rank's micro-batch
@@ -217,9 +325,25 @@ class Engine:
         self._step_tokens += tokens
         self._recorded = True
 
-    def backward(self, loss):
+    def backward(self, loss, output_grads=None):
         """Scales the loss by 1/gradient_accumulation_steps (and the fp16 loss scale) and runs autograd;
-        gradients go into the engine's fp32 buffers (a parameter's .grad stays None). Returns loss."""
+        gradients go into the engine's fp32 buffers (a parameter's .grad stays None). Returns loss.
+
+        backward(outputs, output_grads): the backward of a model part whose outputs feed something
+        else (a pipeline stage): autograd from the tensors `outputs` with `output_grads` as their
+        gradients, used as given (the part that owns the loss scaled them). Records no loss."""
+        if output_grads is not None:
+            outputs = [loss] if isinstance(loss, torch.Tensor) else list(loss)
+            grads = [output_grads] if isinstance(output_grads, torch.Tensor) else list(output_grads)
+            if not all(isinstance(t, torch.Tensor) for t in outputs + grads):
+                raise TypeError("Engine.backward: outputs and output_grads must be tensors")
+            if len(outputs) != len(grads):
+                raise ValueError("Engine.backward: %d outputs but %d output_grads" % (len(outputs), len(grads)))
+            if not self._recorded:
+                self.record_batch(self._micro)
+            self._c.backward_outputs(outputs, grads)
+            self._recorded = False
+            return loss
         if not isinstance(loss, torch.Tensor):
             raise TypeError("Engine.backward: loss must be a torch.Tensor, got %s" % _type_name(loss))
         if loss.numel() != 1:

@@ -242,3 +242,81 @@ def test_estimate_from_python_matches_the_engine_accounting():
     assert "total_bytes" in result["per_node_cpu"] and "total_bytes" in result["per_node_nvme"]
     with pytest.raises(ValueError, match="zero"):
         tessera.estimate(params=1000, zero=7)
+
+
+# --- units --------------------------------------------------------------------------------------
+
+class TiedLm(nn.Module):
+    """Embedding, two blocks in a ModuleList, and a head whose weight IS the embedding's."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(10, 8)
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def lm_loss(engine, g):
+    idx = torch.randint(0, 10, (4, 5), generator=g)
+    return nn.functional.cross_entropy(engine(idx).reshape(-1, 10), idx.reshape(-1))
+
+
+def test_module_units_report_forward_then_backward_in_reverse():
+    engine = tessera.initialize(model=TiedLm(), config=config(gradient_accumulation_steps=2))
+    units = engine.units()
+    assert [u["name"] for u in units] == ["emb", "blocks.0", "blocks.1", "head"]
+    assert units[3]["params"] == ["emb.weight"] and units[3]["shared"] == ["emb.weight"]  # tied, owned by emb
+    assert units[3]["numel"] == 0 and units[0]["numel"] == 80
+    g = torch.Generator().manual_seed(0)
+    engine.record_unit_events()
+    for _ in range(2):
+        engine.backward(lm_loss(engine, g))
+        engine.step()
+    events = engine.unit_events()
+    one = []
+    for u in range(4):
+        one += [(u, "forward_begin"), (u, "forward_end")]
+    for u in (3, 2, 1, 0):
+        one += [(u, "backward_begin"), (u, "backward_end")]
+    assert events == one * 2
+    assert all(u["forwards"] == 2 and u["backwards"] == 2 for u in engine.units())
+    assert engine.unit_events() == []  # read and cleared
+
+
+def test_units_can_be_named_and_a_wrong_name_is_refused():
+    engine = tessera.initialize(model=TiedLm(), config=config(), units=["emb", "blocks"])
+    assert [u["name"] for u in engine.units()] == ["emb", "blocks"]  # the head owns nothing more: no <root>
+    with pytest.raises(ValueError, match=r"units: 'block' is not a module of the model \(did you mean 'blocks'\?\)"):
+        tessera.initialize(model=TiedLm(), config=config(), units=["block"])
+    m = mlp()
+    engine = tessera.initialize(model=m, config=config(), units=["0"])
+    assert [u["name"] for u in engine.units()] == ["0", "<root>"]  # the rest of the parameters
+
+
+def test_backward_with_output_gradients_equals_backward_of_the_loss():
+    """backward(outputs, output_grads) runs autograd from the outputs with the given gradients: the
+    same update as backward(loss) when the gradients are dloss/doutputs, already scaled."""
+    def run(split):
+        m = mlp()
+        engine = tessera.initialize(model=m, config=config(optimizer={"type": "SGD", "params": {"lr": 0.1}}))
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+        out = engine(x)
+        if split:
+            grad = 2 * (out.detach() - y) / out.numel()  # d mse / d out
+            engine.backward(out, grad)
+        else:
+            engine.backward(nn.functional.mse_loss(out, y))
+        engine.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -1,4 +1,4 @@
-#include "engine/model_presets.h"
+#include "engine/estimator/model_presets.h"
 
 #include <algorithm>
 #include <map>

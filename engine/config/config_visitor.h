@@ -14,8 +14,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/config_io.h"
-#include "engine/config_unsupported.h"
+#include "engine/config/config_io.h"
+#include "engine/config/config_unsupported.h"
 
 namespace tessera {
 namespace config_detail {

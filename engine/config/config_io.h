@@ -9,7 +9,7 @@
 //                     so every error shows in one pass and none is reported twice.
 //   config_to_json    the effective config, every default filled in.
 //   load_config       all three for a file or JSON text; throws ConfigError listing every error.
-// What the engine can run of a valid config is engine/config_support.h.
+// What the engine can run of a valid config is engine/config/config_support.h.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 namespace tessera {
 

@@ -1,6 +1,6 @@
 // The launch config: how `tessera launch` starts the ranks of a job on this node.
 //
-// Same scheme as the training config (engine/config.h): every default is a member initializer,
+// Same scheme as the training config (engine/config/config.h): every default is a member initializer,
 // and each struct lists its JSON keys once, in `fields(v)`, which drives parsing (with the JSON
 // path in every error and "did you mean" for unknown keys) and printing.
 //
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/config_io.h"
-#include "engine/config_rules.h"
+#include "engine/config/config_io.h"
+#include "engine/config/config_rules.h"
 
 namespace tessera {
 

@@ -1,5 +1,5 @@
 // Model states per rank: what the engine allocates, stage by stage (docs/zero.md, docs/estimator.md).
-#include "engine/estimator.h"
+#include "engine/estimator/estimator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/estimator_detail.h"
-#include "zero/flat_layout.h"
+#include "engine/estimator/estimator_detail.h"
+#include "zero/buffer_plan.h"
 
 namespace tessera {
 
@@ -41,37 +41,41 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
   const std::string dtype = s.precision;
 
   if (s.zero_stage <= 2) {
-    // Exactly the engine's buffers (zero/zero_optimizer.cpp), one flat layout per group.
-    const int partitions = s.zero_stage == 0 ? 1 : dp;
-    int64_t total = 0, shard = 0, largest_bucket = 0, max_shard = 0;
+    // The engine's own buffer planner (zero/buffer_plan.h): the figures are what it allocates.
+    BufferPlanInput in;
+    in.group_numels = groups;
+    in.stage = s.zero_stage;
+    in.data_parallel = dp;
+    in.compute_bytes = c;
+    in.bucket_numel = s.reduce_bucket_size;
+    in.state_floats = k / 4;
+    const BufferPlan plan = plan_buffers(in);
+    const int partitions = plan.partitions;
+    int64_t total = 0, shard = 0;
     // Construction (ZeroOptimizer's constructor, group by group): the model's own fp32 tensors
     // not yet re-pointed, this group's compute buffer and master shard (copied straight from the
     // model's tensors), and the earlier groups' compute buffers and master shards.
     int64_t remaining_model = 4 * m.params, built = 0;
-    for (const auto& numels : groups) {
-      FlatLayout L = FlatLayout::build(numels, partitions, s.reduce_bucket_size);
-      total += L.total;
-      shard += L.shard_numel;
-      for (const auto& b : L.buckets) {
-        largest_bucket = std::max(largest_bucket, b.numel);
-        max_shard = std::max(max_shard, b.shard);
-      }
+    for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
+      const GroupBuffers& g = plan.groups[gi];
+      total += g.layout.total;
+      shard += g.layout.shard_numel;
       int64_t group_params = 0;
-      for (auto n : numels) group_params += n;
-      const int64_t compute = c * L.total;
-      const int64_t master = (mixed && !off_opt) ? 4 * L.shard_numel : 0;
+      for (auto n : groups[gi]) group_params += n;
+      const int64_t compute = int64_t(c) * g.compute_numel;
+      const int64_t master = off_opt ? 0 : 4 * g.master_numel;
       st.construction = std::max(st.construction, remaining_model + built + compute + master);
       remaining_model -= 4 * group_params;
-      built += c * L.total + master;
+      built += compute + master;
     }
-    st.params = c * total;
+    st.params = plan.parameter_bytes;
     st.params_detail = dtype + ", whole";
     if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
     if (!off_opt) {
-      if (mixed) st.master = 4 * shard, st.master_detail = part(partitions);
-      st.grads = 4 * (s.zero_stage == 2 ? shard : total);
+      if (mixed) st.master = plan.master_bytes, st.master_detail = part(partitions);
+      st.grads = plan.gradient_bytes;
       st.grads_detail = "fp32, " + part(s.zero_stage == 2 ? dp : 1);
-      st.optim = int64_t(k) * shard;
+      st.optim = plan.state_bytes;
       st.optim_detail = state_name(s) + ", " + part(partitions);
     } else {
       // Design (not in the engine yet): the optimizer runs on the host over this rank's shard;
@@ -86,15 +90,13 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
         st.h_pinned_detail = std::to_string(s.optimizer_buffer_count) + " optimizer swap buffers";
       }
     }
-    // Communication buffers (zero/zero_optimizer.cpp: launch_bucket, acquire_staging).
-    if (s.zero_stage == 1 && dp > 1) {
-      st.buckets = 4 * shard;  // a receive chunk per bucket, all alive until the end of backward
-      st.buckets_detail = "fp32 receive chunk of every bucket, alive until backward ends";
-    } else if (s.zero_stage == 2) {
-      st.buckets = int64_t(staging_buffers) * 4 * largest_bucket + (dp > 1 ? int64_t(staging_buffers) * 4 * max_shard : 0);
-      st.buckets_detail = std::to_string(staging_buffers) + " fp32 staging buffer" + (staging_buffers > 1 ? "s" : "") +
-                          " of " + count_str(largest_bucket) + " elements" + (dp > 1 ? " + receive chunks" : "");
-    }
+    // Communication buffers: the planner's bound, which the engine reaches (zero/buffer_plan.h).
+    st.buckets = plan.communication_bytes;
+    if (s.zero_stage == 1 && dp > 1) st.buckets_detail = "fp32 receive chunk of every bucket, alive until backward ends";
+    if (s.zero_stage == 2)
+      st.buckets_detail = std::to_string(plan.staging_buffers) + " fp32 staging buffer" +
+                          (plan.staging_buffers > 1 ? "s" : "") + " of " + count_str(plan.largest_bucket) +
+                          " elements" + (dp > 1 ? " + receive chunks" : "");
     return st;
   }
 

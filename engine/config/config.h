@@ -1,7 +1,8 @@
 // The typed, DeepSpeed-compatible training config.
 //
-// Every default lives here, as a member initializer, and nowhere else. Each struct lists its
-// JSON keys once, in `fields(v)`: the same list drives parsing (engine/config_reader.cpp), the
+// Every default lives here, as a member initializer, and nowhere else; the sections optim/ consumes
+// keep their plain data (and defaults) in optim/options.h, which their structs here derive from.
+// Each struct lists its JSON keys once, in `fields(v)`: the same list drives parsing (engine/config/config_io.cpp), the
 // printing of the effective config, and the "did you mean" suggestions for unknown keys.
 // Key names and defaults follow DeepSpeed (runtime/constants.py, runtime/zero/config.py).
 #pragma once
@@ -11,19 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/config_rules.h"
+#include "engine/config/config_rules.h"
+#include "optim/options.h"
 
 namespace tessera {
 
-struct Fp16Config {
-  bool enabled = false;
-  double loss_scale = 0.0;  // 0 means dynamic loss scaling
-  int initial_scale_power = 16;
-  int64_t loss_scale_window = 1000;
-  int hysteresis = 2;
-  bool consecutive_hysteresis = false;
-  double min_loss_scale = 1.0;
-
+struct Fp16Config : LossScaleParams {
   template <class V> void fields(V& v) {
     v("enabled", enabled);
     v("loss_scale", loss_scale, at_least(0.0));
@@ -41,20 +35,8 @@ struct Bf16Config {
 };
 
 // Optimizer hyper-parameters; which keys are valid depends on the optimizer type.
-struct OptimizerParams {
+struct OptimizerParams : OptimizerHyperparams {
   std::string kind;  // the canonical optimizer type, set by OptimizerConfig before visiting
-  double lr = 1e-3;
-  std::vector<double> betas = {0.9, 0.999};
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool bias_correction = true;
-  bool adam_w_mode = true;  // DeepSpeed's default: "Adam" applies decoupled (AdamW) decay
-  bool torch_adam = false;
-  double momentum = 0.0;    // SGD
-  double dampening = 0.0;   // SGD
-  bool nesterov = false;    // SGD
-  double max_coeff = 10.0;  // Lamb trust-ratio clamp
-  double min_coeff = 0.01;  // Lamb
   int64_t freeze_step = 100000;     // OneBitAdam: warm-up steps before compression
   bool cuda_aware = false;          // OneBitAdam
   std::string comm_backend_name = "nccl";  // OneBitAdam
@@ -98,30 +80,8 @@ struct OptimizerConfig {
 };
 
 // Learning-rate schedule parameters (DeepSpeed runtime/lr_schedules.py), by schedule type.
-struct SchedulerParams {
+struct SchedulerParams : LrScheduleParams {
   std::string kind;
-  // WarmupLR, WarmupDecayLR
-  double warmup_min_lr = 0.0;
-  double warmup_max_lr = 1e-3;
-  int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";
-  std::optional<int64_t> total_num_steps;  // WarmupDecayLR, WarmupCosineLR (required)
-  // WarmupCosineLR
-  double warmup_min_ratio = 0.0;
-  double cos_min_ratio = 1e-4;
-  // OneCycle
-  std::optional<double> cycle_min_lr;  // required
-  std::optional<double> cycle_max_lr;  // required
-  double decay_lr_rate = 0.0;
-  int64_t cycle_first_step_size = 2000;
-  std::optional<int64_t> cycle_second_step_size;  // defaults to cycle_first_step_size
-  int64_t cycle_first_stair_count = 0;
-  std::optional<int64_t> cycle_second_stair_count;  // defaults to cycle_first_stair_count
-  int64_t decay_step_size = 0;
-  bool cycle_momentum = true;
-  double cycle_min_mom = 0.8;
-  double cycle_max_mom = 0.9;
-  double decay_mom_rate = 0.0;
 
   template <class V> void fields(V& v) {
     if (kind == "OneCycle") {

@@ -1,13 +1,13 @@
-// The estimator's answer as JSON (`--json`, tessera.estimate) and as the text table (engine/estimator.h).
-#include "engine/estimator.h"
+// The estimator's answer as JSON (`--json`, tessera.estimate) and as the text table (engine/estimator/estimator.h).
+#include "engine/estimator/estimator.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/config_io.h"
-#include "engine/estimator_detail.h"
+#include "engine/config/config_io.h"
+#include "engine/estimator/estimator_detail.h"
 
 namespace tessera {
 

@@ -1,17 +1,17 @@
-// Reading and checking the launch config (engine/launch_config.h).
-#include "engine/launch_config.h"
+// Reading and checking the launch config (engine/launch/launch_config.h).
+#include "engine/launch/launch_config.h"
 
 #include <climits>
 #include <initializer_list>
 #include <string>
 
-#include "engine/config_visitor.h"
+#include "engine/config/config_visitor.h"
 
 namespace tessera {
 
 using nlohmann::json;
 
-// The variables the launcher sets for each rank (rank_environment in engine/launcher.cpp).
+// The variables the launcher sets for each rank (rank_environment in engine/launch/launcher.cpp).
 // `env` may not set them: a second, silently losing value would be a trap.
 static const char* const kLauncherVariables[] = {
     "RANK",      "WORLD_SIZE",      "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK",        "GROUP_WORLD_SIZE",

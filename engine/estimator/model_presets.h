@@ -1,4 +1,4 @@
-// Transformer shapes for the memory estimator (engine/estimator.h): the named presets, the
+// Transformer shapes for the memory estimator (engine/estimator/estimator.h): the named presets, the
 // parameter tensors a shape has (in registration order, the order the engine lays them out in),
 // and the parameter counts derived from them. Pure arithmetic; docs/estimator.md states the
 // formulas.

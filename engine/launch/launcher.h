@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/launch_config.h"
+#include "engine/launch/launch_config.h"
 
 namespace tessera {
 

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/model_presets.h"
+#include "engine/config/config.h"
+#include "engine/estimator/model_presets.h"
 
 namespace tessera {
 
@@ -68,7 +68,7 @@ struct TrainingSetup {
   std::string attention = "sdpa";
   std::optional<bool> flash_attention;     // legacy: true = "sdpa", false = "eager"; overrides `attention`
   int param_groups = 0;                    // 0: the tensors' groups (2 for shapes, 1 for a bare count)
-  // DeepSpeed knobs that size buffers (zero_optimization.*), defaults as in engine/config.h.
+  // DeepSpeed knobs that size buffers (zero_optimization.*), defaults as in engine/config/config.h.
   int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;
   int64_t stage3_prefetch_bucket_size = 50000000;
@@ -153,7 +153,7 @@ struct ActivationDetail {
   std::string formula;            // the per-layer formula used, in words
 };
 
-// What an option costs in speed (the search's cost model, option_cost in engine/estimator.cpp):
+// What an option costs in speed (the search's cost model, option_cost in engine/estimator/estimator.cpp):
 // seconds per training sample on one GPU at the option's micro-batch, term by term, with no
 // overlap between the terms. A ranking device, not a throughput prediction.
 struct OptionCost {

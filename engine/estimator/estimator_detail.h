@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/estimator.h"
+#include "engine/estimator/estimator.h"
 
 namespace tessera::estimator_detail {
 
@@ -37,7 +37,7 @@ struct StageModel {
   bool first = true, last = true;
 };
 
-// Model states of one rank (engine/estimator_states.cpp): exactly the engine's buffers at stages 0-2.
+// Model states of one rank (engine/estimator/estimator_states.cpp): exactly the engine's buffers at stages 0-2.
 struct States {
   // device
   int64_t params = 0, master = 0, grads = 0, optim = 0, gathered = 0, buckets = 0, construction = 0;
@@ -51,7 +51,7 @@ struct States {
 States model_states(const StageModel& m, const TrainingSetup& s, int dp);
 std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s);
 
-// Activations (engine/estimator_activations.cpp): Korthikanti et al. 2022.
+// Activations (engine/estimator/estimator_activations.cpp): Korthikanti et al. 2022.
 struct Activations {
   int64_t layer_full = 0;    // one layer, no checkpointing
   int64_t layer_stored = 0;  // one layer as stored under the checkpointing mode (per micro-batch)

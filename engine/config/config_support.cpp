@@ -1,4 +1,4 @@
-// The table of config keys the engine does not act on yet (engine/config_support.h), and the
+// The table of config keys the engine does not act on yet (engine/config/config_support.h), and the
 // check that names the ones a config sets to anything but a value that changes nothing.
 //
 // Which keys are here was found by reading the code: a key is on the list when nothing in engine/,
@@ -10,7 +10,7 @@
 // ignore_unused_parameters; tensor_parallel.tp_size and pipeline.stages (checked against the
 // parallel context); pipeline.micro_batches (must equal gradient_accumulation_steps);
 // unknown_keys (the parser); csv_monitor (the Python API writes the metrics).
-#include "engine/config_support.h"
+#include "engine/config/config_support.h"
 
 #include <algorithm>
 #include <functional>

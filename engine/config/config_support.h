@@ -1,7 +1,7 @@
 // What the engine acts on: the config keys that parse and validate but that the engine does not
 // implement yet.
 //
-// A valid config is not necessarily one the engine can run. One table (engine/config_support.cpp)
+// A valid config is not necessarily one the engine can run. One table (engine/config/config_support.cpp)
 // lists every JSON path the engine does not act on yet, with a severity:
 //   Error    ignoring the key would change the result (ZeRO stage 3, offload, tensor or pipeline
 //            parallelism, an optimizer the engine cannot build): the engine refuses the config;
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/config_io.h"
+#include "engine/config/config.h"
+#include "engine/config/config_io.h"
 
 namespace tessera {
 

@@ -1,6 +1,6 @@
 // The table of DeepSpeed config keys that tessera knows but does not implement
 // (from DeepSpeed's runtime/constants.py and runtime/zero/config.py).
-#include "engine/config_unsupported.h"
+#include "engine/config/config_unsupported.h"
 
 #include <iterator>
 

@@ -1,5 +1,5 @@
 // Activation memory per layer and stage (Korthikanti et al. 2022), as docs/estimator.md states it.
-#include "engine/estimator.h"
+#include "engine/estimator/estimator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/estimator_detail.h"
+#include "engine/estimator/estimator_detail.h"
 #include "zero/flat_layout.h"
 
 namespace tessera {

@@ -1,4 +1,4 @@
-// The launcher: start the ranks, watch them, stop them all when one fails (engine/launcher.h).
+// The launcher: start the ranks, watch them, stop them all when one fails (engine/launch/launcher.h).
 //
 // It is one thread running one poll() loop. What it waits on:
 //   - a self-pipe that the signal handlers write a byte to. SIGCHLD means "a rank may have exited";
@@ -12,7 +12,7 @@
 // the rank started (a shell's children, data-loader workers). Exits are observed with
 // waitid(WNOWAIT) and reaped only at the very end: a zombie keeps its pid, and so its group id,
 // from being reused, so signalling a rank's group can never hit an unrelated process.
-#include "engine/launcher.h"
+#include "engine/launch/launcher.h"
 
 #include <errno.h>
 #include <fcntl.h>

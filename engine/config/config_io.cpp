@@ -1,5 +1,5 @@
-// Parsing and printing of the config through each struct's `fields(v)` list (engine/config.h).
-#include "engine/config_io.h"
+// Parsing and printing of the config through each struct's `fields(v)` list (engine/config/config.h).
+#include "engine/config/config_io.h"
 
 #include <sys/stat.h>
 
@@ -14,7 +14,7 @@
 #include <sstream>
 #include <type_traits>
 
-#include "engine/config_visitor.h"
+#include "engine/config/config_visitor.h"
 
 namespace tessera {
 

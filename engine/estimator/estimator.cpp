@@ -1,5 +1,5 @@
-// The memory estimator (engine/estimator.h). docs/estimator.md states every formula used here.
-#include "engine/estimator.h"
+// The memory estimator (engine/estimator/estimator.h). docs/estimator.md states every formula used here.
+#include "engine/estimator/estimator.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,8 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/config_io.h"
-#include "engine/estimator_detail.h"
+#include "engine/config/config_io.h"
+#include "engine/estimator/estimator_detail.h"
 #include "zero/flat_layout.h"
 
 namespace tessera {

@@ -1,5 +1,5 @@
 // Estimator requests as JSON with the CLI's flags as keys (the CLI and tessera.estimate build them).
-#include "engine/estimator.h"
+#include "engine/estimator/estimator.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,8 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/config_io.h"
-#include "engine/estimator_detail.h"
+#include "engine/config/config_io.h"
+#include "engine/estimator/estimator_detail.h"
 
 namespace tessera {
 

@@ -4,7 +4,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "engine/config_io.h"
+#include "engine/config/config_io.h"
 #include "parallel/topology.h"
 
 namespace tessera {

@@ -1,0 +1,43 @@
+// The global gradient norm, overflow and clipping of one optimizer step.
+//
+// The norm is over the WHOLE model's gradients, ‖g‖ = sqrt(Σ g²), while each rank holds only a
+// part of them. Each piece of the sum is reduced over the groups across which it is split, and
+// counted once across the groups that hold copies of it:
+//   data-sharded (ZeRO 1–2 shards)       summed over the data group; whole copies (stage 0) once
+//   tensor-sharded (tensor-parallel)     summed over the tensor group; replicated weights once
+//   pipeline stages                      always summed over the pipe group (disjoint layers)
+// Copies are identical where they are counted once (stage 0's gradients were allreduced; replicated
+// weights get the same gradient on every tensor rank), so a non-finite gradient anywhere makes the
+// total non-finite on every rank: that is the overflow check (one host read per step). Clipping follows DeepSpeed and torch.nn.utils.clip_grad_norm_:
+// multiply by clip / (‖g‖ + 1e-6) when ‖g‖ > clip.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace tessera {
+
+class Communicator;
+
+struct GradPart {
+  at::Tensor grads;             // a flat view of gradients this rank holds
+  bool data_sharded = false;    // this rank holds 1/N of it (ZeRO 1–2), the data group the rest
+  bool tensor_sharded = false;  // a tensor-parallel slice; the tensor group holds the other slices
+};
+
+// The groups a norm reduces over; a null or single-rank group is skipped.
+struct NormGroups {
+  Communicator* data = nullptr;
+  Communicator* tensor = nullptr;
+  Communicator* pipe = nullptr;
+};
+
+// Σ g² over the whole model, the same value on every rank (non-finite on overflow). The parts'
+// sums are taken on their device; one host read at the end.
+double global_grad_sumsq(const std::vector<GradPart>& parts, const NormGroups& groups);
+
+// The factor clipping multiplies the gradients by (1 when clip <= 0 or the norm is within it).
+double clip_coefficient(double grad_norm, double clip);
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// The one place that decides the engine's flat buffers: a pure function (no tensors) from the
+// parameter groups' sizes, the data-parallel degree, the ZeRO stage and the dtypes to every buffer
+// and its size. ZeroOptimizer allocates exactly what it returns; the memory estimator
+// (engine/estimator/) calls it for its model-state figures, so the two cannot drift apart.
+//
+// Per rank, Ψ parameters, N data-parallel ranks, k optimizer-state floats per element (docs/zero.md):
+//   stage 0  compute Ψ, fp32 gradients Ψ,   states kΨ        (+ fp32 master Ψ when mixed)
+//   stage 1  compute Ψ, fp32 gradients Ψ,   states kΨ/N      (+ fp32 master Ψ/N)
+//   stage 2  compute Ψ, fp32 gradients Ψ/N, states kΨ/N      (+ fp32 master Ψ/N)
+// plus padding: every bucket is a multiple of the partition count (zero/flat_layout.h).
+// Communication buffers, an upper bound the engine reaches (it measures its own):
+//   stage 1  one fp32 receive chunk per bucket, alive until backward ends (N > 1)
+//   stage 2  one fp32 staging buffer of the largest bucket per group, and a receive chunk with each
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "zero/flat_layout.h"
+
+namespace tessera {
+
+struct BufferPlanInput {
+  std::vector<std::vector<int64_t>> group_numels;  // per parameter group, in registration order
+  int stage = 0;              // ZeRO stage 0, 1 or 2
+  int data_parallel = 1;      // N
+  int compute_bytes = 4;      // bytes per element of the model's parameters (2 for bf16/fp16)
+  int64_t bucket_numel = 500'000'000;  // zero_optimization.reduce_bucket_size
+  int64_t state_floats = 2;   // fp32 optimizer-state elements per shard element (Adam 2)
+};
+
+struct GroupBuffers {
+  FlatLayout layout;
+  int64_t compute_numel = 0;  // the model's parameters (compute dtype), whole
+  int64_t master_numel = 0;   // fp32 master shard (mixed precision), 0 otherwise
+  int64_t grad_numel = 0;     // fp32 gradient accumulation: whole (stages 0–1) or the shard (2)
+  int64_t state_numel = 0;    // fp32 optimizer states of the shard
+};
+
+struct BufferPlan {
+  int partitions = 1;  // 1 at stage 0, N at stages 1–2
+  std::vector<GroupBuffers> groups;
+  int64_t largest_bucket = 0;  // elements
+  int64_t largest_chunk = 0;   // elements of the largest bucket's per-rank chunk
+  // Bytes per rank.
+  int64_t parameter_bytes = 0, master_bytes = 0, gradient_bytes = 0, state_bytes = 0;
+  int64_t communication_bytes = 0;  // receive chunks (stage 1), staging buffers + chunks (stage 2)
+  int staging_buffers = 0;          // stage 2
+};
+
+BufferPlan plan_buffers(const BufferPlanInput& in);
+
+}  // namespace tessera

@@ -1,0 +1,54 @@
+// What the engine is told about a model: its parameters in optimizer groups, and its units.
+//
+// A model is an ordered list of named UNITS (the embedding, each block, the head): the pieces the
+// engine can act on one at a time (gather and release them at ZeRO-3, cut them into pipeline
+// stages, prefetch them from offload). Each unit lists the parameters it uses; a parameter listed
+// by several units is SHARED (tied, e.g. the embedding and the LM head) and belongs to the first.
+// A C++ model reports when a unit's forward starts and ends through Engine::unit(i); the Python
+// binding does it with module hooks (python/tessera/engine.py). With no units given, the whole
+// model is one unit.
+//
+// Parameter groups are the optimizer's (DeepSpeed's param_groups): their own lr and weight decay.
+// A parameter flagged tensor-sharded holds only this rank's slice of a tensor-parallel weight: its
+// gradient norm is summed over the tensor group; a replicated one is counted once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct ParamGroup {
+  std::vector<at::Tensor> params;  // leaf tensors; the engine re-points them into its flat buffer
+  std::optional<double> lr;            // overrides optimizer.params.lr (a factor of the schedule)
+  std::optional<double> weight_decay;  // overrides optimizer.params.weight_decay
+  std::string name;
+  std::vector<std::string> param_names;  // optional, one per parameter: named in errors
+  std::vector<bool> tensor_sharded;      // optional, one per parameter (default: replicated)
+};
+
+struct ModelUnit {
+  std::string name;                // "embedding", "blocks.3", "head"
+  std::vector<at::Tensor> params;  // the parameters its forward uses (each one in some ParamGroup)
+};
+
+struct ModelDescription {
+  std::vector<ParamGroup> groups;
+  std::vector<ModelUnit> units;  // in forward order; empty: one unit holding every parameter
+};
+
+// Per-rank bytes held by the engine's own buffers (not activations), measured from the buffers.
+struct MemoryReport {
+  int64_t parameters = 0;        // compute-dtype parameters (the model's tensors)
+  int64_t master_parameters = 0; // fp32 master slice (mixed precision only)
+  int64_t gradients = 0;         // fp32 gradient accumulation (full, or this rank's slice)
+  int64_t optimizer_states = 0;  // moments etc., this rank's slice
+  int64_t buckets = 0;           // communication staging buffers
+  int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
+};
+
+}  // namespace tessera

@@ -1,0 +1,31 @@
+// ZeRO stage 0: plain data parallelism over flat buffers (zero/zero_stage.h).
+#include "zero/zero_stage.h"
+
+namespace tessera {
+
+class Stage0 final : public ZeroStage {
+ public:
+  using ZeroStage::ZeroStage;
+  int number() const override { return 0; }
+  int shard_rank() const override { return 0; }
+  bool gradients_data_sharded() const override { return false; }
+
+  void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions&) override {
+    const FlatParam& p = g.layout.params[param];
+    g.grads.narrow(0, p.offset, p.numel).add_(flat);
+  }
+  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
+    if (data_.size() == 1) return;
+    const FlatBucket& b = g.layout.buckets[bucket];
+    at::Tensor view = g.grads.narrow(0, b.offset, b.numel);
+    r.push(data_.all_reduce_async(view, ReduceOp::Avg));
+  }
+  at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
+    const FlatBucket& b = g.layout.buckets[bucket];
+    return g.grads.narrow(0, b.offset, b.numel);  // one partition: the chunk is the bucket
+  }
+};
+
+std::unique_ptr<ZeroStage> make_stage0(Communicator& data) { return std::make_unique<Stage0>(data); }
+
+}  // namespace tessera

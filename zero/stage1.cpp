@@ -1,0 +1,42 @@
+// ZeRO stage 1: optimizer states partitioned (zero/zero_stage.h).
+#include "zero/zero_stage.h"
+
+namespace tessera {
+
+class Stage1 final : public ZeroStage {
+ public:
+  Stage1(Communicator& data, int64_t allgather_numel) : ZeroStage(data), allgather_numel_(allgather_numel) {}
+  int number() const override { return 1; }
+
+  void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions&) override {
+    const FlatParam& p = g.layout.params[param];
+    g.grads.narrow(0, p.offset, p.numel).add_(flat);
+  }
+  // Reduce-scatter the whole bucket; this rank's chunk of the average replaces its chunk in place.
+  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
+    if (data_.size() == 1) return;
+    const FlatBucket& b = g.layout.buckets[bucket];
+    at::Tensor out = r.receive_buffer(b.shard);
+    at::Tensor mine = gradient_chunk(g, bucket);
+    r.push(data_.reduce_scatter_async(g.grads.narrow(0, b.offset, b.numel), out, ReduceOp::Avg),
+           [&r, mine, out]() mutable {
+             mine.copy_(out);
+             r.release_receive(out);
+           });
+  }
+  at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
+    return g.grads.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), g.layout.buckets[bucket].shard);
+  }
+  void gather_parameters(ZeroGroup& g) override {
+    if (data_.size() > 1) allgather_chunks(data_, g, allgather_numel_);
+  }
+
+ private:
+  int64_t allgather_numel_;
+};
+
+std::unique_ptr<ZeroStage> make_stage1(Communicator& data, int64_t allgather_numel) {
+  return std::make_unique<Stage1>(data, allgather_numel);
+}
+
+}  // namespace tessera

@@ -1,0 +1,55 @@
+// ZeRO stage 2: optimizer states and gradients partitioned (zero/zero_stage.h).
+#include "zero/zero_stage.h"
+
+namespace tessera {
+
+class Stage2 final : public ZeroStage {
+ public:
+  Stage2(Communicator& data, int64_t allgather_numel) : ZeroStage(data), allgather_numel_(allgather_numel) {}
+  int number() const override { return 2; }
+  bool reduces_every_micro_step() const override { return true; }
+
+  // A bucket's gradients gather in a staging buffer while the bucket fills.
+  void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions& r) override {
+    const FlatParam& p = g.layout.params[param];
+    const FlatBucket& b = g.layout.buckets[p.bucket];
+    at::Tensor& staging = g.staging[p.bucket];
+    if (!staging.defined()) staging = r.acquire_staging(b.numel);
+    staging.narrow(0, p.offset - b.offset, p.numel).add_(flat);
+  }
+  // Reduce-scatter the staging buffer; this rank's chunk of the average is added into its shard.
+  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
+    const FlatBucket& b = g.layout.buckets[bucket];
+    if (!g.staging[bucket].defined()) g.staging[bucket] = r.acquire_staging(b.numel);  // no gradient arrived
+    at::Tensor staging = g.staging[bucket];
+    g.staging[bucket] = at::Tensor();
+    at::Tensor shard = gradient_chunk(g, bucket);
+    if (data_.size() == 1) {
+      shard.add_(staging);
+      r.release_staging(staging);
+      return;
+    }
+    at::Tensor out = r.receive_buffer(b.shard);
+    r.push(data_.reduce_scatter_async(staging, out, ReduceOp::Avg), [&r, shard, out, staging]() mutable {
+      shard.add_(out);
+      r.release_receive(out);
+      r.release_staging(staging);
+    });
+  }
+  at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
+    const FlatBucket& b = g.layout.buckets[bucket];
+    return g.grads.narrow(0, b.shard_offset, b.shard);
+  }
+  void gather_parameters(ZeroGroup& g) override {
+    if (data_.size() > 1) allgather_chunks(data_, g, allgather_numel_);
+  }
+
+ private:
+  int64_t allgather_numel_;
+};
+
+std::unique_ptr<ZeroStage> make_stage2(Communicator& data, int64_t allgather_numel) {
+  return std::make_unique<Stage2>(data, allgather_numel);
+}
+
+}  // namespace tessera

@@ -1,0 +1,35 @@
+// One parameter group in the engine's flat buffers (zero/flat_layout.h has the byte layout,
+// zero/buffer_plan.h the sizes): what ZeroOptimizer and the stage strategies share.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/flat_optimizer.h"
+#include "zero/flat_layout.h"
+
+namespace tessera {
+
+struct ZeroGroup {
+  FlatLayout layout;
+  std::vector<at::Tensor> params;  // the model's tensors, now views into `compute`
+  std::vector<std::string> names;  // for error messages
+  std::vector<int> unit_of;        // per parameter: the unit that owns it (zero/units.h), -1 if none
+  bool tensor_sharded = false;     // its parameters are tensor-parallel slices (zero/model.h)
+  at::Tensor compute;              // flat, compute dtype: what the model reads
+  at::Tensor master;               // fp32 local shard (mixed precision only)
+  at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stage 2)
+  std::vector<at::Tensor> staging; // stage 2: a bucket's gradients while it fills
+  std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
+  std::vector<bool> arrived;       // per parameter: its gradient arrived this micro-step
+  std::vector<ShardSegment> segments;  // this rank's chunks as views: built once, buffers never move
+  std::unique_ptr<FlatOptimizer> optimizer;
+  double lr_scale = 1;
+  double weight_decay = 0;
+  bool mixed() const { return master.defined(); }
+};
+
+}  // namespace tessera

@@ -1,0 +1,58 @@
+// What differs between ZeRO stages 0, 1 and 2 (Rajbhandari et al. 2020), one strategy each:
+//
+//   stage 0 (zero/stage0.cpp)  whole fp32 gradients, allreduced bucket by bucket on the micro-step
+//                              that ends an accumulation; every rank updates everything
+//   stage 1 (zero/stage1.cpp)  whole fp32 gradients, reduce-scattered on that micro-step into this
+//                              rank's chunks; the optimizer updates the chunks; allgather after
+//   stage 2 (zero/stage2.cpp)  every micro-step: a bucket's gradients fill a staging buffer that is
+//                              reduce-scattered and added into this rank's fp32 gradient shard;
+//                              the full gradient never exists on a rank; allgather after
+//
+// ZeroOptimizer (zero/zero_optimizer.h) does what is common: buffers, hooks, the fixed launch
+// order, the optimizer on the shard. A strategy is called with the group and bucket to act on.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "parallel/communicator.h"
+#include "zero/reductions.h"
+#include "zero/zero_group.h"
+
+namespace tessera {
+
+class ZeroStage {
+ public:
+  explicit ZeroStage(Communicator& data) : data_(data) {}
+  virtual ~ZeroStage() = default;
+
+  virtual int number() const = 0;
+  // The rank whose chunk of each bucket this rank's optimizer updates (0 when nothing is sharded).
+  virtual int shard_rank() const { return data_.rank(); }
+  // Whether this rank's gradients are 1/N of the model's (the norm sums them over the data group).
+  virtual bool gradients_data_sharded() const { return true; }
+  // Whether a micro-step inside an accumulation window reduces its gradients (stage 2) or only
+  // the micro-step that ends the window does (stages 0 and 1).
+  virtual bool reduces_every_micro_step() const { return false; }
+
+  // Folds one parameter's gradient (flat) into the stage's accumulation buffer.
+  virtual void accumulate(ZeroGroup& g, int param, const at::Tensor& flat_grad, Reductions& r) = 0;
+  // A complete bucket: launch its reduction (or fold it locally on a single rank).
+  virtual void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) = 0;
+  // This rank's reduced gradients of a bucket's chunk, as a view that stays valid.
+  virtual at::Tensor gradient_chunk(ZeroGroup& g, int bucket) = 0;
+  // After the optimizer updated this rank's chunks: every rank gets every chunk (stages 1–2).
+  virtual void gather_parameters(ZeroGroup& g) {}
+
+ protected:
+  Communicator& data_;
+};
+
+// `allgather_numel`: zero_optimization.allgather_bucket_size, the elements in flight at once.
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, int64_t allgather_numel);
+
+// Stages 1–2: the allgather of every bucket's updated chunks, at most `allgather_numel` in flight.
+void allgather_chunks(Communicator& data, ZeroGroup& g, int64_t allgather_numel);
+
+}  // namespace tessera
