@@ -98,7 +98,6 @@ class Engine {
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }
   MemoryReport memory() const;
-  const ZeroOptimizer& zero() const { return *zero_; }
 
  private:
   void run_backward(const std::function<void()>& autograd);

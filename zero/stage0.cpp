@@ -11,8 +11,7 @@ class Stage0 final : public ZeroStage {
   bool gradients_data_sharded() const override { return false; }
 
   void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions&) override {
-    const FlatParam& p = g.layout.params[param];
-    g.grads.narrow(0, p.offset, p.numel).add_(flat);
+    add_to_whole_gradients(g, param, flat);
   }
   void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
     if (data_.size() == 1) return;

@@ -3,14 +3,13 @@
 
 namespace tessera {
 
-class Stage1 final : public ZeroStage {
+class Stage1 final : public PartitionedStage {
  public:
-  Stage1(Communicator& data, int64_t allgather_numel) : ZeroStage(data), allgather_numel_(allgather_numel) {}
+  using PartitionedStage::PartitionedStage;
   int number() const override { return 1; }
 
   void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions&) override {
-    const FlatParam& p = g.layout.params[param];
-    g.grads.narrow(0, p.offset, p.numel).add_(flat);
+    add_to_whole_gradients(g, param, flat);
   }
   // Reduce-scatter the whole bucket; this rank's chunk of the average replaces its chunk in place.
   void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
@@ -27,12 +26,6 @@ class Stage1 final : public ZeroStage {
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     return g.grads.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), g.layout.buckets[bucket].shard);
   }
-  void gather_parameters(ZeroGroup& g) override {
-    if (data_.size() > 1) allgather_chunks(data_, g, allgather_numel_);
-  }
-
- private:
-  int64_t allgather_numel_;
 };
 
 std::unique_ptr<ZeroStage> make_stage1(Communicator& data, int64_t allgather_numel) {

@@ -3,9 +3,9 @@
 
 namespace tessera {
 
-class Stage2 final : public ZeroStage {
+class Stage2 final : public PartitionedStage {
  public:
-  Stage2(Communicator& data, int64_t allgather_numel) : ZeroStage(data), allgather_numel_(allgather_numel) {}
+  using PartitionedStage::PartitionedStage;
   int number() const override { return 2; }
   bool reduces_every_micro_step() const override { return true; }
 
@@ -40,12 +40,6 @@ class Stage2 final : public ZeroStage {
     const FlatBucket& b = g.layout.buckets[bucket];
     return g.grads.narrow(0, b.shard_offset, b.shard);
   }
-  void gather_parameters(ZeroGroup& g) override {
-    if (data_.size() > 1) allgather_chunks(data_, g, allgather_numel_);
-  }
-
- private:
-  int64_t allgather_numel_;
 };
 
 std::unique_ptr<ZeroStage> make_stage2(Communicator& data, int64_t allgather_numel) {

@@ -21,8 +21,14 @@ std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, int64_
                               " is not implemented yet (stages 0, 1, 2 are)");
 }
 
-void allgather_chunks(Communicator& data, ZeroGroup& g, int64_t allgather_numel) {
-  const int rank = data.rank();
+void ZeroStage::add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor& flat_grad) {
+  const FlatParam& p = g.layout.params[param];
+  g.grads.narrow(0, p.offset, p.numel).add_(flat_grad);
+}
+
+void PartitionedStage::gather_parameters(ZeroGroup& g) {
+  if (data_.size() == 1) return;
+  const int rank = data_.rank();
   std::vector<std::pair<CommHandle, at::Tensor>> pending;  // the handle and its input, kept alive
   int64_t in_flight = 0;
   for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
@@ -30,9 +36,9 @@ void allgather_chunks(Communicator& data, ZeroGroup& g, int64_t allgather_numel)
     // The input is this rank's chunk of the output: copy it, as Gloo does not promise in-place.
     at::Tensor chunk = g.compute.narrow(0, g.layout.flat_of_local(rank, b), k.shard).clone();
     at::Tensor whole = g.compute.narrow(0, k.offset, k.numel);
-    pending.emplace_back(data.all_gather_async(chunk, whole), chunk);
+    pending.emplace_back(data_.all_gather_async(chunk, whole), chunk);
     in_flight += k.numel;
-    if (in_flight >= allgather_numel) {  // at most allgather_bucket_size elements in flight
+    if (in_flight >= allgather_numel_) {  // at most allgather_bucket_size elements in flight
       for (auto& p : pending) p.first.wait();
       pending.clear();
       in_flight = 0;

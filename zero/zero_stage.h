@@ -46,13 +46,24 @@ class ZeroStage {
   virtual void gather_parameters(ZeroGroup& g) {}
 
  protected:
+  // Stages 0 and 1 accumulate into the whole fp32 gradient buffer.
+  static void add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor& flat_grad);
+
   Communicator& data_;
+};
+
+// Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered, at most
+// `allgather_numel` (zero_optimization.allgather_bucket_size) elements in flight.
+class PartitionedStage : public ZeroStage {
+ public:
+  PartitionedStage(Communicator& data, int64_t allgather_numel) : ZeroStage(data), allgather_numel_(allgather_numel) {}
+  void gather_parameters(ZeroGroup& g) override;
+
+ private:
+  int64_t allgather_numel_;
 };
 
 // `allgather_numel`: zero_optimization.allgather_bucket_size, the elements in flight at once.
 std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, int64_t allgather_numel);
-
-// Stages 1–2: the allgather of every bucket's updated chunks, at most `allgather_numel` in flight.
-void allgather_chunks(Communicator& data, ZeroGroup& g, int64_t allgather_numel);
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #include "examples/models/param_groups.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <optional>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
@@ -90,9 +91,21 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   const int64_t C = c.n_embd, H = c.n_head, D = C / H;
   const at::Tensor idx = idx_in.to(p[wte_].device(), at::kLong);
 
+  // Each unit's forward inside its scope when an engine listens (Engine::unit); unit u's output
+  // is marked so the engine hears when its backward begins.
+  auto enter = [&](int64_t u) {
+    return engine_ ? std::optional<UnitScope>(engine_->unit(static_cast<int>(u))) : std::nullopt;
+  };
+  auto mark = [](std::optional<UnitScope>& scope, const at::Tensor& t) { return scope ? scope->output(t) : t; };
+
   at::Tensor pos = at::arange(T, idx.options());
-  at::Tensor x = at::embedding(p[wte_], idx).add(at::embedding(p[wpe_], pos));  // [B, T, C], parameter dtype
+  at::Tensor x;
+  {
+    auto scope = enter(0);
+    x = mark(scope, at::embedding(p[wte_], idx).add(at::embedding(p[wpe_], pos)));  // [B, T, C], parameter dtype
+  }
   for (int64_t l = 0; l < c.n_layer; ++l) {
+    auto scope = enter(1 + l);
     const at::Tensor* w = &p[block_[l]];
     at::Tensor h = at::layer_norm(x, {C}, w[kLn1W], w[kLn1B], kLayerNormEps);
     at::Tensor qkv = at::linear(h, w[kAttnW], w[kAttnB]);  // [B, T, 3C]
@@ -104,10 +117,11 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
     x = x.add(at::linear(y, w[kAttnProjW], w[kAttnProjB]));
     h = at::layer_norm(x, {C}, w[kLn2W], w[kLn2B], kLayerNormEps);
     h = at::gelu(at::linear(h, w[kFcW], w[kFcB]), "tanh");
-    x = x.add(at::linear(h, w[kMlpProjW], w[kMlpProjB]));
+    x = mark(scope, x.add(at::linear(h, w[kMlpProjW], w[kMlpProjB])));
   }
+  auto scope = enter(1 + c.n_layer);
   x = at::layer_norm(x, {C}, p[ln_f_], p[ln_f_ + 1], kLayerNormEps);
-  return at::linear(x, p[wte_]);  // tied LM head
+  return mark(scope, at::linear(x, p[wte_]));  // tied LM head
 }
 
 at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
@@ -116,6 +130,16 @@ at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
 }
 
-ModelDescription Gpt::param_groups(double weight_decay) const { return decay_groups(params_, weight_decay); }
+ModelDescription Gpt::param_groups(double weight_decay) const {
+  ModelDescription model = decay_groups(params_, weight_decay);
+  model.units.push_back({"embedding", {params_[wte_], params_[wpe_]}});
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    ModelUnit block{"h." + std::to_string(l), {}};
+    for (int64_t i = 0; i < kPerBlock; ++i) block.params.push_back(params_[block_[l] + i]);
+    model.units.push_back(std::move(block));
+  }
+  model.units.push_back({"head", {params_[ln_f_], params_[ln_f_ + 1], params_[wte_]}});
+  return model;
+}
 
 }  // namespace tessera::examples

@@ -48,19 +48,26 @@ class Gpt {
   std::vector<std::string> parameter_names() const { return names_; }
   int64_t num_parameters() const;
 
+  // From now on each forward reports its units to `engine` (Engine::unit): the embedding, each
+  // block, the head (see param_groups). nullptr detaches.
+  void attach(Engine* engine) { engine_ = engine; }
+
   // idx: int64 [B, T] with T <= block_size. Returns logits [B, T, vocab] in the parameters' dtype.
   at::Tensor forward(const at::Tensor& idx);
   // Mean cross-entropy over B·T positions, fp32 scalar.
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
 
   // Two groups, as nanoGPT's configure_optimizers: "decay" (every parameter with dim >= 2: the
-  // linear weights and both embeddings) with `weight_decay`, "no_decay" (biases, LayerNorm) with 0.
+  // linear weights and both embeddings) with `weight_decay`, "no_decay" (biases, LayerNorm) with 0;
+  // and the units, in forward order: "embedding" (wte, wpe), "h.0" ... "h.<n-1>", "head" (ln_f and
+  // the tied wte, which the embedding owns).
   ModelDescription param_groups(double weight_decay) const;
 
  private:
   int64_t add(const std::string& name, at::Tensor value);
 
   GptConfig config_;
+  Engine* engine_ = nullptr;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   int64_t wte_ = -1, wpe_ = -1, ln_f_ = -1;
