@@ -30,6 +30,7 @@ backward (autograd with DDP's overlapped allreduces, up to the last one's comple
 (clip_grad_norm_, AdamW, zero_grad).
 """
 import argparse
+import gc
 import json
 import os
 import resource
@@ -128,7 +129,15 @@ def main():
             "bucket_cap_mb": args.bucket_cap_mb if args.bucket_cap_mb is not None else "default",
             "torch": torch.__version__,
         }), flush=True)
+    # DDP's reducer holds the process group and autograd hooks: drop it first, then the group. Even
+    # so torch 2.11 sometimes aborts at interpreter exit ("terminate called without an active
+    # exception", after the results above are out), so leave without the interpreter's teardown.
+    del ddp, optimizer
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
