@@ -114,10 +114,14 @@ class Communicator {
   [[nodiscard]] CommHandle all_reduce_async(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 
   // `input`: the flat tensor of n elements; `output`: this rank's chunk, chunk_range(n, size, rank).
+  // In place: `output` may be the input's own chunk, input.narrow(0, begin, size) (NCCL documents
+  // it; Gloo and the all-to-all form support it: tests/test_worker.cpp checks both). The rest of
+  // `input` is then left in an unspecified state.
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
   [[nodiscard]] CommHandle reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
 
-  // `input`: this rank's chunk of `output`, a flat tensor of n elements.
+  // `input`: this rank's chunk of `output`, a flat tensor of n elements. In place: `input` may be
+  // the output's own chunk, output.narrow(0, begin, size) (checked like the reduce-scatter's).
   void all_gather(const at::Tensor& input, at::Tensor& output);
   [[nodiscard]] CommHandle all_gather_async(const at::Tensor& input, at::Tensor& output);
 

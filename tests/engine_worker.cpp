@@ -27,7 +27,10 @@
 // --hidden H widens the MLP to 16 -> H -> H -> 8 (H·H + 26·H parameters; 0, the default, keeps
 // the 1528-parameter one). --memory-sweep skips the reference: for ZeRO 0/1/2 × fp32/bf16 it builds
 // an Engine over a fresh model, trains --steps steps and prints its memory on rank 0, one line each
-// (tests/test_estimator.cpp compares them with the memory estimator).
+// (tests/test_estimator.cpp compares them with the memory estimator). --rss skips the reference
+// too: it trains --steps steps at the given stage and dtype and prints every rank's peak resident
+// set size and the engine's memory report (tests/test_memory.cpp compares the peaks across stages,
+// one process per stage).
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_sgd.h>
@@ -53,6 +56,7 @@
 
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
+#include "engine/progress.h"  // peak_rss_bytes
 #include "optim/lr_schedule.h"
 #include "parallel/parallel_context.h"
 
@@ -70,6 +74,8 @@ struct Args {
   int hidden = 0;
   bool memory_sweep = false;
   bool units = false;
+  bool rss = false;
+  int layers = 0;
 };
 
 // A two-layer MLP with a bias-free third layer: parameters of several shapes and sizes. With
@@ -426,6 +432,81 @@ int memory_sweep(Args a) {
   return 0;
 }
 
+// A deep MLP for --rss: 16 -> H, `layers` × (H -> H, tanh), H -> 8; many parameters of moderate
+// size, as a transformer has (no single one dominates the buckets or autograd's transients).
+struct DeepMlp {
+  std::vector<at::Tensor> params;
+  DeepMlp(int hidden, int layers) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+    auto make = [&](std::vector<int64_t> shape, double scale) {
+      return (at::randn(shape, gen, at::kFloat) * scale).set_requires_grad(true);
+    };
+    const double s = 1.0 / std::sqrt(static_cast<double>(hidden));
+    params = {make({hidden, 16}, 0.25), make({hidden}, 0.1)};
+    for (int l = 0; l < layers; ++l) {
+      params.push_back(make({hidden, hidden}, s));
+      params.push_back(make({hidden}, 0.1));
+    }
+    params.push_back(make({8, hidden}, s));
+  }
+  at::Tensor loss(const at::Tensor& x, const at::Tensor& y) const {
+    const auto dtype = params[0].scalar_type();
+    at::Tensor h = x.to(dtype);
+    for (size_t i = 0; i + 1 < params.size(); i += 2) h = at::tanh(at::linear(h, params[i], params[i + 1]));
+    return at::mse_loss(at::linear(h, params.back()).to(at::kFloat), y);
+  }
+  ModelDescription describe() {
+    ModelDescription d;
+    ParamGroup weights, biases;
+    weights.name = "weights";
+    biases.name = "biases";
+    for (const auto& p : params) (p.dim() >= 2 ? weights : biases).params.push_back(p);
+    d.groups = {weights, biases};
+    return d;
+  }
+};
+
+// --rss: the process's peak memory after training (no reference model: only the engine's buffers,
+// the model's activations and the runtime). With --layers L the model is DeepMlp(--hidden, L).
+int peak_rss(const Args& a) {
+  auto ctx = ParallelContext::from_environment(ParallelOptions{});
+  const int dp = ctx->data().size(), rank = ctx->data().rank();
+  Config config = load_config(config_text(a), ctx->world_size());
+  std::optional<Mlp> mlp;
+  std::optional<DeepMlp> deep;
+  if (a.layers > 0) deep.emplace(a.hidden, a.layers);
+  else mlp.emplace(42, a.hidden);
+  // Where the peak happens: the high-water mark after each phase of the first steps (rank 0).
+  std::string phases;
+  auto mark = [&](const char* what) {
+    if (rank == 0) phases += std::string(" ") + what + " " + std::to_string(peak_rss_bytes() >> 20);
+  };
+  mark("start");
+  Engine engine(config, *ctx, deep ? deep->describe() : describe(*mlp));
+  mark("built");
+  for (int step = 0; step < a.steps * a.gas; ++step) {
+    auto [x, y] = global_batch(int64_t(a.mb) * dp, step);
+    at::Tensor xs = x.narrow(0, int64_t(rank) * a.mb, a.mb), ys = y.narrow(0, int64_t(rank) * a.mb, a.mb);
+    engine.backward(deep ? deep->loss(xs, ys) : mlp->loss(xs, ys));
+    if (step < 2) mark("backward");
+    engine.step();
+    if (step < 2) mark("step");
+  }
+  if (rank == 0) std::printf("peak rss by phase (MiB):%s\n", phases.c_str());
+  const MemoryReport m = engine.memory();
+  at::Tensor rss = at::full({1}, peak_rss_bytes(), at::kLong);
+  at::Tensor all = at::empty({dp}, at::kLong);
+  ctx->data().all_gather(rss, all);
+  if (rank == 0) {
+    std::printf("peak rss stage %d dtype %s:", a.stage, a.dtype.c_str());
+    for (int r = 0; r < dp; ++r) std::printf(" %lld", (long long)all[r].item<int64_t>());
+    std::printf("\nmemory stage %d dtype %s: params %lld master %lld grads %lld states %lld buckets %lld\n", a.stage,
+                a.dtype.c_str(), (long long)m.parameters, (long long)m.master_parameters, (long long)m.gradients,
+                (long long)m.optimizer_states, (long long)m.buckets);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -446,6 +527,8 @@ int main(int argc, char** argv) {
     else if (k == "--hidden") a.hidden = std::stoi(next());
     else if (k == "--memory-sweep") a.memory_sweep = true;
     else if (k == "--units") a.units = true;
+    else if (k == "--rss") a.rss = true;
+    else if (k == "--layers") a.layers = std::stoi(next());
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;
     else if (k == "--strict-unused") a.strict_unused = true;
@@ -458,7 +541,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    return a.memory_sweep ? memory_sweep(a) : run(a);
+    return a.memory_sweep ? memory_sweep(a) : a.rss ? peak_rss(a) : run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "engine worker error: %s\n", e.what());
     return 1;

@@ -69,9 +69,23 @@ void check_group(Communicator& g, int64_t n) {
     expect_equal(out, want, "reduce_scatter op " + std::to_string(int(op)) + where);
   }
 
+  // In place: the output is the input's own chunk (what ZeRO's buffers use, no receive buffer).
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    at::Tensor x = contribution(n, me);
+    at::Tensor own = x.narrow(0, mine.begin, mine.size());
+    g.reduce_scatter(x, own, op);
+    at::Tensor slice = base.narrow(0, mine.begin, mine.size());
+    expect_equal(own, op == ReduceOp::Sum ? slice * p + rank_sum : slice + rank_sum / p,
+                 "in-place reduce_scatter op " + std::to_string(int(op)) + where);
+  }
+
   at::Tensor gathered = at::empty({n}, at::kFloat);
   g.all_gather(base.narrow(0, mine.begin, mine.size()).contiguous(), gathered);
   expect_equal(gathered, base, "all_gather" + where);
+  at::Tensor in_place = at::zeros({n}, at::kFloat);
+  in_place.narrow(0, mine.begin, mine.size()).copy_(base.narrow(0, mine.begin, mine.size()));
+  g.all_gather(in_place.narrow(0, mine.begin, mine.size()), in_place);
+  expect_equal(in_place, base, "in-place all_gather" + where);
 
   at::Tensor b = me == p - 1 ? base.clone() : at::zeros({n}, at::kFloat);
   g.broadcast(b, p - 1);

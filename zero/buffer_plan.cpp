@@ -13,7 +13,6 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
   BufferPlan plan;
   plan.partitions = in.stage == 0 ? 1 : in.data_parallel;
   const bool mixed = in.compute_bytes != 4;
-  int64_t shards = 0;
   for (const auto& numels : in.group_numels) {
     if (numels.empty()) continue;
     GroupBuffers g;
@@ -22,23 +21,18 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
     g.master_numel = mixed ? g.layout.shard_numel : 0;
     g.grad_numel = in.stage == 2 ? g.layout.shard_numel : g.layout.total;
     g.state_numel = in.state_floats * g.layout.shard_numel;
-    for (const FlatBucket& b : g.layout.buckets) {
-      plan.largest_bucket = std::max(plan.largest_bucket, b.numel);
-      plan.largest_chunk = std::max(plan.largest_chunk, b.shard);
+    for (const FlatBucket& b : g.layout.buckets) g.largest_bucket = std::max(g.largest_bucket, b.numel);
+    plan.largest_bucket = std::max(plan.largest_bucket, g.largest_bucket);
+    if (in.stage == 2) {
+      g.staging_buffers = std::min<int>(2, static_cast<int>(g.layout.buckets.size()));
+      plan.staging_buffers += g.staging_buffers;
+      plan.communication_bytes += int64_t(g.staging_buffers) * 4 * g.largest_bucket;
     }
     plan.parameter_bytes += int64_t(in.compute_bytes) * g.compute_numel;
     plan.master_bytes += 4 * g.master_numel;
     plan.gradient_bytes += 4 * g.grad_numel;
     plan.state_bytes += 4 * g.state_numel;
-    shards += g.layout.shard_numel;
     plan.groups.push_back(std::move(g));
-  }
-  const bool distributed = in.data_parallel > 1;
-  if (in.stage == 1 && distributed) plan.communication_bytes = 4 * shards;
-  if (in.stage == 2) {
-    plan.staging_buffers = static_cast<int>(plan.groups.size());
-    plan.communication_bytes = int64_t(plan.staging_buffers) * 4 *
-                               (plan.largest_bucket + (distributed ? plan.largest_chunk : 0));
   }
   return plan;
 }

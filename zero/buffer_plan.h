@@ -8,9 +8,11 @@
 //   stage 1  compute Ψ, fp32 gradients Ψ,   states kΨ/N      (+ fp32 master Ψ/N)
 //   stage 2  compute Ψ, fp32 gradients Ψ/N, states kΨ/N      (+ fp32 master Ψ/N)
 // plus padding: every bucket is a multiple of the partition count (zero/flat_layout.h).
-// Communication buffers, an upper bound the engine reaches (it measures its own):
-//   stage 1  one fp32 receive chunk per bucket, alive until backward ends (N > 1)
-//   stage 2  one fp32 staging buffer of the largest bucket per group, and a receive chunk with each
+// Communication buffers (reduce-scatters and allgathers run in place, so only these):
+//   stages 0–1  none
+//   stage 2     per group, two fp32 staging buffers of its largest bucket (one when it has one
+//               bucket): a bucket fills while the one before it is reduced. The engine measures
+//               its own; it allocates more only if more of a group's buckets fill at once.
 #pragma once
 
 #include <cstdint>
@@ -34,18 +36,19 @@ struct GroupBuffers {
   int64_t compute_numel = 0;  // the model's parameters (compute dtype), whole
   int64_t master_numel = 0;   // fp32 master shard (mixed precision), 0 otherwise
   int64_t grad_numel = 0;     // fp32 gradient accumulation: whole (stages 0–1) or the shard (2)
+  int64_t largest_bucket = 0; // elements
+  int staging_buffers = 0;    // stage 2: fp32 staging buffers of largest_bucket elements
   int64_t state_numel = 0;    // fp32 optimizer states of the shard
 };
 
 struct BufferPlan {
   int partitions = 1;  // 1 at stage 0, N at stages 1–2
   std::vector<GroupBuffers> groups;
-  int64_t largest_bucket = 0;  // elements
-  int64_t largest_chunk = 0;   // elements of the largest bucket's per-rank chunk
+  int64_t largest_bucket = 0;  // elements, over all groups
   // Bytes per rank.
   int64_t parameter_bytes = 0, master_bytes = 0, gradient_bytes = 0, state_bytes = 0;
-  int64_t communication_bytes = 0;  // receive chunks (stage 1), staging buffers + chunks (stage 2)
-  int staging_buffers = 0;          // stage 2
+  int64_t communication_bytes = 0;  // stage 2's staging buffers
+  int staging_buffers = 0;          // stage 2, over all groups
 };
 
 BufferPlan plan_buffers(const BufferPlanInput& in);

@@ -21,30 +21,26 @@ void Reductions::wait_all() {
   while (!in_flight_.empty()) wait_oldest();
 }
 
-at::Tensor Reductions::acquire_staging(int64_t numel) {
-  // Reuse a free staging buffer; while none is free, finish the oldest reduction (bounded memory).
-  while (staging_free_.empty() && !in_flight_.empty()) wait_oldest();
+at::Tensor Reductions::acquire_staging(int pool, int64_t numel) {
+  std::vector<at::Tensor>& free = pools_.at(pool);
+  // Reuse a free buffer of this group; past the pool's two, finish the oldest reduction (it may
+  // return one) before allocating another.
+  while (free.empty() && allocated_.at(pool) >= kBuffersPerPool && !in_flight_.empty()) wait_oldest();
   at::Tensor base;
-  if (!staging_free_.empty()) {
-    base = staging_free_.back();
-    staging_free_.pop_back();
+  if (!free.empty()) {
+    base = free.back();
+    free.pop_back();
   } else {
-    base = at::empty({std::max(numel, staging_numel_)}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    base = at::empty({std::max(numel, pool_numel_.at(pool))}, at::TensorOptions().dtype(at::kFloat).device(device_));
     staging_bytes_ += base.nbytes();
+    ++allocated_[pool];
   }
   return base.narrow(0, 0, numel).zero_();
 }
 
-void Reductions::release_staging(const at::Tensor& staging) {
+void Reductions::release_staging(int pool, const at::Tensor& staging) {
   // acquire_staging hands out a narrowed view: the whole buffer goes back to the free list.
-  staging_free_.push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging);
-}
-
-at::Tensor Reductions::receive_buffer(int64_t numel) {
-  at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  receive_bytes_now_ += out.nbytes();  // every receive buffer in flight counts, until it is folded in
-  receive_bytes_peak_ = std::max(receive_bytes_peak_, receive_bytes_now_);
-  return out;
+  pools_.at(pool).push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging);
 }
 
 }  // namespace tessera

@@ -1,9 +1,11 @@
-// The gradient reductions of one backward in flight, and the buffers they borrow.
+// The gradient reductions of one backward in flight, and the staging buffers they borrow.
 //
 // Reductions finish in launch order (wait_oldest). Stage 2 fills each bucket's gradients in a
-// staging buffer taken from a small pool: while none is free the oldest reduction is finished
-// first, so the pool stays bounded (one buffer per bucket being filled or reduced). Receive chunks
-// (a reduce-scatter's output) are counted while they are alive, for MemoryReport::buckets.
+// staging buffer taken from its group's pool (buffers of the group's largest bucket). A pool holds
+// two buffers, so one bucket fills while the one before it is reduced; past two, a request first
+// finishes the oldest reduction, and allocates only when nothing is in flight (more buckets of the
+// group filling at once than the plan's bound, zero/buffer_plan.h). Reduce-scatters run in place
+// (the output is the input's own chunk: parallel/communicator.h), so no receive buffers exist.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,11 +20,16 @@ namespace tessera {
 
 class Reductions {
  public:
-  // `staging_numel`: the size every staging buffer is allocated at (the largest bucket).
-  Reductions(c10::Device device, int64_t staging_numel) : device_(device), staging_numel_(staging_numel) {}
+  explicit Reductions(c10::Device device) : device_(device) {}
   ~Reductions() { drop(); }
 
-  void set_staging_numel(int64_t numel) { staging_numel_ = numel; }
+  // One staging pool per parameter group, of buffers of `numel[g]` elements (its largest bucket).
+  void set_staging_pools(std::vector<int64_t> numel) {
+    pools_.assign(numel.size(), {});
+    allocated_.assign(numel.size(), 0);
+    pool_numel_ = std::move(numel);
+  }
+  static constexpr int kBuffersPerPool = 2;  // double buffering: fill one, reduce the other
 
   // `finish` runs after the collective completed (folds the result in, returns buffers).
   void push(CommHandle handle, std::function<void()> finish = {});
@@ -33,13 +40,10 @@ class Reductions {
   void drop() { in_flight_.clear(); }
   bool empty() const { return in_flight_.empty(); }
 
-  at::Tensor acquire_staging(int64_t numel);  // zeroed, `numel` elements
-  void release_staging(const at::Tensor& staging);
-  at::Tensor receive_buffer(int64_t numel);   // fp32, uninitialized, counted until released
-  void release_receive(const at::Tensor& out) { receive_bytes_now_ -= out.nbytes(); }
+  at::Tensor acquire_staging(int pool, int64_t numel);  // zeroed, `numel` elements
+  void release_staging(int pool, const at::Tensor& staging);
 
-  int64_t staging_bytes() const { return staging_bytes_; }
-  int64_t receive_bytes_peak() const { return receive_bytes_peak_; }
+  int64_t staging_bytes() const { return staging_bytes_; }  // every staging buffer allocated
 
  private:
   struct InFlight {
@@ -47,11 +51,11 @@ class Reductions {
     std::function<void()> finish;
   };
   c10::Device device_;
-  int64_t staging_numel_;
   std::deque<InFlight> in_flight_;
-  std::vector<at::Tensor> staging_free_;
+  std::vector<std::vector<at::Tensor>> pools_;  // free buffers, per group
+  std::vector<int64_t> pool_numel_;
+  std::vector<int> allocated_;  // buffers each pool has allocated
   int64_t staging_bytes_ = 0;
-  int64_t receive_bytes_now_ = 0, receive_bytes_peak_ = 0;
 };
 
 }  // namespace tessera

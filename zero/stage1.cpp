@@ -11,17 +11,13 @@ class Stage1 final : public PartitionedStage {
   void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions&) override {
     add_to_whole_gradients(g, param, flat);
   }
-  // Reduce-scatter the whole bucket; this rank's chunk of the average replaces its chunk in place.
+  // Reduce-scatter the whole bucket in place: this rank's chunk of it becomes the average (the
+  // other chunks are left unspecified; the step reads only this rank's).
   void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
     if (data_.size() == 1) return;
     const FlatBucket& b = g.layout.buckets[bucket];
-    at::Tensor out = r.receive_buffer(b.shard);
     at::Tensor mine = gradient_chunk(g, bucket);
-    r.push(data_.reduce_scatter_async(g.grads.narrow(0, b.offset, b.numel), out, ReduceOp::Avg),
-           [&r, mine, out]() mutable {
-             mine.copy_(out);
-             r.release_receive(out);
-           });
+    r.push(data_.reduce_scatter_async(g.grads.narrow(0, b.offset, b.numel), mine, ReduceOp::Avg));
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     return g.grads.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), g.layout.buckets[bucket].shard);

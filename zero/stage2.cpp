@@ -14,26 +14,27 @@ class Stage2 final : public PartitionedStage {
     const FlatParam& p = g.layout.params[param];
     const FlatBucket& b = g.layout.buckets[p.bucket];
     at::Tensor& staging = g.staging[p.bucket];
-    if (!staging.defined()) staging = r.acquire_staging(b.numel);
+    if (!staging.defined()) staging = r.acquire_staging(g.index, b.numel);
     staging.narrow(0, p.offset - b.offset, p.numel).add_(flat);
   }
-  // Reduce-scatter the staging buffer; this rank's chunk of the average is added into its shard.
+  // Reduce-scatter the staging buffer in place; this rank's chunk of the average is then added
+  // into its gradient shard and the buffer goes back to the group's pool.
   void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
     const FlatBucket& b = g.layout.buckets[bucket];
-    if (!g.staging[bucket].defined()) g.staging[bucket] = r.acquire_staging(b.numel);  // no gradient arrived
+    if (!g.staging[bucket].defined()) g.staging[bucket] = r.acquire_staging(g.index, b.numel);  // no gradient arrived
     at::Tensor staging = g.staging[bucket];
     g.staging[bucket] = at::Tensor();
     at::Tensor shard = gradient_chunk(g, bucket);
+    const int pool = g.index;
     if (data_.size() == 1) {
       shard.add_(staging);
-      r.release_staging(staging);
+      r.release_staging(pool, staging);
       return;
     }
-    at::Tensor out = r.receive_buffer(b.shard);
-    r.push(data_.reduce_scatter_async(staging, out, ReduceOp::Avg), [&r, shard, out, staging]() mutable {
-      shard.add_(out);
-      r.release_receive(out);
-      r.release_staging(staging);
+    at::Tensor mine = staging.narrow(0, data_.rank() * b.shard, b.shard);
+    r.push(data_.reduce_scatter_async(staging, mine, ReduceOp::Avg), [&r, pool, shard, mine, staging]() mutable {
+      shard.add_(mine);
+      r.release_staging(pool, staging);
     });
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {

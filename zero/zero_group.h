@@ -14,6 +14,7 @@
 namespace tessera {
 
 struct ZeroGroup {
+  int index = 0;                   // in the engine's list of groups (its staging pool)
   FlatLayout layout;
   std::vector<at::Tensor> params;  // the model's tensors, now views into `compute`
   std::vector<std::string> names;  // for error messages

@@ -63,7 +63,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
                              UnitTracker* units)
     : stage_(make_zero_stage(options.stage, parallel.data(), options.allgather_bucket_numel)),
       data_(parallel.data()),
-      reductions_(parallel.data().device(), 0),
+      reductions_(parallel.data().device()),
       units_(units),
       ignore_unused_parameters_(options.ignore_unused_parameters) {
   // Check the tensors, then plan every buffer from their sizes alone.
@@ -99,7 +99,9 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   }
   if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
   plan_ = plan_buffers(input);
-  reductions_.set_staging_numel(plan_.largest_bucket);
+  std::vector<int64_t> pools;
+  for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
+  reductions_.set_staging_pools(std::move(pools));
 
   const int rank = stage_->shard_rank();
   const double base_lr = options.hyper.lr;
@@ -108,6 +110,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     const GroupSpec& spec = specs[gi];
     const GroupBuffers& planned = plan_.groups[gi];
     auto g = std::make_unique<ZeroGroup>();
+    g->index = static_cast<int>(gi);
     g->layout = planned.layout;
     g->names = std::move(names[gi]);
     g->tensor_sharded = spec.tensor_sharded;
@@ -290,7 +293,7 @@ void ZeroOptimizer::abort_backward() {
   }
   for (auto& g : groups_) {
     for (auto& staging : g->staging) {
-      if (staging.defined()) reductions_.release_staging(staging);
+      if (staging.defined()) reductions_.release_staging(g->index, staging);
       staging = at::Tensor();
     }
   }
@@ -323,7 +326,7 @@ MemoryReport ZeroOptimizer::memory() const {
     m.gradients += g->grads.nbytes();
     m.optimizer_states += g->optimizer->state_bytes();
   }
-  m.buckets = reductions_.staging_bytes() + reductions_.receive_bytes_peak();
+  m.buckets = reductions_.staging_bytes();
   return m;
 }
 

@@ -33,8 +33,8 @@ void PartitionedStage::gather_parameters(ZeroGroup& g) {
   int64_t in_flight = 0;
   for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
     const FlatBucket& k = g.layout.buckets[b];
-    // The input is this rank's chunk of the output: copy it, as Gloo does not promise in-place.
-    at::Tensor chunk = g.compute.narrow(0, g.layout.flat_of_local(rank, b), k.shard).clone();
+    // In place: the input is this rank's chunk of the output (parallel/communicator.h).
+    at::Tensor chunk = g.compute.narrow(0, g.layout.flat_of_local(rank, b), k.shard);
     at::Tensor whole = g.compute.narrow(0, k.offset, k.numel);
     pending.emplace_back(data_.all_gather_async(chunk, whole), chunk);
     in_flight += k.numel;

@@ -92,11 +92,10 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
     }
     // Communication buffers: the planner's bound, which the engine reaches (zero/buffer_plan.h).
     st.buckets = plan.communication_bytes;
-    if (s.zero_stage == 1 && dp > 1) st.buckets_detail = "fp32 receive chunk of every bucket, alive until backward ends";
     if (s.zero_stage == 2)
       st.buckets_detail = std::to_string(plan.staging_buffers) + " fp32 staging buffer" +
-                          (plan.staging_buffers > 1 ? "s" : "") + " of " + count_str(plan.largest_bucket) +
-                          " elements" + (dp > 1 ? " + receive chunks" : "");
+                          (plan.staging_buffers > 1 ? "s" : "") + " (2 per group: fill one, reduce the other), " +
+                          "largest " + count_str(plan.largest_bucket) + " elements";
     return st;
   }
 
