@@ -100,7 +100,7 @@ TEST_CASE("7B on 8 GPUs - bf16 + Adam: model states per GPU at each ZeRO stage -
   // One group of 14 buckets: two fp32 staging buffers of reduce_bucket_size (5e8): one fills while
   // the other is reduced (in place: no receive chunks).
   CHECK(r2.per_gpu.bytes("communication buckets") == 2 * 4 * 500000000LL);
-  // Stage 1: reduce-scatters in place into the whole gradient buffer: no communication buffers.
+  // Stage 1: reduce-scatters in place into the whole gradient buffer (NCCL: no copy): nothing.
   CHECK(estimate(count_model(7000000000LL, 8, 1, "bf16")).per_gpu.bytes("communication buckets") == 0);
   // Stage 3: gathered largest module (1e8) + prefetch bucket (5e7) and the module's bf16 gradient.
   CHECK(estimate(count_model(7000000000LL, 8, 3, "bf16")).per_gpu.bytes("gathered parameters (ZeRO-3)") ==

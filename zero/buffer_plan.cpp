@@ -34,6 +34,10 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
     plan.state_bytes += 4 * g.state_numel;
     plan.groups.push_back(std::move(g));
   }
+  if (in.stage > 0 && in.data_parallel > 1 && in.backend_copies_reductions) {
+    plan.in_flight_bytes = 2 * 4 * plan.largest_bucket;  // Reductions::kMaxInFlight copies
+    plan.communication_bytes += plan.in_flight_bytes;
+  }
   return plan;
 }
 

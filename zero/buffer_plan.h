@@ -9,10 +9,13 @@
 //   stage 2  compute Ψ, fp32 gradients Ψ/N, states kΨ/N      (+ fp32 master Ψ/N)
 // plus padding: every bucket is a multiple of the partition count (zero/flat_layout.h).
 // Communication buffers (reduce-scatters and allgathers run in place, so only these):
-//   stages 0–1  none
-//   stage 2     per group, two fp32 staging buffers of its largest bucket (one when it has one
-//               bucket): a bucket fills while the one before it is reduced. The engine measures
-//               its own; it allocates more only if more of a group's buckets fill at once.
+//   stage 0     none
+//   stages 1–2  with Gloo, its copy of each reduce-scatter's input in flight, at most 2
+//               (zero/reductions.h): 2 × the largest bucket, fp32 (NCCL reduces in place)
+//   stage 2     also, per group, two fp32 staging buffers of its largest bucket (one when it has
+//               one bucket): a bucket fills while the one before it is reduced. The engine
+//               measures its staging; it allocates more only if more of a group's buckets fill
+//               at once.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,7 @@ struct BufferPlanInput {
   int compute_bytes = 4;      // bytes per element of the model's parameters (2 for bf16/fp16)
   int64_t bucket_numel = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t state_floats = 2;   // fp32 optimizer-state elements per shard element (Adam 2)
+  bool backend_copies_reductions = false;  // Gloo copies a reduce-scatter's input; NCCL does not
 };
 
 struct GroupBuffers {
@@ -47,7 +51,8 @@ struct BufferPlan {
   int64_t largest_bucket = 0;  // elements, over all groups
   // Bytes per rank.
   int64_t parameter_bytes = 0, master_bytes = 0, gradient_bytes = 0, state_bytes = 0;
-  int64_t communication_bytes = 0;  // stage 2's staging buffers
+  int64_t communication_bytes = 0;  // staging buffers (stage 2) + reductions in flight (1–2)
+  int64_t in_flight_bytes = 0;      // the backend's copies of the reductions in flight (1–2)
   int staging_buffers = 0;          // stage 2, over all groups
 };
 

@@ -6,6 +6,10 @@
 
 namespace tessera {
 
+void Reductions::make_room() {
+  while (in_flight_.size() >= kMaxInFlight) wait_oldest();
+}
+
 void Reductions::push(CommHandle handle, std::function<void()> finish) {
   in_flight_.push_back({std::move(handle), std::move(finish)});
 }

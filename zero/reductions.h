@@ -1,6 +1,9 @@
 // The gradient reductions of one backward in flight, and the staging buffers they borrow.
 //
-// Reductions finish in launch order (wait_oldest). Stage 2 fills each bucket's gradients in a
+// Reductions finish in launch order (wait_oldest), and at most kMaxInFlight are in flight: a
+// backend may hold a copy of each one's bucket until it completes (Gloo's reduce-scatter copies
+// its input), so the queue bounds that too, and one collective runs while the next waits
+// (a Gloo group runs its collectives one at a time anyway). Stage 2 fills each bucket's gradients in a
 // staging buffer taken from its group's pool (buffers of the group's largest bucket). A pool holds
 // two buffers, so one bucket fills while the one before it is reduced; past two, a request first
 // finishes the oldest reduction, and allocates only when nothing is in flight (more buckets of the
@@ -31,7 +34,11 @@ class Reductions {
   }
   static constexpr int kBuffersPerPool = 2;  // double buffering: fill one, reduce the other
 
-  // `finish` runs after the collective completed (folds the result in, returns buffers).
+  static constexpr size_t kMaxInFlight = 2;
+
+  // `finish` runs after the collective completed (folds the result in, returns buffers). Call
+  // make_room() before launching the collective: it finishes the oldest while kMaxInFlight are queued.
+  void make_room();
   void push(CommHandle handle, std::function<void()> finish = {});
   void wait_oldest();
   void wait_all();

@@ -17,6 +17,7 @@ class Stage0 final : public ZeroStage {
     if (data_.size() == 1) return;
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor view = g.grads.narrow(0, b.offset, b.numel);
+    r.make_room();
     r.push(data_.all_reduce_async(view, ReduceOp::Avg));
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {

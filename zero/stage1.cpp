@@ -17,6 +17,7 @@ class Stage1 final : public PartitionedStage {
     if (data_.size() == 1) return;
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor mine = gradient_chunk(g, bucket);
+    r.make_room();
     r.push(data_.reduce_scatter_async(g.grads.narrow(0, b.offset, b.numel), mine, ReduceOp::Avg));
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {

@@ -32,6 +32,7 @@ class Stage2 final : public PartitionedStage {
       return;
     }
     at::Tensor mine = staging.narrow(0, data_.rank() * b.shard, b.shard);
+    r.make_room();
     r.push(data_.reduce_scatter_async(staging, mine, ReduceOp::Avg), [&r, pool, shard, mine, staging]() mutable {
       shard.add_(mine);
       r.release_staging(pool, staging);

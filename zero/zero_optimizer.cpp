@@ -75,6 +75,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   input.compute_bytes = static_cast<int>(c10::elementSize(options.compute_dtype));
   input.bucket_numel = options.reduce_bucket_numel;
   input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
+  input.backend_copies_reductions = data_.device().is_cpu();  // Gloo
   std::vector<std::vector<std::string>> names(specs.size());
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const ParamGroup& spec = *specs[gi].source;

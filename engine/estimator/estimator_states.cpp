@@ -96,6 +96,7 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
       st.buckets_detail = std::to_string(plan.staging_buffers) + " fp32 staging buffer" +
                           (plan.staging_buffers > 1 ? "s" : "") + " (2 per group: fill one, reduce the other), " +
                           "largest " + count_str(plan.largest_bucket) + " elements";
+
     return st;
   }
 
