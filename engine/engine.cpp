@@ -42,6 +42,7 @@ std::unordered_map<const void*, std::string> parameter_names(const ModelDescript
 ZeroOptions zero_options(const Config& c) {
   ZeroOptions o;
   o.stage = c.zero_optimization.stage;
+  o.overlap_allgather = c.zero_optimization.overlap_comm.value_or(false);
   o.reduce_bucket_numel = c.zero_optimization.reduce_bucket_size;
   o.allgather_bucket_numel = c.zero_optimization.allgather_bucket_size;
   o.ignore_unused_parameters = c.zero_optimization.ignore_unused_parameters;
@@ -143,6 +144,7 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   StepTimes t;
   t.forward_s = since(last_step_end_);
   auto start = Clock::now();
+  zero_->wait_for_parameters();  // a unit the forward did not enter: its parameters are final now
   zero_->begin_backward(is_gradient_accumulation_boundary());
   try {
     autograd();
@@ -201,8 +203,10 @@ void Engine::optimizer_step() {
     }
     zero_->apply(grad_scale, in);
 
-    // 5. Parameter gather: every rank gets every updated chunk (stages 1–2).
-    zero_->gather_parameters();
+    // 5. Parameter gather: every rank gets every updated chunk (stages 1–2), each bucket's
+    //    allgather started as soon as it was updated. Waited for here, or, with overlap_comm and a
+    //    model that reports its units, by the next forward unit by unit.
+    zero_->gather_parameters(units_.model_reports_units());
   }
 
   // 6. Loss-scale update: one rule for every precision (optim/loss_scaler.h); an overflow skips
@@ -259,6 +263,10 @@ double Engine::loss_scale() const { return scaler_->scale(); }
 double Engine::last_loss() const { return last_loss_.defined() ? last_loss_.item<double>() : 0.0; }
 
 void Engine::zero_grad() { zero_->zero_grad(); }
+
+void Engine::wait_for_parameters() { zero_->wait_for_parameters(); }
+
+bool Engine::parameters_in_flight() const { return zero_->parameters_in_flight(); }
 
 MemoryReport Engine::memory() const { return zero_->memory(); }
 

@@ -81,6 +81,13 @@ class Engine {
   bool is_gradient_accumulation_boundary() const;
   void zero_grad();
 
+  // With zero_optimization.overlap_comm at stages 1–2 and a model that reports its units, step()
+  // leaves the allgather of the updated parameters in flight: each unit's forward waits for its
+  // own. Anything else that reads the parameters (evaluation without units, saving them, the end
+  // of training) calls this first; the engine's destructor and backward() call it too.
+  void wait_for_parameters();
+  bool parameters_in_flight() const;
+
   // The model's units (zero/model.h): a C++ model enters each unit's scope in its forward.
   UnitScope unit(int index) { return UnitScope(&units_, index); }
   UnitTracker& units() { return units_; }

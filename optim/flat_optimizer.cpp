@@ -154,6 +154,7 @@ class Lamb final : public FlatOptimizer {
     });
     for (const auto& s : segments) write_compute_copy(s);
   }
+  bool elementwise() const override { return false; }
   int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   const char* name() const override { return "Lamb"; }
 

@@ -38,6 +38,9 @@ class FlatOptimizer {
   virtual ~FlatOptimizer() = default;
   virtual void step(const StepInputs& in, const std::vector<ShardSegment>& segments) = 0;
   virtual int64_t state_bytes() const = 0;
+  // Whether step() on a subset of the segments equals the part of a step on all of them (Adam,
+  // SGD: elementwise); LAMB's trust ratios need every segment at once.
+  virtual bool elementwise() const { return true; }
   virtual const char* name() const = 0;
 };
 

@@ -12,6 +12,7 @@
 
 namespace tessera {
 
+CommHandle::CommHandle() = default;
 CommHandle::CommHandle(CommHandle&&) noexcept = default;
 CommHandle& CommHandle::operator=(CommHandle&&) noexcept = default;
 CommHandle::~CommHandle() = default;

@@ -65,7 +65,7 @@ struct CollectiveStats {
 // alive until the backend is done with them); every async collective is therefore [[nodiscard]].
 class [[nodiscard]] CommHandle {
  public:
-  CommHandle() = default;
+  CommHandle();  // empty: wait() returns at once
   CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
              CollectiveStats* stats = nullptr);
   // Out of line (communicator.cpp), where c10d::Work is complete: users need not include it.

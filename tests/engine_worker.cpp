@@ -23,7 +23,10 @@
 //   --drop-engine-step K the engine skips batch K while the reference trains on it (must MISMATCH).
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
 //                        (Engine::unit) in its forward; the last micro-step's unit events must be
-//                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step
+//                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step.
+//                        With overlap_comm on: at stages 1-2 on 2+ ranks the parameter allgather is
+//                        left to the next forward's units (checked after every step), and the
+//                        results still match the reference.
 // --hidden H widens the MLP to 16 -> H -> H -> 8 (H·H + 26·H parameters; 0, the default, keeps
 // the 1528-parameter one). --memory-sweep skips the reference: for ZeRO 0/1/2 × fp32/bf16 it builds
 // an Engine over a fresh model, trains --steps steps and prints its memory on rank 0, one line each
@@ -163,10 +166,10 @@ std::string config_text(const Args& a) {
                     "gradient_clipping": %g, "steps_per_print": 1000, "bf16": {"enabled": %s},
                     "fp16": {"enabled": %s, "initial_scale_power": 8, "hysteresis": 1},
                     "zero_optimization": {"stage": %d, "reduce_bucket_size": %d, "allgather_bucket_size": %d,
-                                          "ignore_unused_parameters": %s}%s})",
+                                          "ignore_unused_parameters": %s, "overlap_comm": %s}%s})",
                 a.mb, a.gas, opt.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
                 a.dtype == "fp16" ? "true" : "false", a.stage, a.bucket, a.bucket,
-                a.strict_unused ? "false" : "true", scheduler);
+                a.strict_unused ? "false" : "true", a.units ? "true" : "false", scheduler);
   return buf;
 }
 
@@ -337,6 +340,8 @@ int run(const Args& a) {
         break;
       }
       engine.step();
+      if (a.units && micro == a.gas - 1 && a.stage > 0 && dp > 1 && !engine.parameters_in_flight())
+        throw std::runtime_error("overlap_comm with units: the allgather was not left to the next forward");
     }
     const bool skip = step == a.inject_inf_step || interrupted;
     if (step == a.throw_at_step) {
@@ -358,6 +363,7 @@ int run(const Args& a) {
   }
 
   if (a.units) check_unit_events(engine, int64_t(a.steps) * a.gas, rank);
+  engine.wait_for_parameters();  // read below outside a forward
 
   // The model's tensors are in the compute dtype: compare them with the reference rounded to it.
   // In bf16/fp16 one rounding step (an ulp, 0.004 near 1 in bf16) is as large as an update, so the

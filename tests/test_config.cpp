@@ -428,7 +428,7 @@ TEST_CASE("engine support: a key the engine does not read is named unless it kee
                "checkpoint": {"tag_validation": "Warn"}, "aio": {"queue_depth": 8, "block_size": 1048576},
                "pipeline": {"stages": 1, "partition_method": "parameters"},
                "tensorboard": {"enabled": false, "output_path": "tb"}, "comms_logger": {"enabled": false}})",
-           // the engine always overlaps, so overlap_comm true is what it does
+           // overlap_comm true: the parameter allgather overlaps the next forward (stages 1-2)
            R"({"train_batch_size": 8, "optimizer": {"type": "SGD"},
                "zero_optimization": {"stage": 1, "overlap_comm": true}})",
        }) {

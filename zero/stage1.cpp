@@ -25,8 +25,6 @@ class Stage1 final : public PartitionedStage {
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage1(Communicator& data, int64_t allgather_numel) {
-  return std::make_unique<Stage1>(data, allgather_numel);
-}
+std::unique_ptr<ZeroStage> make_stage1(Communicator& data) { return std::make_unique<Stage1>(data); }
 
 }  // namespace tessera

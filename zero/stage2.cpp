@@ -44,8 +44,6 @@ class Stage2 final : public PartitionedStage {
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage2(Communicator& data, int64_t allgather_numel) {
-  return std::make_unique<Stage2>(data, allgather_numel);
-}
+std::unique_ptr<ZeroStage> make_stage2(Communicator& data) { return std::make_unique<Stage2>(data); }
 
 }  // namespace tessera

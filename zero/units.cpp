@@ -1,5 +1,6 @@
 #include "zero/units.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace tessera {
@@ -29,17 +30,20 @@ UnitTracker::UnitTracker(const ModelDescription& model, const std::unordered_map
   }
   for (const ModelUnit* spec : given) {
     UnitInfo info;
+    std::vector<const void*> uses;
     info.name = spec->name.empty() ? "unit " + std::to_string(units_.size()) : spec->name;
     for (const at::Tensor& p : spec->params) {
       if (!p.defined()) throw std::invalid_argument("tessera: unit '" + info.name + "' lists an undefined tensor");
       if (!names.count(p.unsafeGetTensorImpl()))
         throw std::invalid_argument("tessera: unit '" + info.name + "' lists a tensor that is in no parameter group");
       info.params.push_back(name_of(p));
+      uses.push_back(p.unsafeGetTensorImpl());
       auto [it, fresh] = owner_.emplace(p.unsafeGetTensorImpl(), static_cast<int>(units_.size()));
       if (fresh) info.owned_numel += p.numel();
       else if (it->second != static_cast<int>(units_.size())) info.shared.push_back(name_of(p));
     }
     units_.push_back(std::move(info));
+    uses_.push_back(std::move(uses));
   }
   const size_t n = units_.size();
   owned_params_.assign(n, 0);
@@ -49,6 +53,11 @@ UnitTracker::UnitTracker(const ModelDescription& model, const std::unordered_map
   forward_start_.resize(n);
   backward_start_.resize(n);
   stats_.assign(n, UnitStats{});
+  began_.assign(n, 0);
+}
+
+void UnitTracker::remove_listener(UnitListener* listener) {
+  listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener), listeners_.end());
 }
 
 int UnitTracker::owner_of(const at::Tensor& param) const {
@@ -70,6 +79,7 @@ void UnitTracker::emit(int u, UnitEvent e) {
 void UnitTracker::forward_begin(int u) {
   check(u, "forward begin");
   forward_open_[u] = 1;
+  began_[u] = 1;
   forward_start_[u] = Clock::now();
   emit(u, UnitEvent::ForwardBegin);
 }
@@ -120,12 +130,17 @@ void UnitTracker::end_backward() {
     end_backward_of(u);
   }
   remaining_ = owned_params_;
+  reports_units_ = true;
+  for (int u = 0; u < size(); ++u) reports_units_ = reports_units_ && (began_[u] || uses_[u].empty());
+  std::fill(began_.begin(), began_.end(), 0);
 }
 
 void UnitTracker::abort_backward() {
   std::fill(backward_open_.begin(), backward_open_.end(), 0);
   std::fill(forward_open_.begin(), forward_open_.end(), 0);
+  std::fill(began_.begin(), began_.end(), 0);
   remaining_ = owned_params_;
+  reports_units_ = false;
 }
 
 }  // namespace tessera

@@ -68,7 +68,14 @@ class UnitTracker {
   void end_backward();             // closes the units still open (parameters without gradients)
   void abort_backward();           // a backward that threw: forgets the open units, emits nothing
 
+  // The parameters (TensorImpl*) unit u's forward uses: its own and the shared ones.
+  const std::vector<const void*>& params_used(int u) const { return uses_.at(u); }
+  // Whether the last backward's forward reported every unit that uses parameters (so a unit's
+  // forward_begin comes before its parameters are read: what deferring the allgather needs).
+  bool model_reports_units() const { return reports_units_; }
+
   void add_listener(UnitListener* listener) { listeners_.push_back(listener); }
+  void remove_listener(UnitListener* listener);
   void record_trace(bool on) { record_ = on; if (!on) trace_.clear(); }
   const std::vector<std::pair<int, UnitEvent>>& trace() const { return trace_; }
   void clear_trace() { trace_.clear(); }
@@ -82,6 +89,9 @@ class UnitTracker {
   void end_backward_of(int u);
 
   std::vector<UnitInfo> units_;
+  std::vector<std::vector<const void*>> uses_;
+  std::vector<char> began_;  // per unit: a forward began since the last backward ended
+  bool reports_units_ = false;
   std::unordered_map<const void*, int> owner_;  // TensorImpl* -> unit
   std::vector<int> owned_params_, remaining_;
   std::vector<char> forward_open_, backward_open_;

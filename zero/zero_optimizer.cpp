@@ -61,7 +61,9 @@ int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHype
 
 ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parallel, ModelDescription& model,
                              UnitTracker* units)
-    : stage_(make_zero_stage(options.stage, parallel.data(), options.allgather_bucket_numel)),
+    : stage_(make_zero_stage(options.stage, parallel.data())),
+      overlap_allgather_(options.overlap_allgather),
+      allgather_numel_(options.allgather_bucket_numel),
       data_(parallel.data()),
       reductions_(parallel.data().device()),
       units_(units),
@@ -168,12 +170,27 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
     groups_.push_back(std::move(g));
   }
+  gathering_.resize(groups_.size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
   if (units_) {
     std::vector<int> owned(units_->size(), 0);
     for (const auto& g : groups_)
       for (int u : g->unit_of)
         if (u >= 0) ++owned[u];
     units_->set_owned_params(std::move(owned));
+    // The buckets each unit's forward reads (its own parameters and the shared ones).
+    std::unordered_map<const void*, std::pair<int, int>> where;
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i = 0; i < groups_[gi]->params.size(); ++i)
+        where[groups_[gi]->params[i].unsafeGetTensorImpl()] = {static_cast<int>(gi), groups_[gi]->layout.params[i].bucket};
+    unit_buckets_.resize(units_->size());
+    for (int u = 0; u < units_->size(); ++u) {
+      std::set<std::pair<int, int>> buckets;
+      for (const void* p : units_->params_used(u))
+        if (auto it = where.find(p); it != where.end()) buckets.insert(it->second);
+      unit_buckets_[u].assign(buckets.begin(), buckets.end());
+    }
+    units_->add_listener(this);
   }
 }
 
@@ -209,6 +226,13 @@ void ZeroOptimizer::fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>&
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
+  if (units_) units_->remove_listener(this);
+  // The parameters outlive the engine: they get their last values (unless a peer is gone).
+  try {
+    wait_for_parameters();
+  } catch (const CommError&) {
+    gathers_.clear();
+  }
   // Reductions still in flight here were launched by a backward that threw or a step that failed:
   // waiting could block for the timeout per collective, and their results are not wanted.
   reductions_.drop();
@@ -307,12 +331,53 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     in.lr = inputs.lr * g->lr_scale;
     in.weight_decay = g->weight_decay;
     in.grad_scale = grad_scale;
-    g->optimizer->step(in, g->segments);  // also writes the compute copy of this rank's chunks
+    const int buckets = static_cast<int>(g->segments.size());
+    if (!stage_->gathers() || !g->optimizer->elementwise()) {
+      g->optimizer->step(in, g->segments);  // also writes the compute copy of this rank's chunks
+      for (int b = buckets - 1; b >= 0 && stage_->gathers(); --b) launch_gather(*g, b);
+      continue;
+    }
+    // Bucket by bucket, the layout's last first (the first units' parameters): the allgather of
+    // one runs on the backend's thread while the optimizer updates the next.
+    for (int b = buckets - 1; b >= 0; --b) {
+      g->optimizer->step(in, {g->segments[b]});
+      launch_gather(*g, b);
+    }
   }
 }
 
-void ZeroOptimizer::gather_parameters() {
-  for (auto& g : groups_) stage_->gather_parameters(*g);
+void ZeroOptimizer::launch_gather(ZeroGroup& g, int bucket) {
+  const int64_t numel = g.layout.buckets[bucket].numel;
+  // At most allgather_bucket_size elements in flight (DeepSpeed's meaning of the key).
+  while (!gathers_.empty() && gather_numel_in_flight_ + numel > allgather_numel_) wait_oldest_gather();
+  gathers_.push_back({g.index, bucket, numel, stage_->gather_bucket(g, bucket)});
+  gathering_[g.index][bucket] = 1;
+  gather_numel_in_flight_ += numel;
+}
+
+void ZeroOptimizer::wait_oldest_gather() {
+  Gather gather = std::move(gathers_.front());
+  gathers_.pop_front();
+  gathering_[gather.group][gather.bucket] = 0;
+  gather_numel_in_flight_ -= gather.numel;
+  gather.handle.wait();
+}
+
+bool ZeroOptimizer::gather_parameters(bool model_reports_units) {
+  if (overlap_allgather_ && model_reports_units && units_) return !gathers_.empty();
+  wait_for_parameters();
+  return false;
+}
+
+void ZeroOptimizer::wait_for_parameters() {
+  while (!gathers_.empty()) wait_oldest_gather();
+}
+
+void ZeroOptimizer::on_unit_event(int unit, UnitEvent event) {
+  if (event != UnitEvent::ForwardBegin || gathers_.empty() || unit >= static_cast<int>(unit_buckets_.size())) return;
+  // The allgathers finish in launch order: wait up to the last one this unit reads.
+  for (const auto& [group, bucket] : unit_buckets_[unit])
+    while (gathering_[group][bucket]) wait_oldest_gather();
 }
 
 void ZeroOptimizer::zero_grad() {

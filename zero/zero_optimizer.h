@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,17 +25,21 @@
 #include "zero/buffer_plan.h"
 #include "zero/model.h"
 #include "zero/reductions.h"
+#include "zero/units.h"
 #include "zero/zero_group.h"
 #include "zero/zero_stage.h"
 
 namespace tessera {
 
 class ParallelContext;
-class UnitTracker;
 
 // What ZeRO takes from the config (the engine fills it: engine/engine.cpp).
 struct ZeroOptions {
   int stage = 0;
+  // Stages 1–2 (zero_optimization.overlap_comm): when the model reports its units, the allgather
+  // of the updated parameters is not waited for at the end of the step but by each unit's forward
+  // (zero/units.h), so it overlaps the next forward; wait_for_parameters() before other reads.
+  bool overlap_allgather = false;
   int64_t reduce_bucket_numel = 500'000'000;
   int64_t allgather_bucket_numel = 500'000'000;
   bool ignore_unused_parameters = true;
@@ -46,12 +51,12 @@ struct ZeroOptions {
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
 int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHyperparams& hyper);
 
-class ZeroOptimizer {
+class ZeroOptimizer final : public UnitListener {
  public:
   // `units` (may be null) hears of every parameter gradient, to track the units' backward.
   ZeroOptimizer(const ZeroOptions& options, ParallelContext& parallel, ModelDescription& model,
                 UnitTracker* units = nullptr);
-  ~ZeroOptimizer();
+  ~ZeroOptimizer() override;
 
   const BufferPlan& plan() const { return plan_; }
   int stage() const { return stage_->number(); }
@@ -72,10 +77,19 @@ class ZeroOptimizer {
   // This rank's reduced gradients (still loss-scaled), flagged for the norm's reductions.
   const std::vector<GradPart>& gradient_parts() const { return grad_parts_; }
   // The optimizer on this rank's shard with the gradients multiplied by `grad_scale` (1/loss scale
-  // × the clipping coefficient); writes the compute copy of this rank's chunks.
+  // × the clipping coefficient); writes the compute copy of this rank's chunks. At stages 1–2 the
+  // allgather of a bucket starts as soon as its chunk is updated (buckets in the order the next
+  // forward needs them: the layout's last first), so it overlaps the optimizer on the next one.
   void apply(double grad_scale, const StepInputs& inputs);
-  // Every rank gets every updated chunk (stages 1–2; nothing at stage 0).
-  void gather_parameters();
+  // Every rank gets every updated chunk (stages 1–2): waits for the allgathers now, or, with
+  // overlap_allgather and a model that reports its units, leaves each to the forward of the
+  // first unit that uses it. Returns whether it deferred.
+  bool gather_parameters(bool model_reports_units);
+  // Waits for every allgather still in flight: the parameters are final after it.
+  void wait_for_parameters();
+  bool parameters_in_flight() const { return !gathers_.empty(); }
+  // A unit's forward begins: its parameters' allgathers must be done.
+  void on_unit_event(int unit, UnitEvent event) override;
   void zero_grad();
   MemoryReport memory() const;
 
@@ -88,7 +102,21 @@ class ZeroOptimizer {
   std::string unused_parameters() const;
   void fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>& params, int rank);
 
+  void launch_gather(ZeroGroup& g, int bucket);
+  void wait_oldest_gather();
+
+  struct Gather {
+    int group, bucket;
+    int64_t numel;
+    CommHandle handle;
+  };
   std::unique_ptr<ZeroStage> stage_;
+  bool overlap_allgather_;
+  int64_t allgather_numel_;            // zero_optimization.allgather_bucket_size: in flight at once
+  std::deque<Gather> gathers_;         // launched, in order (a group's collectives finish in order)
+  int64_t gather_numel_in_flight_ = 0;
+  std::vector<std::vector<char>> gathering_;            // [group][bucket]: its allgather is in flight
+  std::vector<std::vector<std::pair<int, int>>> unit_buckets_;  // [unit]: the (group, bucket)s it reads
   Communicator& data_;
   BufferPlan plan_;
   std::vector<std::unique_ptr<ZeroGroup>> groups_;

@@ -42,8 +42,11 @@ class ZeroStage {
   virtual void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) = 0;
   // This rank's reduced gradients of a bucket's chunk, as a view that stays valid.
   virtual at::Tensor gradient_chunk(ZeroGroup& g, int bucket) = 0;
-  // After the optimizer updated this rank's chunks: every rank gets every chunk (stages 1–2).
-  virtual void gather_parameters(ZeroGroup& g) {}
+  // Whether updated chunks are gathered after the optimizer (stages 1–2).
+  virtual bool gathers() const { return false; }
+  // After the optimizer updated this rank's chunk of a bucket: every rank gets every chunk of it,
+  // in place (stages 1–2; an empty handle at stage 0 or on one rank).
+  virtual CommHandle gather_bucket(ZeroGroup& g, int bucket) { return {}; }
 
  protected:
   // Stages 0 and 1 accumulate into the whole fp32 gradient buffer.
@@ -52,18 +55,14 @@ class ZeroStage {
   Communicator& data_;
 };
 
-// Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered, at most
-// `allgather_numel` (zero_optimization.allgather_bucket_size) elements in flight.
+// Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered.
 class PartitionedStage : public ZeroStage {
  public:
-  PartitionedStage(Communicator& data, int64_t allgather_numel) : ZeroStage(data), allgather_numel_(allgather_numel) {}
-  void gather_parameters(ZeroGroup& g) override;
-
- private:
-  int64_t allgather_numel_;
+  using ZeroStage::ZeroStage;
+  bool gathers() const override { return data_.size() > 1; }
+  CommHandle gather_bucket(ZeroGroup& g, int bucket) override;
 };
 
-// `allgather_numel`: zero_optimization.allgather_bucket_size, the elements in flight at once.
-std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, int64_t allgather_numel);
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data);
 
 }  // namespace tessera

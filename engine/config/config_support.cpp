@@ -50,8 +50,6 @@ const std::vector<UnimplementedKey> kRows = {
     // ---- warnings: not read, but the training is the same without them
     {"zero_optimization.contiguous_gradients", kWarning, "",
      "the engine always keeps gradients in contiguous flat buffers", {}},
-    {"zero_optimization.overlap_comm", kWarning, "[true]",
-     "the engine always overlaps the gradient reduction with the backward pass", {kStage}},
     {"zero_optimization.reduce_scatter", kWarning, "",
      "the engine always reduce-scatters gradients at stages 1 and 2 (no all-reduce variant)", {}},
     {"zero_optimization.allgather_partitions", kWarning, "",

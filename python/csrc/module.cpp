@@ -247,6 +247,8 @@ PYBIND11_MODULE(_C, m) {
         watch_unit_output(e.engine->units(), unit, output);
       })
       .def("record_unit_trace", [](EngineHandle& e, bool on) { e.engine->units().record_trace(on); })
+      .def("wait_for_parameters", [](EngineHandle& e) { blocking([&] { e.engine->wait_for_parameters(); }); })
+      .def_property_readonly("parameters_in_flight", [](const EngineHandle& e) { return e.engine->parameters_in_flight(); })
       .def("unit_trace",
            [](EngineHandle& e) {
              py::list out;

@@ -223,6 +223,14 @@ class _UnitLeave:
         self._c.unit_forward_end(self._index)
 
 
+class _WaitForParameters:
+    def __init__(self, cengine):
+        self._c = cengine
+
+    def __call__(self, *args, **kwargs):
+        self._c.wait_for_parameters()
+
+
 class Engine:
     """Trains one torch.nn.Module: engine(*args) runs its forward, engine.backward(loss) and
     engine.step() do the rest. Attributes the module has and the engine lacks are the module's."""
@@ -234,6 +242,14 @@ class Engine:
         for index, (_, unit) in enumerate(unit_modules):
             self._unit_hooks.append(unit.register_forward_pre_hook(_UnitEnter(cengine, index)))
             self._unit_hooks.append(unit.register_forward_hook(_UnitLeave(cengine, index)))
+        # The parameters no unit covers ("<root>", the last unit) are read anywhere in the forward:
+        # the whole module's forward enters that unit first.
+        if any(u["name"] == "<root>" for u in cengine.units()):
+            root = len(unit_modules)
+            self._unit_hooks.append(module.register_forward_pre_hook(_UnitEnter(cengine, root)))
+            self._unit_hooks.append(module.register_forward_hook(_UnitLeave(cengine, root)))
+        # Saving the module's state reads every parameter: the allgathers still in flight finish first.
+        self._unit_hooks.append(module.register_state_dict_pre_hook(_WaitForParameters(cengine)))
         self.config = json.loads(cengine.config_json())  # the effective config, every default filled in
         self._base_lr = self.config["optimizer"]["params"]["lr"]
         self._group_lrs = [g[1] for g in groups]
@@ -268,8 +284,16 @@ class Engine:
     # --- the module -------------------------------------------------------------------------------
     @property
     def module(self):
-        """The model being trained (its parameters are views into the engine's buffers)."""
+        """The model being trained (its parameters are views into the engine's buffers). With
+        overlap_comm at ZeRO 1-2, the parameters' allgather may still be in flight after step():
+        the next forward waits unit by unit; reading them otherwise, call wait_for_parameters()
+        (engine.module, state_dict(), parameters() and eval() do)."""
+        self._c.wait_for_parameters()
         return self._module
+
+    def wait_for_parameters(self):
+        """Finishes the allgather of the updated parameters still in flight (overlap_comm, ZeRO 1-2)."""
+        self._c.wait_for_parameters()
 
     def __call__(self, *args, **kwargs):
         return self._module(*args, **kwargs)
@@ -281,24 +305,28 @@ class Engine:
         return self
 
     def eval(self):
+        self._c.wait_for_parameters()
         self._module.eval()
         return self
 
     def __getattr__(self, name):
         # Only reached for names the engine lacks: delegate to the module, as DeepSpeed's engine does.
-        module = self.__dict__.get("_module")
-        if module is None:
+        module, cengine = self.__dict__.get("_module"), self.__dict__.get("_c")
+        if module is None or cengine is None:
             raise AttributeError(name)
+        cengine.wait_for_parameters()
         return getattr(module, name)
 
     def parameters(self, recurse=True):
+        self._c.wait_for_parameters()
         return self._module.parameters(recurse)
 
     def named_parameters(self, *args, **kwargs):
+        self._c.wait_for_parameters()
         return self._module.named_parameters(*args, **kwargs)
 
     def state_dict(self, *args, **kwargs):
-        return self._module.state_dict(*args, **kwargs)
+        return self._module.state_dict(*args, **kwargs)  # its pre-hook waits for the parameters
 
     # --- units ------------------------------------------------------------------------------------
     def units(self):
@@ -454,7 +482,9 @@ class Engine:
         return self._c.memory()
 
     def close(self):
-        """Closes the metrics file (also done when the engine is garbage-collected)."""
+        """Finishes the parameters' allgather and closes the metrics file (also done when the engine
+        is garbage-collected)."""
+        self._c.wait_for_parameters()
         if self.monitor is not None:
             self.monitor.close()
 
