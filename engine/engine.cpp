@@ -43,8 +43,8 @@ ZeroOptions zero_options(const Config& c) {
   ZeroOptions o;
   o.stage = c.zero_optimization.stage;
   o.overlap_allgather = c.zero_optimization.overlap_comm.value_or(false);
+  o.reduce_scatter = c.zero_optimization.reduce_scatter;
   o.reduce_bucket_numel = c.zero_optimization.reduce_bucket_size;
-  o.allgather_bucket_numel = c.zero_optimization.allgather_bucket_size;
   o.ignore_unused_parameters = c.zero_optimization.ignore_unused_parameters;
   o.compute_dtype = c.bf16.enabled ? at::kBFloat16 : c.fp16.enabled ? at::kHalf : at::kFloat;
   o.optimizer = c.optimizer->type;

@@ -21,6 +21,7 @@
 //                        the engine discards that window and the reference skips batch K.
 //   --onecycle           OneCycle schedule with cycle_momentum (SGD's momentum must not cycle).
 //   --drop-engine-step K the engine skips batch K while the reference trains on it (must MISMATCH).
+//   --allreduce          zero_optimization.reduce_scatter false: stages 1-2 allreduce their buckets.
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
 //                        (Engine::unit) in its forward; the last micro-step's unit events must be
 //                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step.
@@ -78,6 +79,7 @@ struct Args {
   bool memory_sweep = false;
   bool units = false;
   bool rss = false;
+  bool allreduce = false;
   int layers = 0;
 };
 
@@ -166,10 +168,12 @@ std::string config_text(const Args& a) {
                     "gradient_clipping": %g, "steps_per_print": 1000, "bf16": {"enabled": %s},
                     "fp16": {"enabled": %s, "initial_scale_power": 8, "hysteresis": 1},
                     "zero_optimization": {"stage": %d, "reduce_bucket_size": %d, "allgather_bucket_size": %d,
-                                          "ignore_unused_parameters": %s, "overlap_comm": %s}%s})",
+                                          "ignore_unused_parameters": %s, "overlap_comm": %s,
+                                          "reduce_scatter": %s}%s})",
                 a.mb, a.gas, opt.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
                 a.dtype == "fp16" ? "true" : "false", a.stage, a.bucket, a.bucket,
-                a.strict_unused ? "false" : "true", a.units ? "true" : "false", scheduler);
+                a.strict_unused ? "false" : "true", a.units ? "true" : "false", a.allreduce ? "false" : "true",
+                scheduler);
   return buf;
 }
 
@@ -399,6 +403,12 @@ int run(const Args& a) {
                 (long long)m.buckets);
   }
   if (rank == 0) {
+    auto count = [&](const char* collective) {
+      auto it = ctx->data().stats().find(collective);
+      return it == ctx->data().stats().end() ? 0LL : (long long)it->second.calls;
+    };
+    std::printf("data-group collectives: all_reduce %lld reduce_scatter %lld all_gather %lld\n", count("all_reduce"),
+                count("reduce_scatter"), count("all_gather"));
     std::printf("skipped steps %lld, global steps %lld, loss scale %g\n", (long long)engine.skipped_steps(),
                 (long long)engine.global_step(), engine.loss_scale());
     std::printf("reference's mean update %.3g; tolerances: %s param %.2g, loss %.2g, relative norm %.2g\n", update,
@@ -534,6 +544,7 @@ int main(int argc, char** argv) {
     else if (k == "--memory-sweep") a.memory_sweep = true;
     else if (k == "--units") a.units = true;
     else if (k == "--rss") a.rss = true;
+    else if (k == "--allreduce") a.allreduce = true;
     else if (k == "--layers") a.layers = std::stoi(next());
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;

@@ -222,3 +222,17 @@ TEST_CASE("a C++ model reports unit events the engine tracks in order") {
     CHECK(contains(r.output, "units ok: 0:forward_begin 0:forward_end 1:forward_begin"));
   }
 }
+
+// zero_optimization.reduce_scatter false: stages 1-2 allreduce each bucket (DeepSpeed's switch)
+// and train exactly as with the reduce-scatter; the data group saw no reduce-scatter at all.
+TEST_CASE("reduce_scatter false allreduces the buckets and matches the reference") {
+  for (int stage : {1, 2}) {
+    auto r = train(2, {"--stage", std::to_string(stage), "--allreduce", "--gas", "2", "--steps", "3", "--bucket", "300"});
+    INFO("stage " << stage << "\n" << r.output);
+    CHECK(r.status == 0);
+    CHECK(contains(r.output, "engine ok"));
+    CHECK(contains(r.output, " reduce_scatter 0 all_gather"));
+    auto plain = train(2, {"--stage", std::to_string(stage), "--gas", "2", "--steps", "3", "--bucket", "300"});
+    CHECK_FALSE(contains(plain.output, " reduce_scatter 0 all_gather"));
+  }
+}

@@ -33,7 +33,7 @@ class Stage2 final : public PartitionedStage {
     }
     at::Tensor mine = staging.narrow(0, data_.rank() * b.shard, b.shard);
     r.make_room();
-    r.push(data_.reduce_scatter_async(staging, mine, ReduceOp::Avg), [&r, pool, shard, mine, staging]() mutable {
+    r.push(reduce_into_own_chunk(staging, mine), [&r, pool, shard, mine, staging]() mutable {
       shard.add_(mine);
       r.release_staging(pool, staging);
     });
@@ -44,6 +44,8 @@ class Stage2 final : public PartitionedStage {
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage2(Communicator& data) { return std::make_unique<Stage2>(data); }
+std::unique_ptr<ZeroStage> make_stage2(Communicator& data, bool reduce_scatter) {
+  return std::make_unique<Stage2>(data, reduce_scatter);
+}
 
 }  // namespace tessera

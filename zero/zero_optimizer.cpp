@@ -61,9 +61,8 @@ int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHype
 
 ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parallel, ModelDescription& model,
                              UnitTracker* units)
-    : stage_(make_zero_stage(options.stage, parallel.data())),
+    : stage_(make_zero_stage(options.stage, parallel.data(), options.reduce_scatter)),
       overlap_allgather_(options.overlap_allgather),
-      allgather_numel_(options.allgather_bucket_numel),
       data_(parallel.data()),
       reductions_(parallel.data().device()),
       units_(units),
@@ -347,19 +346,16 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
 }
 
 void ZeroOptimizer::launch_gather(ZeroGroup& g, int bucket) {
-  const int64_t numel = g.layout.buckets[bucket].numel;
-  // At most allgather_bucket_size elements in flight (DeepSpeed's meaning of the key).
-  while (!gathers_.empty() && gather_numel_in_flight_ + numel > allgather_numel_) wait_oldest_gather();
-  gathers_.push_back({g.index, bucket, numel, stage_->gather_bucket(g, bucket)});
+  // No bound on what is in flight: the allgather runs in place (no buffer to bound), and a wait
+  // here would hold the step until the next forward could have hidden it.
+  gathers_.push_back({g.index, bucket, stage_->gather_bucket(g, bucket)});
   gathering_[g.index][bucket] = 1;
-  gather_numel_in_flight_ += numel;
 }
 
 void ZeroOptimizer::wait_oldest_gather() {
   Gather gather = std::move(gathers_.front());
   gathers_.pop_front();
   gathering_[gather.group][gather.bucket] = 0;
-  gather_numel_in_flight_ -= gather.numel;
   gather.handle.wait();
 }
 

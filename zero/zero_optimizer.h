@@ -40,8 +40,10 @@ struct ZeroOptions {
   // of the updated parameters is not waited for at the end of the step but by each unit's forward
   // (zero/units.h), so it overlaps the next forward; wait_for_parameters() before other reads.
   bool overlap_allgather = false;
+  // Stages 1–2 (zero_optimization.reduce_scatter): false allreduces each bucket instead (twice the
+  // bytes; DeepSpeed's switch for backends whose reduce-scatter is slow or missing).
+  bool reduce_scatter = true;
   int64_t reduce_bucket_numel = 500'000'000;
-  int64_t allgather_bucket_numel = 500'000'000;
   bool ignore_unused_parameters = true;
   at::ScalarType compute_dtype = at::kFloat;
   std::string optimizer = "Adam";  // Adam, AdamW, SGD, Lamb
@@ -107,14 +109,11 @@ class ZeroOptimizer final : public UnitListener {
 
   struct Gather {
     int group, bucket;
-    int64_t numel;
     CommHandle handle;
   };
   std::unique_ptr<ZeroStage> stage_;
   bool overlap_allgather_;
-  int64_t allgather_numel_;            // zero_optimization.allgather_bucket_size: in flight at once
   std::deque<Gather> gathers_;         // launched, in order (a group's collectives finish in order)
-  int64_t gather_numel_in_flight_ = 0;
   std::vector<std::vector<char>> gathering_;            // [group][bucket]: its allgather is in flight
   std::vector<std::vector<std::pair<int, int>>> unit_buckets_;  // [unit]: the (group, bucket)s it reads
   Communicator& data_;

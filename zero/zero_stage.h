@@ -58,11 +58,20 @@ class ZeroStage {
 // Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered.
 class PartitionedStage : public ZeroStage {
  public:
-  using ZeroStage::ZeroStage;
+  PartitionedStage(Communicator& data, bool reduce_scatter) : ZeroStage(data), reduce_scatter_(reduce_scatter) {}
   bool gathers() const override { return data_.size() > 1; }
   CommHandle gather_bucket(ZeroGroup& g, int bucket) override;
+
+ protected:
+  // The average of a whole bucket into this rank's chunk of it, in place: a reduce-scatter, or
+  // with reduce_scatter false an allreduce of the whole bucket.
+  CommHandle reduce_into_own_chunk(const at::Tensor& bucket, at::Tensor& own_chunk);
+
+ private:
+  bool reduce_scatter_;
 };
 
-std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data);
+// `reduce_scatter` false: stages 1–2 allreduce each bucket (in place) and keep their chunk.
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, bool reduce_scatter = true);
 
 }  // namespace tessera
