@@ -191,6 +191,15 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     }
     units_->add_listener(this);
   }
+  // The order the next forward reads the buckets: unit by unit, then the buckets no unit lists
+  // (without units, each group's last bucket first: the layout reverses registration order).
+  std::set<std::pair<int, int>> ordered;
+  for (const auto& buckets : unit_buckets_)
+    for (const auto& gb : buckets)
+      if (ordered.insert(gb).second) gather_order_.push_back(gb);
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (int b = static_cast<int>(groups_[gi]->layout.buckets.size()) - 1; b >= 0; --b)
+      if (ordered.insert({static_cast<int>(gi), b}).second) gather_order_.emplace_back(static_cast<int>(gi), b);
 }
 
 // Fills the compute buffer and the fp32 master shard from the model's tensors AS DATA-PARALLEL
@@ -325,23 +334,23 @@ void ZeroOptimizer::abort_backward() {
 }
 
 void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
+  std::vector<StepInputs> in(groups_.size(), inputs);
   for (auto& g : groups_) {
-    StepInputs in = inputs;
-    in.lr = inputs.lr * g->lr_scale;
-    in.weight_decay = g->weight_decay;
-    in.grad_scale = grad_scale;
-    const int buckets = static_cast<int>(g->segments.size());
-    if (!stage_->gathers() || !g->optimizer->elementwise()) {
-      g->optimizer->step(in, g->segments);  // also writes the compute copy of this rank's chunks
-      for (int b = buckets - 1; b >= 0 && stage_->gathers(); --b) launch_gather(*g, b);
-      continue;
-    }
-    // Bucket by bucket, the layout's last first (the first units' parameters): the allgather of
-    // one runs on the backend's thread while the optimizer updates the next.
-    for (int b = buckets - 1; b >= 0; --b) {
-      g->optimizer->step(in, {g->segments[b]});
-      launch_gather(*g, b);
-    }
+    in[g->index].lr = inputs.lr * g->lr_scale;
+    in[g->index].weight_decay = g->weight_decay;
+    in[g->index].grad_scale = grad_scale;
+  }
+  // A group whose optimizer needs all its buckets at once (LAMB), or a stage that gathers
+  // nothing, steps whole (this also writes the compute copy of this rank's chunks).
+  for (auto& g : groups_)
+    if (!stage_->gathers() || !g->optimizer->elementwise()) g->optimizer->step(in[g->index], g->segments);
+  if (!stage_->gathers()) return;
+  // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
+  // on the backend's thread while the optimizer updates the next one.
+  for (const auto& [group, bucket] : gather_order_) {
+    ZeroGroup& g = *groups_[group];
+    if (g.optimizer->elementwise()) g.optimizer->step(in[group], {g.segments[bucket]});
+    launch_gather(g, bucket);
   }
 }
 

@@ -81,7 +81,7 @@ class ZeroOptimizer final : public UnitListener {
   // The optimizer on this rank's shard with the gradients multiplied by `grad_scale` (1/loss scale
   // × the clipping coefficient); writes the compute copy of this rank's chunks. At stages 1–2 the
   // allgather of a bucket starts as soon as its chunk is updated (buckets in the order the next
-  // forward needs them: the layout's last first), so it overlaps the optimizer on the next one.
+  // forward reads them: by unit), so it overlaps the optimizer on the next one.
   void apply(double grad_scale, const StepInputs& inputs);
   // Every rank gets every updated chunk (stages 1–2): waits for the allgathers now, or, with
   // overlap_allgather and a model that reports its units, leaves each to the forward of the
@@ -116,6 +116,7 @@ class ZeroOptimizer final : public UnitListener {
   std::deque<Gather> gathers_;         // launched, in order (a group's collectives finish in order)
   std::vector<std::vector<char>> gathering_;            // [group][bucket]: its allgather is in flight
   std::vector<std::vector<std::pair<int, int>>> unit_buckets_;  // [unit]: the (group, bucket)s it reads
+  std::vector<std::pair<int, int>> gather_order_;  // every (group, bucket), in the next forward's order
   Communicator& data_;
   BufferPlan plan_;
   std::vector<std::unique_ptr<ZeroGroup>> groups_;
