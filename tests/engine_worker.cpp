@@ -22,6 +22,8 @@
 //   --onecycle           OneCycle schedule with cycle_momentum (SGD's momentum must not cycle).
 //   --drop-engine-step K the engine skips batch K while the reference trains on it (must MISMATCH).
 //   --allreduce          zero_optimization.reduce_scatter false: stages 1-2 allreduce their buckets.
+//   --comm-dtype D       communication_data_type D (fp32, bf16, fp16): gradients reduced in D; with
+//                        bf16/fp16 the low-precision tolerances apply.
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
 //                        (Engine::unit) in its forward; the last micro-step's unit events must be
 //                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step.
@@ -80,6 +82,7 @@ struct Args {
   bool units = false;
   bool rss = false;
   bool allreduce = false;
+  std::string comm_dtype = "fp32";
   int layers = 0;
 };
 
@@ -165,12 +168,13 @@ std::string config_text(const Args& a) {
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 R"({"train_micro_batch_size_per_gpu": %d, "gradient_accumulation_steps": %d, "optimizer": %s,
+                    "communication_data_type": "%s",
                     "gradient_clipping": %g, "steps_per_print": 1000, "bf16": {"enabled": %s},
                     "fp16": {"enabled": %s, "initial_scale_power": 8, "hysteresis": 1},
                     "zero_optimization": {"stage": %d, "reduce_bucket_size": %d, "allgather_bucket_size": %d,
                                           "ignore_unused_parameters": %s, "overlap_comm": %s,
                                           "reduce_scatter": %s}%s})",
-                a.mb, a.gas, opt.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
+                a.mb, a.gas, opt.c_str(), a.comm_dtype.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
                 a.dtype == "fp16" ? "true" : "false", a.stage, a.bucket, a.bucket,
                 a.strict_unused ? "false" : "true", a.units ? "true" : "false", a.allreduce ? "false" : "true",
                 scheduler);
@@ -390,7 +394,7 @@ int run(const Args& a) {
     ctx->data().broadcast(top, 0);
     if (!at::equal(mine, top)) throw std::runtime_error("parameters differ between data-parallel ranks");
   }
-  const bool fp32 = a.dtype == "fp32";
+  const bool fp32 = a.dtype == "fp32" && a.comm_dtype == "fp32";
   const double update = reference.mean_update();
   const double param_diff = fp32 ? max_param_diff : mean_param_diff;
   const double param_tolerance = fp32 ? 2e-5 : 0.1 * update;
@@ -409,6 +413,11 @@ int run(const Args& a) {
     };
     std::printf("data-group collectives: all_reduce %lld reduce_scatter %lld all_gather %lld\n", count("all_reduce"),
                 count("reduce_scatter"), count("all_gather"));
+    auto bytes = [&](const char* collective) {
+      auto it = ctx->data().stats().find(collective);
+      return it == ctx->data().stats().end() ? 0LL : (long long)it->second.bytes;
+    };
+    std::printf("gradient bytes reduced: %lld\n", bytes("all_reduce") + bytes("reduce_scatter"));
     std::printf("skipped steps %lld, global steps %lld, loss scale %g\n", (long long)engine.skipped_steps(),
                 (long long)engine.global_step(), engine.loss_scale());
     std::printf("reference's mean update %.3g; tolerances: %s param %.2g, loss %.2g, relative norm %.2g\n", update,
@@ -545,6 +554,7 @@ int main(int argc, char** argv) {
     else if (k == "--units") a.units = true;
     else if (k == "--rss") a.rss = true;
     else if (k == "--allreduce") a.allreduce = true;
+    else if (k == "--comm-dtype") a.comm_dtype = next();
     else if (k == "--layers") a.layers = std::stoi(next());
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;

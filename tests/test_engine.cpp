@@ -236,3 +236,27 @@ TEST_CASE("reduce_scatter false allreduces the buckets and matches the reference
     CHECK_FALSE(contains(plain.output, " reduce_scatter 0 all_gather"));
   }
 }
+
+// communication_data_type bf16/fp16: gradients travel in 2 bytes an element (fp32 accumulation);
+// training stays within the low-precision tolerance of the fp32 reference, and the bytes the data
+// group reduced are counted by the communicator: about half of the fp32 run's (the per-step loss
+// average and the norm's scalars stay fp64).
+TEST_CASE("communication_data_type bf16 and fp16 halve the gradient bytes and stay close to the reference") {
+  auto reduced = [](const std::string& out) {
+    std::smatch m;
+    return std::regex_search(out, m, std::regex("gradient bytes reduced: (\\d+)")) ? std::stod(m[1]) : -1.0;
+  };
+  for (int stage : {0, 1, 2}) {
+    auto fp32 = train(2, {"--stage", std::to_string(stage), "--steps", "4", "--bucket", "300"});
+    REQUIRE(fp32.status == 0);
+    for (std::string wire : {"bf16", "fp16"}) {
+      auto r = train(2, {"--stage", std::to_string(stage), "--comm-dtype", wire, "--steps", "4", "--bucket", "300"});
+      INFO("stage " << stage << " " << wire << "\n" << r.output);
+      CHECK(r.status == 0);
+      CHECK(contains(r.output, "engine ok"));
+      const double ratio = reduced(r.output) / reduced(fp32.output);
+      CHECK(ratio > 0.45);
+      CHECK(ratio < 0.55);
+    }
+  }
+}

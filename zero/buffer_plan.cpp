@@ -34,8 +34,12 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
     plan.state_bytes += 4 * g.state_numel;
     plan.groups.push_back(std::move(g));
   }
-  if (in.stage > 0 && in.data_parallel > 1 && in.backend_copies_reductions) {
-    plan.in_flight_bytes = 2 * 4 * plan.largest_bucket;  // Reductions::kMaxInFlight copies
+  if (in.data_parallel > 1) {
+    // Reductions::kMaxInFlight reductions in flight, each with a copy of its bucket in the wire
+    // dtype when that is not fp32, and, at stages 1–2 on Gloo, the backend's copy of its input.
+    const int64_t per_reduction = (in.wire_bytes != 4 ? in.wire_bytes : 0) +
+                                  (in.stage > 0 && in.backend_copies_reductions ? in.wire_bytes : 0);
+    plan.in_flight_bytes = 2 * per_reduction * plan.largest_bucket;
     plan.communication_bytes += plan.in_flight_bytes;
   }
   return plan;

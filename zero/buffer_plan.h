@@ -12,6 +12,8 @@
 //   stage 0     none
 //   stages 1–2  with Gloo, its copy of each reduce-scatter's input in flight, at most 2
 //               (zero/reductions.h): 2 × the largest bucket, fp32 (NCCL reduces in place)
+//   all stages  with communication_data_type bf16/fp16, each reduction in flight (at most 2)
+//               travels as a copy of its bucket in that dtype (and Gloo's copy is in it too)
 //   stage 2     also, per group, two fp32 staging buffers of its largest bucket (one when it has
 //               one bucket): a bucket fills while the one before it is reduced. The engine
 //               measures its staging; it allocates more only if more of a group's buckets fill
@@ -33,6 +35,7 @@ struct BufferPlanInput {
   int64_t bucket_numel = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t state_floats = 2;   // fp32 optimizer-state elements per shard element (Adam 2)
   bool backend_copies_reductions = false;  // Gloo copies a reduce-scatter's input; NCCL does not
+  int wire_bytes = 4;  // communication_data_type: below 4, each reduction in flight has a copy of its bucket in it
 };
 
 struct GroupBuffers {

@@ -17,8 +17,7 @@ class Stage0 final : public ZeroStage {
     if (data_.size() == 1) return;
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor view = g.grads.narrow(0, b.offset, b.numel);
-    r.make_room();
-    r.push(data_.all_reduce_async(view, ReduceOp::Avg));
+    reduce_async(r, view, view, /*scatter=*/false);
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     const FlatBucket& b = g.layout.buckets[bucket];
@@ -26,6 +25,8 @@ class Stage0 final : public ZeroStage {
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage0(Communicator& data) { return std::make_unique<Stage0>(data); }
+std::unique_ptr<ZeroStage> make_stage0(Communicator& data, at::ScalarType wire) {
+  return std::make_unique<Stage0>(data, wire);
+}
 
 }  // namespace tessera

@@ -17,16 +17,15 @@ class Stage1 final : public PartitionedStage {
     if (data_.size() == 1) return;
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor mine = gradient_chunk(g, bucket);
-    r.make_room();
-    r.push(reduce_into_own_chunk(g.grads.narrow(0, b.offset, b.numel), mine));
+    reduce_into_own_chunk(r, g.grads.narrow(0, b.offset, b.numel), mine);
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     return g.grads.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), g.layout.buckets[bucket].shard);
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage1(Communicator& data, bool reduce_scatter) {
-  return std::make_unique<Stage1>(data, reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage1(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
+  return std::make_unique<Stage1>(data, wire, reduce_scatter);
 }
 
 }  // namespace tessera

@@ -32,8 +32,7 @@ class Stage2 final : public PartitionedStage {
       return;
     }
     at::Tensor mine = staging.narrow(0, data_.rank() * b.shard, b.shard);
-    r.make_room();
-    r.push(reduce_into_own_chunk(staging, mine), [&r, pool, shard, mine, staging]() mutable {
+    reduce_into_own_chunk(r, staging, mine, [&r, pool, shard, mine, staging]() mutable {
       shard.add_(mine);
       r.release_staging(pool, staging);
     });
@@ -44,8 +43,8 @@ class Stage2 final : public PartitionedStage {
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage2(Communicator& data, bool reduce_scatter) {
-  return std::make_unique<Stage2>(data, reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage2(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
+  return std::make_unique<Stage2>(data, wire, reduce_scatter);
 }
 
 }  // namespace tessera

@@ -61,7 +61,7 @@ int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHype
 
 ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parallel, ModelDescription& model,
                              UnitTracker* units)
-    : stage_(make_zero_stage(options.stage, parallel.data(), options.reduce_scatter)),
+    : stage_(make_zero_stage(options.stage, parallel.data(), options.communication_dtype, options.reduce_scatter)),
       overlap_allgather_(options.overlap_allgather),
       data_(parallel.data()),
       reductions_(parallel.data().device()),
@@ -77,6 +77,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   input.bucket_numel = options.reduce_bucket_numel;
   input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
   input.backend_copies_reductions = data_.device().is_cpu();  // Gloo
+  input.wire_bytes = static_cast<int>(c10::elementSize(options.communication_dtype));
   std::vector<std::vector<std::string>> names(specs.size());
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const ParamGroup& spec = *specs[gi].source;

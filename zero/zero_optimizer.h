@@ -43,6 +43,8 @@ struct ZeroOptions {
   // Stages 1–2 (zero_optimization.reduce_scatter): false allreduces each bucket instead (twice the
   // bytes; DeepSpeed's switch for backends whose reduce-scatter is slow or missing).
   bool reduce_scatter = true;
+  // communication_data_type: the dtype gradients travel in (fp32 accumulation either way).
+  at::ScalarType communication_dtype = at::kFloat;
   int64_t reduce_bucket_numel = 500'000'000;
   bool ignore_unused_parameters = true;
   at::ScalarType compute_dtype = at::kFloat;

@@ -5,15 +5,15 @@
 
 namespace tessera {
 
-std::unique_ptr<ZeroStage> make_stage0(Communicator& data);
-std::unique_ptr<ZeroStage> make_stage1(Communicator& data, bool reduce_scatter);
-std::unique_ptr<ZeroStage> make_stage2(Communicator& data, bool reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage0(Communicator& data, at::ScalarType wire);
+std::unique_ptr<ZeroStage> make_stage1(Communicator& data, at::ScalarType wire, bool reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage2(Communicator& data, at::ScalarType wire, bool reduce_scatter);
 
-std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, bool reduce_scatter) {
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, at::ScalarType wire, bool reduce_scatter) {
   switch (stage) {
-    case 0: return make_stage0(data);
-    case 1: return make_stage1(data, reduce_scatter);
-    case 2: return make_stage2(data, reduce_scatter);
+    case 0: return make_stage0(data, wire);
+    case 1: return make_stage1(data, wire, reduce_scatter);
+    case 2: return make_stage2(data, wire, reduce_scatter);
   }
   throw std::invalid_argument("tessera: zero_optimization.stage " + std::to_string(stage) +
                               " is not implemented yet (stages 0, 1, 2 are)");
@@ -24,10 +24,27 @@ void ZeroStage::add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor
   g.grads.narrow(0, p.offset, p.numel).add_(flat_grad);
 }
 
-CommHandle PartitionedStage::reduce_into_own_chunk(const at::Tensor& bucket, at::Tensor& own_chunk) {
-  if (reduce_scatter_) return data_.reduce_scatter_async(bucket, own_chunk, ReduceOp::Avg);
-  at::Tensor whole = bucket;
-  return data_.all_reduce_async(whole, ReduceOp::Avg);
+void ZeroStage::reduce_async(Reductions& r, const at::Tensor& bucket, const at::Tensor& result, bool scatter,
+                             std::function<void()> then) {
+  r.make_room();
+  if (wire_ == bucket.scalar_type()) {
+    at::Tensor inout = scatter ? result : bucket;
+    r.push(scatter ? data_.reduce_scatter_async(bucket, inout, ReduceOp::Avg) : data_.all_reduce_async(inout, ReduceOp::Avg),
+           std::move(then));
+    return;
+  }
+  // The bucket in the wire dtype; the result's place in it, by its offset in the bucket.
+  at::Tensor wire = bucket.to(wire_);
+  const int64_t offset = (static_cast<const char*>(result.data_ptr()) - static_cast<const char*>(bucket.data_ptr())) /
+                         static_cast<int64_t>(bucket.element_size());
+  at::Tensor wire_result = wire.narrow(0, offset, result.numel());
+  CommHandle h = scatter ? data_.reduce_scatter_async(wire, wire_result, ReduceOp::Avg)
+                         : data_.all_reduce_async(wire, ReduceOp::Avg);
+  r.push(std::move(h), [result, wire, wire_result, then = std::move(then)]() mutable {
+    at::Tensor out = result;
+    out.copy_(wire_result);
+    if (then) then();
+  });
 }
 
 CommHandle PartitionedStage::gather_bucket(ZeroGroup& g, int bucket) {

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 
 #include "parallel/communicator.h"
@@ -24,7 +25,8 @@ namespace tessera {
 
 class ZeroStage {
  public:
-  explicit ZeroStage(Communicator& data) : data_(data) {}
+  // `wire`: the dtype gradients travel in (communication_data_type); fp32 accumulation either way.
+  ZeroStage(Communicator& data, at::ScalarType wire) : data_(data), wire_(wire) {}
   virtual ~ZeroStage() = default;
 
   virtual int number() const = 0;
@@ -51,27 +53,40 @@ class ZeroStage {
  protected:
   // Stages 0 and 1 accumulate into the whole fp32 gradient buffer.
   static void add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor& flat_grad);
+  // Launches the average over the data group of an fp32 `bucket` into `result`, a view of it (its
+  // own chunk for a reduce-scatter, the whole bucket for an allreduce), in place; `then` runs once
+  // the result is there. In a wire dtype other than fp32 the bucket travels as a copy in it (2
+  // bytes an element for bf16/fp16: half the traffic) and the result is converted back.
+  void reduce_async(Reductions& r, const at::Tensor& bucket, const at::Tensor& result, bool scatter,
+                    std::function<void()> then = {});
 
   Communicator& data_;
+  at::ScalarType wire_;
 };
 
 // Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered.
 class PartitionedStage : public ZeroStage {
  public:
-  PartitionedStage(Communicator& data, bool reduce_scatter) : ZeroStage(data), reduce_scatter_(reduce_scatter) {}
+  PartitionedStage(Communicator& data, at::ScalarType wire, bool reduce_scatter)
+      : ZeroStage(data, wire), reduce_scatter_(reduce_scatter) {}
   bool gathers() const override { return data_.size() > 1; }
   CommHandle gather_bucket(ZeroGroup& g, int bucket) override;
 
  protected:
-  // The average of a whole bucket into this rank's chunk of it, in place: a reduce-scatter, or
-  // with reduce_scatter false an allreduce of the whole bucket.
-  CommHandle reduce_into_own_chunk(const at::Tensor& bucket, at::Tensor& own_chunk);
+  // The average of a whole bucket into this rank's chunk of it: a reduce-scatter, or with
+  // reduce_scatter false an allreduce of the whole bucket (the chunk is then read from it).
+  void reduce_into_own_chunk(Reductions& r, const at::Tensor& bucket, const at::Tensor& own_chunk,
+                             std::function<void()> then = {}) {
+    reduce_async(r, bucket, reduce_scatter_ ? own_chunk : bucket, reduce_scatter_, std::move(then));
+  }
 
  private:
   bool reduce_scatter_;
 };
 
-// `reduce_scatter` false: stages 1–2 allreduce each bucket (in place) and keep their chunk.
-std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, bool reduce_scatter = true);
+// `wire`: communication_data_type; `reduce_scatter` false: stages 1–2 allreduce each bucket (in
+// place) and keep their chunk.
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, at::ScalarType wire = at::kFloat,
+                                           bool reduce_scatter = true);
 
 }  // namespace tessera

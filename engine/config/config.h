@@ -326,6 +326,9 @@ struct Config {
   // tessera's own switch: "warn" downgrades unknown and unsupported keys to warnings, for
   // configs carried over from elsewhere.
   std::string unknown_keys = "error";
+  // The dtype gradients are reduced in (DeepSpeed's key); accumulation stays fp32. tessera's
+  // default is fp32 (DeepSpeed's is the gradients' own dtype).
+  std::string communication_data_type = "fp32";
 
   template <class V> void fields(V& v) {
     v("train_batch_size", train_batch_size, at_least<int64_t>(1));
@@ -348,6 +351,7 @@ struct Config {
     v("tensorboard", tensorboard);
     v("comms_logger", comms_logger);
     v("unknown_keys", unknown_keys, one_of({"error", "warn"}));
+    v("communication_data_type", communication_data_type, one_of({"fp32", "fp16", "bf16"}));
   }
 };
 

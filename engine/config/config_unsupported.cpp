@@ -15,7 +15,6 @@ const UnsupportedKey kUnsupported[] = {
     {"comet", "use \"csv_monitor\" or \"tensorboard\""},
     {"prescale_gradients", ""},
     {"gradient_predivide_factor", ""},
-    {"communication_data_type", ""},
     {"sparse_gradients", ""},
     {"fp32_allreduce", ""},
     {"zero_allow_untested_optimizer", "tessera's ZeRO runs every optimizer it supports"},
