@@ -320,3 +320,17 @@ def test_backward_with_output_gradients_equals_backward_of_the_loss():
 
     for a, b in zip(run(True), run(False)):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_overlap_comm_leaves_the_allgather_to_the_next_forward_on_two_ranks():
+    """ZeRO 2, 2 ranks, overlap_comm: step() returns with the allgather in flight (the module's
+    units report their forward), the next forward waits for it unit by unit, so the losses equal
+    a run without overlap_comm; state_dict() waits, and then every rank holds the same values."""
+    from conftest import check, launch
+
+    r = check(launch(2, [os.path.join(os.path.dirname(__file__), "overlap_worker.py")]))
+    out = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("{")))
+    assert out["losses_overlap"] == out["losses_plain"]
+    assert out["in_flight_overlap"] == [True] * 4 and out["in_flight_plain"] == [False] * 4
+    assert out["after_state_dict"] is False
+    assert out["ranks_agree"]
