@@ -44,9 +44,9 @@ ZeroOptions zero_options(const Config& c) {
   o.stage = c.zero_optimization.stage;
   o.overlap_allgather = c.zero_optimization.overlap_comm.value_or(false);
   o.reduce_scatter = c.zero_optimization.reduce_scatter;
-  o.communication_dtype = c.communication_data_type == "bf16"   ? at::kBFloat16
-                          : c.communication_data_type == "fp16" ? at::kHalf
-                                                                : at::kFloat;
+  o.gradient_dtype = c.data_types.grad_accum_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  const std::string wire = c.communication_data_type.value_or(c.data_types.grad_accum_dtype);
+  o.communication_dtype = wire == "bf16" ? at::kBFloat16 : wire == "fp16" ? at::kHalf : at::kFloat;
   o.reduce_bucket_numel = c.zero_optimization.reduce_bucket_size;
   o.ignore_unused_parameters = c.zero_optimization.ignore_unused_parameters;
   o.compute_dtype = c.bf16.enabled ? at::kBFloat16 : c.fp16.enabled ? at::kHalf : at::kFloat;

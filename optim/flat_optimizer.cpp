@@ -22,10 +22,13 @@ void write_compute_copy(const ShardSegment& s) {
   if (s.compute_copy.defined()) s.compute_copy.copy_(s.params);
 }
 
-// The SIMD CPU kernel applies to fp32 CPU tensors in one contiguous run (csrc/cpu_adam.h).
+// The SIMD CPU kernel applies to fp32 CPU tensors in one contiguous run (csrc/cpu_adam.h), with
+// fp32 or bf16 gradients (data_types.grad_accum_dtype).
 bool cpu_kernel_applies(const ShardSegment& s) {
   auto fp32_cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
-  if (!fp32_cpu(s.params) || !fp32_cpu(s.grads)) return false;
+  const bool grads_ok = s.grads.is_cpu() && s.grads.is_contiguous() &&
+                        (s.grads.scalar_type() == at::kFloat || s.grads.scalar_type() == at::kBFloat16);
+  if (!fp32_cpu(s.params) || !grads_ok) return false;
   if (!s.compute_copy.defined()) return true;
   const auto t = s.compute_copy.scalar_type();
   return s.compute_copy.is_cpu() && s.compute_copy.is_contiguous() && (t == at::kBFloat16 || t == at::kHalf);
@@ -51,12 +54,13 @@ class Adam final : public FlatOptimizer {
         void* copy = s.compute_copy.defined() ? s.compute_copy.data_ptr() : nullptr;
         HalfType copy_type = s.compute_copy.defined() && s.compute_copy.scalar_type() == at::kHalf
                                  ? HalfType::Float16 : HalfType::BFloat16;
-        cpu_adam_step(k, s.params.data_ptr<float>(), s.grads.data_ptr<float>(), GradType::Float32,
+        cpu_adam_step(k, s.params.data_ptr<float>(), s.grads.data_ptr(),
+                      s.grads.scalar_type() == at::kBFloat16 ? GradType::BFloat16 : GradType::Float32,
                       m.data_ptr<float>(), v.data_ptr<float>(), n, copy, copy_type);
         continue;
       }
       // Any other device or layout: the same formulas with ATen operations.
-      at::Tensor g = s.grads * in.grad_scale;
+      at::Tensor g = s.grads.to(at::kFloat) * in.grad_scale;  // bf16 gradients computed in fp32
       if (!p_.adam_w_mode && in.weight_decay != 0) g.add_(s.params, in.weight_decay);
       m.mul_(beta1).add_(g, 1 - beta1);
       v.mul_(beta2).addcmul_(g, g, 1 - beta2);
@@ -82,7 +86,7 @@ class Sgd final : public FlatOptimizer {
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
     const double mu = in.beta1.value_or(p_.momentum);
     for (const auto& s : segments) {
-      at::Tensor d = s.grads * in.grad_scale;
+      at::Tensor d = s.grads.to(at::kFloat) * in.grad_scale;
       if (in.weight_decay != 0) d.add_(s.params, in.weight_decay);
       if (momentum_buffer_.defined()) {
         at::Tensor b = momentum_buffer_.narrow(0, s.local_offset, s.params.numel());
@@ -119,7 +123,7 @@ class Lamb final : public FlatOptimizer {
     for (const auto& s : segments) {
       const int64_t n = s.params.numel();
       at::Tensor m = exp_avg_.narrow(0, s.local_offset, n), v = exp_avg_sq_.narrow(0, s.local_offset, n);
-      at::Tensor g = s.grads * in.grad_scale;
+      at::Tensor g = s.grads.to(at::kFloat) * in.grad_scale;  // bf16 gradients computed in fp32
       m.mul_(beta1).add_(g, 1 - beta1);
       v.mul_(beta2).addcmul_(g, g, 1 - beta2);
       at::Tensor u = (m / bc1).div_(v.div(bc2).sqrt_().add_(p_.eps));

@@ -1,6 +1,7 @@
 #include "optim/grad_norm.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
@@ -17,7 +18,10 @@ double global_grad_sumsq(const std::vector<GradPart>& parts, const NormGroups& g
   // replicated, whole × tensor-sharded, whole × replicated]. Norms are stacked per kind, so a
   // model of one kind costs one stack and no per-parameter host reads.
   std::vector<at::Tensor> by_kind[4];
-  for (const GradPart& p : parts) by_kind[(p.data_sharded ? 0 : 2) + (p.tensor_sharded ? 0 : 1)].push_back(p.grads.norm());
+  // Norms in fp32 whatever the gradients' dtype (bf16 accumulation would round the norm).
+  for (const GradPart& p : parts)
+    by_kind[(p.data_sharded ? 0 : 2) + (p.tensor_sharded ? 0 : 1)].push_back(
+        at::linalg_vector_norm(p.grads, 2, c10::nullopt, false, at::kFloat));
   const Communicator* any = groups.data ? groups.data : groups.tensor ? groups.tensor : groups.pipe;
   const auto options = parts.empty() ? at::TensorOptions().dtype(at::kDouble)
                                      : at::TensorOptions().dtype(at::kDouble).device(parts.front().grads.device());

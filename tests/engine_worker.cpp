@@ -24,6 +24,7 @@
 //   --allreduce          zero_optimization.reduce_scatter false: stages 1-2 allreduce their buckets.
 //   --comm-dtype D       communication_data_type D (fp32, bf16, fp16): gradients reduced in D; with
 //                        bf16/fp16 the low-precision tolerances apply.
+//   --grad-accum D       data_types.grad_accum_dtype D (fp32, bf16; bf16 with --dtype bf16, stages 0-1).
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
 //                        (Engine::unit) in its forward; the last micro-step's unit events must be
 //                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step.
@@ -82,7 +83,8 @@ struct Args {
   bool units = false;
   bool rss = false;
   bool allreduce = false;
-  std::string comm_dtype = "fp32";
+  std::string comm_dtype;  // empty: the key is left out
+  std::string grad_accum = "fp32";
   int layers = 0;
 };
 
@@ -168,13 +170,15 @@ std::string config_text(const Args& a) {
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 R"({"train_micro_batch_size_per_gpu": %d, "gradient_accumulation_steps": %d, "optimizer": %s,
-                    "communication_data_type": "%s",
+                    %s"data_types": {"grad_accum_dtype": "%s"},
                     "gradient_clipping": %g, "steps_per_print": 1000, "bf16": {"enabled": %s},
                     "fp16": {"enabled": %s, "initial_scale_power": 8, "hysteresis": 1},
                     "zero_optimization": {"stage": %d, "reduce_bucket_size": %d, "allgather_bucket_size": %d,
                                           "ignore_unused_parameters": %s, "overlap_comm": %s,
                                           "reduce_scatter": %s}%s})",
-                a.mb, a.gas, opt.c_str(), a.comm_dtype.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
+                a.mb, a.gas, opt.c_str(),
+                a.comm_dtype.empty() ? "" : ("\"communication_data_type\": \"" + a.comm_dtype + "\", ").c_str(),
+                a.grad_accum.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
                 a.dtype == "fp16" ? "true" : "false", a.stage, a.bucket, a.bucket,
                 a.strict_unused ? "false" : "true", a.units ? "true" : "false", a.allreduce ? "false" : "true",
                 scheduler);
@@ -394,7 +398,7 @@ int run(const Args& a) {
     ctx->data().broadcast(top, 0);
     if (!at::equal(mine, top)) throw std::runtime_error("parameters differ between data-parallel ranks");
   }
-  const bool fp32 = a.dtype == "fp32" && a.comm_dtype == "fp32";
+  const bool fp32 = a.dtype == "fp32" && (a.comm_dtype.empty() || a.comm_dtype == "fp32");
   const double update = reference.mean_update();
   const double param_diff = fp32 ? max_param_diff : mean_param_diff;
   const double param_tolerance = fp32 ? 2e-5 : 0.1 * update;
@@ -555,6 +559,7 @@ int main(int argc, char** argv) {
     else if (k == "--rss") a.rss = true;
     else if (k == "--allreduce") a.allreduce = true;
     else if (k == "--comm-dtype") a.comm_dtype = next();
+    else if (k == "--grad-accum") a.grad_accum = next();
     else if (k == "--layers") a.layers = std::stoi(next());
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;

@@ -260,3 +260,25 @@ TEST_CASE("communication_data_type bf16 and fp16 halve the gradient bytes and st
     }
   }
 }
+
+// data_types.grad_accum_dtype bf16 (with bf16 compute, stages 0-1): the whole-gradient buffer is
+// bf16, half the bytes of the fp32 one (the engine's report), training stays within the bf16
+// tolerance of the fp32 reference, and the reduction runs in bf16 (the buffer's own dtype).
+TEST_CASE("grad_accum_dtype bf16 halves the gradient buffer at stages 0 and 1") {
+  auto grads = [](const std::string& out) {
+    std::smatch m;
+    return std::regex_search(out, m, std::regex("memory: params \\d+ master \\d+ grads (\\d+)")) ? std::stod(m[1]) : -1.0;
+  };
+  for (int stage : {0, 1}) {
+    std::vector<std::string> args = {"--stage", std::to_string(stage), "--dtype", "bf16", "--gas", "2", "--steps", "4",
+                                     "--bucket", "300", "--memory"};
+    auto fp32 = train(2, args);
+    args.insert(args.end(), {"--grad-accum", "bf16"});
+    auto bf16 = train(2, args);
+    INFO("stage " << stage << "\n" << bf16.output);
+    CHECK(fp32.status == 0);
+    CHECK(bf16.status == 0);
+    CHECK(contains(bf16.output, "engine ok"));
+    CHECK(grads(bf16.output) == grads(fp32.output) / 2);
+  }
+}

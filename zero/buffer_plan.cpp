@@ -30,14 +30,15 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
     }
     plan.parameter_bytes += int64_t(in.compute_bytes) * g.compute_numel;
     plan.master_bytes += 4 * g.master_numel;
-    plan.gradient_bytes += 4 * g.grad_numel;
+    plan.gradient_bytes += int64_t(in.stage < 2 ? in.gradient_bytes : 4) * g.grad_numel;
     plan.state_bytes += 4 * g.state_numel;
     plan.groups.push_back(std::move(g));
   }
   if (in.data_parallel > 1) {
     // Reductions::kMaxInFlight reductions in flight, each with a copy of its bucket in the wire
     // dtype when that is not fp32, and, at stages 1–2 on Gloo, the backend's copy of its input.
-    const int64_t per_reduction = (in.wire_bytes != 4 ? in.wire_bytes : 0) +
+    const int bucket_bytes = in.stage < 2 ? in.gradient_bytes : 4;  // stage 2 reduces its fp32 staging
+    const int64_t per_reduction = (in.wire_bytes != bucket_bytes ? in.wire_bytes : 0) +
                                   (in.stage > 0 && in.backend_copies_reductions ? in.wire_bytes : 0);
     plan.in_flight_bytes = 2 * per_reduction * plan.largest_bucket;
     plan.communication_bytes += plan.in_flight_bytes;

@@ -7,6 +7,7 @@
 //   stage 0  compute Ψ, fp32 gradients Ψ,   states kΨ        (+ fp32 master Ψ when mixed)
 //   stage 1  compute Ψ, fp32 gradients Ψ,   states kΨ/N      (+ fp32 master Ψ/N)
 //   stage 2  compute Ψ, fp32 gradients Ψ/N, states kΨ/N      (+ fp32 master Ψ/N)
+// (gradients in bf16 at stages 0–1 with data_types.grad_accum_dtype "bf16": 2 bytes an element)
 // plus padding: every bucket is a multiple of the partition count (zero/flat_layout.h).
 // Communication buffers (reduce-scatters and allgathers run in place, so only these):
 //   stage 0     none
@@ -35,7 +36,8 @@ struct BufferPlanInput {
   int64_t bucket_numel = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t state_floats = 2;   // fp32 optimizer-state elements per shard element (Adam 2)
   bool backend_copies_reductions = false;  // Gloo copies a reduce-scatter's input; NCCL does not
-  int wire_bytes = 4;  // communication_data_type: below 4, each reduction in flight has a copy of its bucket in it
+  int wire_bytes = 4;
+  int gradient_bytes = 4;  // data_types.grad_accum_dtype at stages 0–1: 2 for bf16  // communication_data_type: below 4, each reduction in flight has a copy of its bucket in it
 };
 
 struct GroupBuffers {

@@ -78,6 +78,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
   input.backend_copies_reductions = data_.device().is_cpu();  // Gloo
   input.wire_bytes = static_cast<int>(c10::elementSize(options.communication_dtype));
+  input.gradient_bytes = static_cast<int>(c10::elementSize(options.gradient_dtype));
   std::vector<std::vector<std::string>> names(specs.size());
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const ParamGroup& spec = *specs[gi].source;
@@ -134,7 +135,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       g->params.push_back(p);
       g->unit_of.push_back(units_ ? units_->owner_of(p) : -1);
     }
-    g->grads = at::zeros({planned.grad_numel}, f32);
+    g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
     g->staging.resize(L.buckets.size());
     g->pending.resize(L.buckets.size());
     g->arrived.assign(L.params.size(), false);

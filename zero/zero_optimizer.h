@@ -45,6 +45,8 @@ struct ZeroOptions {
   bool reduce_scatter = true;
   // communication_data_type: the dtype gradients travel in (fp32 accumulation either way).
   at::ScalarType communication_dtype = at::kFloat;
+  // data_types.grad_accum_dtype: the whole-gradient buffer's dtype at stages 0–1 (fp32 or bf16).
+  at::ScalarType gradient_dtype = at::kFloat;
   int64_t reduce_bucket_numel = 500'000'000;
   bool ignore_unused_parameters = true;
   at::ScalarType compute_dtype = at::kFloat;

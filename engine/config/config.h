@@ -288,6 +288,14 @@ struct MonitorConfig {
   }
 };
 
+// DeepSpeed's "data_types" section.
+struct DataTypesConfig {
+  // The dtype the whole gradient is accumulated in at ZeRO 0–1: "fp32" (tessera's default), or
+  // "bf16" with bf16 compute (2 bytes an element instead of 4; DeepSpeed's default there).
+  std::string grad_accum_dtype = "fp32";
+  template <class V> void fields(V& v) { v("grad_accum_dtype", grad_accum_dtype, one_of({"fp32", "bf16"})); }
+};
+
 struct CommsLoggerConfig {
   bool enabled = false;
   bool verbose = false;
@@ -323,12 +331,13 @@ struct Config {
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
   CommsLoggerConfig comms_logger;
+  DataTypesConfig data_types;
   // tessera's own switch: "warn" downgrades unknown and unsupported keys to warnings, for
   // configs carried over from elsewhere.
   std::string unknown_keys = "error";
-  // The dtype gradients are reduced in (DeepSpeed's key); accumulation stays fp32. tessera's
-  // default is fp32 (DeepSpeed's is the gradients' own dtype).
-  std::string communication_data_type = "fp32";
+  // The dtype gradients are reduced in (DeepSpeed's key); unset: the gradient buffer's own dtype
+  // (fp32 unless data_types.grad_accum_dtype says bf16), as in DeepSpeed.
+  std::optional<std::string> communication_data_type;
 
   template <class V> void fields(V& v) {
     v("train_batch_size", train_batch_size, at_least<int64_t>(1));
@@ -350,6 +359,7 @@ struct Config {
     v("csv_monitor", csv_monitor);
     v("tensorboard", tensorboard);
     v("comms_logger", comms_logger);
+    v("data_types", data_types);
     v("unknown_keys", unknown_keys, one_of({"error", "warn"}));
     v("communication_data_type", communication_data_type, one_of({"fp32", "fp16", "bf16"}));
   }

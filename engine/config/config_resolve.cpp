@@ -112,6 +112,13 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
 
   const std::string stage = s(z.stage);
   const bool stage_ok = !unparsed({"zero_optimization.stage"});
+  if (c.data_types.grad_accum_dtype == "bf16" && !unparsed({"data_types.grad_accum_dtype"})) {
+    if (!c.bf16.enabled && !unparsed({"bf16.enabled", "bfloat16.enabled"}))
+      report.error("data_types.grad_accum_dtype", "grad_accum_dtype \"bf16\" needs bf16 compute (bf16.enabled true)");
+    else if (z.stage > 1 && stage_ok)
+      report.error("data_types.grad_accum_dtype", "grad_accum_dtype \"bf16\" applies at ZeRO stage 0 or 1, where "
+                                                  "the whole gradient is kept; zero_optimization.stage is " + stage);
+  }
   if (z.offload_param.device != "none" && z.stage != 3 && stage_ok &&
       !unparsed({"zero_optimization.offload_param.device"}))
     report.error("zero_optimization.offload_param.device",

@@ -21,7 +21,6 @@ const UnsupportedKey kUnsupported[] = {
     {"zero_force_ds_cpu_optimizer", ""},
     {"memory_breakdown", "tessera's progress lines always include peak memory"},
     {"dump_state", ""},
-    {"data_types", "tessera accumulates gradients in fp32"},
     {"disable_allgather", ""},
     {"elasticity", ""},
     {"autotuning", ""},

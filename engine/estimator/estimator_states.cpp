@@ -49,6 +49,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
     in.compute_bytes = c;
     in.bucket_numel = s.reduce_bucket_size;
     in.state_floats = k / 4;
+    in.gradient_bytes = s.grad_accum_dtype == "bf16" ? 2 : 4;
+    const std::string wire = s.communication_dtype.empty() ? s.grad_accum_dtype : s.communication_dtype;
+    in.wire_bytes = wire == "fp32" ? 4 : 2;
     const BufferPlan plan = plan_buffers(in);
     const int partitions = plan.partitions;
     int64_t total = 0, shard = 0;
@@ -74,7 +77,8 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
     if (!off_opt) {
       if (mixed) st.master = plan.master_bytes, st.master_detail = part(partitions);
       st.grads = plan.gradient_bytes;
-      st.grads_detail = "fp32, " + part(s.zero_stage == 2 ? dp : 1);
+      st.grads_detail = std::string(s.zero_stage < 2 && s.grad_accum_dtype == "bf16" ? "bf16, " : "fp32, ") +
+                        part(s.zero_stage == 2 ? dp : 1);
       st.optim = plan.state_bytes;
       st.optim_detail = state_name(s) + ", " + part(partitions);
     } else {
