@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# DeepSpeed (the pinned version, from PyPI) in its own virtual environment that REUSES the project
+# venv's PyTorch: a .pth file puts the project venv's site-packages on its path, so pip sees torch
+# as installed and nobody downloads it twice. Idempotent; prints the venv's python on its last
+# line (as scripts/setup.sh does). Benchmarks that compare with DeepSpeed call it.
+#
+#   TESSERA_DEEPSPEED_VENV  where it lives (default ~/.cache/tessera/deepspeed-venv)
+#   DEEPSPEED_VERSION       default 0.19.8
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+project_python=$("$here/scripts/setup.sh" | tail -n 1)
+venv=${TESSERA_DEEPSPEED_VENV:-$HOME/.cache/tessera/deepspeed-venv}
+version=${DEEPSPEED_VERSION:-0.19.8}
+log() { echo "[setup-deepspeed] $*" >&2; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  # The same interpreter as the project venv: torch's compiled modules must load in it.
+  base=$("$project_python" -c 'import sys; print(sys._base_executable)')
+  log "creating $venv with $base"
+  "$base" -m venv "$venv"
+fi
+site=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+project_site=$("$project_python" -c 'import site; print(site.getsitepackages()[0])')
+echo "$project_site" > "$site/tessera-project-venv.pth"
+if ! "$venv/bin/python" -c "import deepspeed, sys; sys.exit(deepspeed.__version__ != '$version')" >/dev/null 2>&1; then
+  log "installing deepspeed==$version (reusing torch from $project_site)"
+  "$venv/bin/pip" install -q wheel setuptools >&2
+  # No build isolation: DeepSpeed's setup imports torch, which only this environment can see.
+  # DS_BUILD_OPS=0: its C++ ops (CPU Adam) are compiled on first use instead.
+  DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-build-isolation "deepspeed==$version" >&2
+fi
+"$venv/bin/python" -c "import torch, deepspeed; assert torch.__file__.startswith('$project_site'), torch.__file__" >&2
+echo "$venv/bin/python"
