@@ -25,16 +25,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Every parameter's name, for the unit listing (ZeroOptimizer names them the same way in errors).
+// Every parameter's name, for the unit listing (zero/model.h's param_name, as ZeroOptimizer's errors).
 std::unordered_map<const void*, std::string> parameter_names(const ModelDescription& model) {
   std::unordered_map<const void*, std::string> names;
   for (const ParamGroup& g : model.groups)
     for (size_t i = 0; i < g.params.size(); ++i)
-      if (g.params[i].defined())
-        names.emplace(g.params[i].unsafeGetTensorImpl(),
-                      i < g.param_names.size() && !g.param_names[i].empty()
-                          ? g.param_names[i]
-                          : "group '" + g.name + "' parameter " + std::to_string(i));
+      if (g.params[i].defined()) names.emplace(g.params[i].unsafeGetTensorImpl(), param_name(g, i));
   return names;
 }
 

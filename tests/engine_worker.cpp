@@ -411,17 +411,14 @@ int run(const Args& a) {
                 (long long)m.buckets);
   }
   if (rank == 0) {
-    auto count = [&](const char* collective) {
+    auto stat = [&](const char* collective) {
       auto it = ctx->data().stats().find(collective);
-      return it == ctx->data().stats().end() ? 0LL : (long long)it->second.calls;
+      return it == ctx->data().stats().end() ? CollectiveStats{} : it->second;
     };
-    std::printf("data-group collectives: all_reduce %lld reduce_scatter %lld all_gather %lld\n", count("all_reduce"),
-                count("reduce_scatter"), count("all_gather"));
-    auto bytes = [&](const char* collective) {
-      auto it = ctx->data().stats().find(collective);
-      return it == ctx->data().stats().end() ? 0LL : (long long)it->second.bytes;
-    };
-    std::printf("gradient bytes reduced: %lld\n", bytes("all_reduce") + bytes("reduce_scatter"));
+    std::printf("data-group collectives: all_reduce %lld reduce_scatter %lld all_gather %lld\n",
+                (long long)stat("all_reduce").calls, (long long)stat("reduce_scatter").calls,
+                (long long)stat("all_gather").calls);
+    std::printf("gradient bytes reduced: %lld\n", (long long)(stat("all_reduce").bytes + stat("reduce_scatter").bytes));
     std::printf("skipped steps %lld, global steps %lld, loss scale %g\n", (long long)engine.skipped_steps(),
                 (long long)engine.global_step(), engine.loss_scale());
     std::printf("reference's mean update %.3g; tolerances: %s param %.2g, loss %.2g, relative norm %.2g\n", update,

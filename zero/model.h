@@ -31,6 +31,13 @@ struct ParamGroup {
   std::vector<bool> tensor_sharded;      // optional, one per parameter (default: replicated)
 };
 
+// How errors and unit listings name parameter i of a group: its given name, else its place.
+inline std::string param_name(const ParamGroup& g, size_t i) {
+  return i < g.param_names.size() && !g.param_names[i].empty()
+             ? g.param_names[i]
+             : "group '" + g.name + "' parameter " + std::to_string(i);
+}
+
 struct ModelUnit {
   std::string name;                // "embedding", "blocks.3", "head"
   std::vector<at::Tensor> params;  // the parameters its forward uses (each one in some ParamGroup)

@@ -31,6 +31,7 @@ UnitTracker::UnitTracker(const ModelDescription& model, const std::unordered_map
   for (const ModelUnit* spec : given) {
     UnitInfo info;
     std::vector<const void*> uses;
+    int owned = 0;
     info.name = spec->name.empty() ? "unit " + std::to_string(units_.size()) : spec->name;
     for (const at::Tensor& p : spec->params) {
       if (!p.defined()) throw std::invalid_argument("tessera: unit '" + info.name + "' lists an undefined tensor");
@@ -39,15 +40,15 @@ UnitTracker::UnitTracker(const ModelDescription& model, const std::unordered_map
       info.params.push_back(name_of(p));
       uses.push_back(p.unsafeGetTensorImpl());
       auto [it, fresh] = owner_.emplace(p.unsafeGetTensorImpl(), static_cast<int>(units_.size()));
-      if (fresh) info.owned_numel += p.numel();
+      if (fresh) info.owned_numel += p.numel(), ++owned;
       else if (it->second != static_cast<int>(units_.size())) info.shared.push_back(name_of(p));
     }
     units_.push_back(std::move(info));
     uses_.push_back(std::move(uses));
+    owned_params_.push_back(owned);
   }
   const size_t n = units_.size();
-  owned_params_.assign(n, 0);
-  remaining_.assign(n, 0);
+  remaining_ = owned_params_;
   forward_open_.assign(n, 0);
   backward_open_.assign(n, 0);
   forward_start_.resize(n);

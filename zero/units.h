@@ -58,8 +58,6 @@ class UnitTracker {
   const UnitInfo& unit(int u) const { return units_.at(u); }
   // The unit that owns a parameter (the first that lists it), -1 for a tensor no unit lists.
   int owner_of(const at::Tensor& param) const;
-  // How many parameters each unit owns; the engine sets it from owner_of as it installs hooks.
-  void set_owned_params(std::vector<int> counts) { owned_params_ = std::move(counts); remaining_ = owned_params_; }
 
   void forward_begin(int u);
   void forward_end(int u);

@@ -85,9 +85,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     std::vector<int64_t> numels;
     for (int i : specs[gi].members) {
       const at::Tensor& p = spec.params[i];
-      names[gi].push_back(size_t(i) < spec.param_names.size() && !spec.param_names[i].empty()
-                              ? spec.param_names[i]
-                              : "group '" + spec.name + "' parameter " + std::to_string(i));
+      names[gi].push_back(param_name(spec, i));
       const std::string& name = names[gi].back();
       if (!p.defined() || !p.requires_grad() || !p.is_leaf())
         throw std::invalid_argument("tessera: " + name + " must be a defined leaf tensor that requires grad");
@@ -174,11 +172,6 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   gathering_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
   if (units_) {
-    std::vector<int> owned(units_->size(), 0);
-    for (const auto& g : groups_)
-      for (int u : g->unit_of)
-        if (u >= 0) ++owned[u];
-    units_->set_owned_params(std::move(owned));
     // The buckets each unit's forward reads (its own parameters and the shared ones).
     std::unordered_map<const void*, std::pair<int, int>> where;
     for (size_t gi = 0; gi < groups_.size(); ++gi)
@@ -370,10 +363,8 @@ void ZeroOptimizer::wait_oldest_gather() {
   gather.handle.wait();
 }
 
-bool ZeroOptimizer::gather_parameters(bool model_reports_units) {
-  if (overlap_allgather_ && model_reports_units && units_) return !gathers_.empty();
-  wait_for_parameters();
-  return false;
+void ZeroOptimizer::gather_parameters(bool model_reports_units) {
+  if (!(overlap_allgather_ && model_reports_units && units_)) wait_for_parameters();
 }
 
 void ZeroOptimizer::wait_for_parameters() {

@@ -89,8 +89,8 @@ class ZeroOptimizer final : public UnitListener {
   void apply(double grad_scale, const StepInputs& inputs);
   // Every rank gets every updated chunk (stages 1–2): waits for the allgathers now, or, with
   // overlap_allgather and a model that reports its units, leaves each to the forward of the
-  // first unit that uses it. Returns whether it deferred.
-  bool gather_parameters(bool model_reports_units);
+  // first unit that uses it.
+  void gather_parameters(bool model_reports_units);
   // Waits for every allgather still in flight: the parameters are final after it.
   void wait_for_parameters();
   bool parameters_in_flight() const { return !gathers_.empty(); }

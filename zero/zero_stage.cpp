@@ -48,7 +48,6 @@ void ZeroStage::reduce_async(Reductions& r, const at::Tensor& bucket, const at::
 }
 
 CommHandle PartitionedStage::gather_bucket(ZeroGroup& g, int bucket) {
-  if (data_.size() == 1) return {};
   const FlatBucket& k = g.layout.buckets[bucket];
   // In place: the input is this rank's chunk of the output (parallel/communicator.h).
   at::Tensor chunk = g.compute.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), k.shard);

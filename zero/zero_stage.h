@@ -47,7 +47,7 @@ class ZeroStage {
   // Whether updated chunks are gathered after the optimizer (stages 1–2).
   virtual bool gathers() const { return false; }
   // After the optimizer updated this rank's chunk of a bucket: every rank gets every chunk of it,
-  // in place (stages 1–2; an empty handle at stage 0 or on one rank).
+  // in place (called only when gathers(); an empty handle at stage 0).
   virtual CommHandle gather_bucket(ZeroGroup& g, int bucket) { return {}; }
 
  protected:
