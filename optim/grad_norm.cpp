@@ -13,15 +13,18 @@ namespace {
 bool spans(const Communicator* group) { return group && group->size() > 1; }
 }  // namespace
 
+at::Tensor gradient_norm(const at::Tensor& grads) {
+  return at::linalg_vector_norm(grads, 2, c10::nullopt, false, at::kFloat);
+}
+
 double global_grad_sumsq(const std::vector<GradPart>& parts, const NormGroups& groups) {
   // Four partial sums by how the piece is split: [data-sharded × tensor-sharded, data-sharded ×
   // replicated, whole × tensor-sharded, whole × replicated]. Norms are stacked per kind, so a
   // model of one kind costs one stack and no per-parameter host reads.
   std::vector<at::Tensor> by_kind[4];
-  // Norms in fp32 whatever the gradients' dtype (bf16 accumulation would round the norm).
   for (const GradPart& p : parts)
     by_kind[(p.data_sharded ? 0 : 2) + (p.tensor_sharded ? 0 : 1)].push_back(
-        at::linalg_vector_norm(p.grads, 2, c10::nullopt, false, at::kFloat));
+        p.norm.defined() ? p.norm : gradient_norm(p.grads));
   const Communicator* any = groups.data ? groups.data : groups.tensor ? groups.tensor : groups.pipe;
   const auto options = parts.empty() ? at::TensorOptions().dtype(at::kDouble)
                                      : at::TensorOptions().dtype(at::kDouble).device(parts.front().grads.device());

@@ -24,6 +24,9 @@ struct GradPart {
   at::Tensor grads;             // a flat view of gradients this rank holds
   bool data_sharded = false;    // this rank holds 1/N of it (ZeRO 1–2), the data group the rest
   bool tensor_sharded = false;  // a tensor-parallel slice; the tensor group holds the other slices
+  // ‖grads‖ (a 0-d fp32 tensor) when it was already taken, as ZeRO does the moment a bucket's
+  // reduction completes during backward; undefined: global_grad_sumsq takes it.
+  at::Tensor norm;
 };
 
 // The groups a norm reduces over; a null or single-rank group is skipped.
@@ -33,8 +36,12 @@ struct NormGroups {
   Communicator* pipe = nullptr;
 };
 
+// ‖grads‖₂ as a 0-d fp32 tensor on their device, in fp32 whatever their dtype (bf16 accumulation
+// would round the norm).
+at::Tensor gradient_norm(const at::Tensor& grads);
+
 // Σ g² over the whole model, the same value on every rank (non-finite on overflow). The parts'
-// sums are taken on their device; one host read at the end.
+// sums are taken on their device (or read from `norm`); one host read at the end.
 double global_grad_sumsq(const std::vector<GradPart>& parts, const NormGroups& groups);
 
 // The factor clipping multiplies the gradients by (1 when clip <= 0 or the norm is within it).

@@ -11,6 +11,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
@@ -155,15 +156,26 @@ void check_grad_norm(ParallelContext& ctx) {
       for (int t = 0; t < g.tensor; ++t) want += 3 * a(s, d, t) * a(s, d, t);
   }
   std::vector<GradPart> parts = {
-      {at::full({3}, a(me.pipe, me.data, me.tensor), at::kFloat), true, true},
-      {at::full({2}, b(me.pipe, me.data), at::kFloat), true, false},
-      {at::full({4}, c(me.pipe, me.tensor), at::kFloat), false, true},
-      {at::full({1}, e(me.pipe), at::kFloat), false, false},
+      {at::full({3}, a(me.pipe, me.data, me.tensor), at::kFloat), true, true, {}},
+      {at::full({2}, b(me.pipe, me.data), at::kFloat), true, false, {}},
+      {at::full({4}, c(me.pipe, me.tensor), at::kFloat), false, true, {}},
+      {at::full({1}, e(me.pipe), at::kFloat), false, false, {}},
   };
   const NormGroups groups{&ctx.data(), &ctx.tensor(), &ctx.pipe()};
   const double got = global_grad_sumsq(parts, groups);
   if (std::abs(got - want) > 1e-6 * want)  // each part's norm is taken in fp32
     throw std::runtime_error("grad norm: sum of squares " + std::to_string(got) + ", closed form " + std::to_string(want));
+  // A norm taken earlier (ZeRO takes each bucket's as its reduction completes) is used as it is:
+  // the gradients it came from may have been overwritten since.
+  std::vector<GradPart> taken = parts;
+  for (GradPart& part : taken) {
+    part.norm = gradient_norm(part.grads);
+    part.grads = at::full_like(part.grads, 1e6);
+  }
+  const double from_norms = global_grad_sumsq(taken, groups);
+  if (std::abs(from_norms - want) > 1e-6 * want)
+    throw std::runtime_error("grad norm from norms taken earlier: " + std::to_string(from_norms) + ", closed form " +
+                             std::to_string(want));
   // An overflow in a sharded part on one rank is an overflow everywhere; so is one in a replicated
   // part on one pipeline stage (its copies agree within the stage: they were allreduced).
   const float inf = std::numeric_limits<float>::infinity();

@@ -13,11 +13,14 @@ class Stage0 final : public ZeroStage {
   void accumulate(ZeroGroup& g, int param, const at::Tensor& flat, Reductions&) override {
     add_to_whole_gradients(g, param, flat);
   }
-  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
-    if (data_.size() == 1) return;
+  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) override {
+    if (data_.size() == 1) {
+      if (done) done();
+      return;
+    }
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor view = g.grads.narrow(0, b.offset, b.numel);
-    reduce_async(r, view, view, /*scatter=*/false);
+    reduce_async(r, view, view, /*scatter=*/false, std::move(done));
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     const FlatBucket& b = g.layout.buckets[bucket];

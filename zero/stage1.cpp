@@ -13,11 +13,14 @@ class Stage1 final : public PartitionedStage {
   }
   // Reduce-scatter the whole bucket in place: this rank's chunk of it becomes the average (the
   // other chunks are left unspecified; the step reads only this rank's).
-  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
-    if (data_.size() == 1) return;
+  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) override {
+    if (data_.size() == 1) {
+      if (done) done();
+      return;
+    }
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor mine = gradient_chunk(g, bucket);
-    reduce_into_own_chunk(r, g.grads.narrow(0, b.offset, b.numel), mine);
+    reduce_into_own_chunk(r, g.grads.narrow(0, b.offset, b.numel), mine, std::move(done));
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     return g.grads.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), g.layout.buckets[bucket].shard);

@@ -19,7 +19,7 @@ class Stage2 final : public PartitionedStage {
   }
   // Reduce-scatter the staging buffer in place; this rank's chunk of the average is then added
   // into its gradient shard and the buffer goes back to the group's pool.
-  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) override {
+  void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) override {
     const FlatBucket& b = g.layout.buckets[bucket];
     if (!g.staging[bucket].defined()) g.staging[bucket] = r.acquire_staging(g.index, b.numel);  // no gradient arrived
     at::Tensor staging = g.staging[bucket];
@@ -29,12 +29,14 @@ class Stage2 final : public PartitionedStage {
     if (data_.size() == 1) {
       shard.add_(staging);
       r.release_staging(pool, staging);
+      if (done) done();
       return;
     }
     at::Tensor mine = staging.narrow(0, data_.rank() * b.shard, b.shard);
-    reduce_into_own_chunk(r, staging, mine, [&r, pool, shard, mine, staging]() mutable {
+    reduce_into_own_chunk(r, staging, mine, [&r, pool, shard, mine, staging, done = std::move(done)]() mutable {
       shard.add_(mine);
       r.release_staging(pool, staging);
+      if (done) done();
     });
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {

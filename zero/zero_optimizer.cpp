@@ -248,7 +248,11 @@ ZeroOptimizer::~ZeroOptimizer() {
     }
 }
 
-void ZeroOptimizer::begin_backward(bool boundary) { boundary_ = boundary; }
+void ZeroOptimizer::begin_backward(bool boundary) {
+  boundary_ = boundary;
+  if (boundary)
+    for (GradPart& part : grad_parts_) part.norm = at::Tensor();  // taken again as the buckets complete
+}
 
 void ZeroOptimizer::on_grad_ready(int group, int param, const at::Tensor& grad) {
   ZeroGroup& g = *groups_[group];
@@ -263,9 +267,17 @@ void ZeroOptimizer::launch_ready_buckets() {
   while (next_launch_ < launch_order_.size()) {
     auto [group, bucket] = launch_order_[next_launch_];
     if (groups_[group]->pending[bucket] != 0) return;  // a bucket before the rest is not complete yet
-    ++next_launch_;
-    stage_->reduce_bucket(*groups_[group], bucket, reductions_);
+    reduce(next_launch_++);
   }
+}
+
+void ZeroOptimizer::reduce(size_t launch_index) {
+  auto [group, bucket] = launch_order_[launch_index];
+  std::function<void()> done;
+  // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
+  // and the next bucket's reduction is in flight.
+  if (boundary_) done = [this, launch_index] { grad_parts_[launch_index].norm = gradient_norm(grad_parts_[launch_index].grads); };
+  stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
 }
 
 std::string ZeroOptimizer::unused_parameters() const {
@@ -301,10 +313,7 @@ void ZeroOptimizer::end_backward() {
   }
   // Whatever has not been launched yet goes now, in the fixed order; missing gradients are zero.
   if (boundary_ || stage_->reduces_every_micro_step()) {
-    while (next_launch_ < launch_order_.size()) {
-      auto [group, bucket] = launch_order_[next_launch_++];
-      stage_->reduce_bucket(*groups_[group], bucket, reductions_);
-    }
+    while (next_launch_ < launch_order_.size()) reduce(next_launch_++);
   }
   reset_bucket_counters();
   if (units_) units_->end_backward();

@@ -9,8 +9,10 @@
 //                 post-accumulate-grad hook), into the stage's fp32 buffers and released; a bucket
 //                 whose parameters have all arrived is reduced asynchronously while backward goes
 //                 on, in one fixed order on every rank
-//   step          the engine reads gradient_parts() for the norm (optim/grad_norm.h), then calls
-//                 apply() (the optimizer on this rank's shard) and gather_parameters()
+//   step          the engine reads gradient_parts() for the norm (optim/grad_norm.h; each part's
+//                 norm was taken when its bucket's reduction completed on the boundary micro-step,
+//                 so the step makes no second pass over the gradients), then calls apply() (the
+//                 optimizer on this rank's shard) and gather_parameters()
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -80,7 +82,8 @@ class ZeroOptimizer final : public UnitListener {
 
   // Waits for every reduction still in flight.
   void wait_for_gradients() { reductions_.wait_all(); }
-  // This rank's reduced gradients (still loss-scaled), flagged for the norm's reductions.
+  // This rank's reduced gradients (still loss-scaled), flagged for the norm's reductions, each with
+  // its norm once its bucket's reduction has completed in a backward that ends an accumulation.
   const std::vector<GradPart>& gradient_parts() const { return grad_parts_; }
   // The optimizer on this rank's shard with the gradients multiplied by `grad_scale` (1/loss scale
   // × the clipping coefficient); writes the compute copy of this rank's chunks. At stages 1–2 the
@@ -104,6 +107,7 @@ class ZeroOptimizer final : public UnitListener {
 
  private:
   void launch_ready_buckets();
+  void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;
   void fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>& params, int rank);
@@ -124,7 +128,7 @@ class ZeroOptimizer final : public UnitListener {
   Communicator& data_;
   BufferPlan plan_;
   std::vector<std::unique_ptr<ZeroGroup>> groups_;
-  std::vector<GradPart> grad_parts_;  // one per bucket chunk of every group
+  std::vector<GradPart> grad_parts_;  // one per bucket chunk of every group, in launch_order_
   Reductions reductions_;
   UnitTracker* units_;
   bool ignore_unused_parameters_;

@@ -40,8 +40,9 @@ class ZeroStage {
 
   // Folds one parameter's gradient (flat) into the stage's accumulation buffer.
   virtual void accumulate(ZeroGroup& g, int param, const at::Tensor& flat_grad, Reductions& r) = 0;
-  // A complete bucket: launch its reduction (or fold it locally on a single rank).
-  virtual void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r) = 0;
+  // A complete bucket: launch its reduction (or fold it locally on a single rank). `done` (may be
+  // empty) runs once gradient_chunk(g, bucket) holds the result: the optimizer takes its norm then.
+  virtual void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) = 0;
   // This rank's reduced gradients of a bucket's chunk, as a view that stays valid.
   virtual at::Tensor gradient_chunk(ZeroGroup& g, int bucket) = 0;
   // Whether updated chunks are gathered after the optimizer (stages 1–2).
