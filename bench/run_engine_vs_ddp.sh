@@ -72,7 +72,7 @@ import json, re, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
 progress = re.compile(r"^step (\d+) \|.*\| ([\d.]+) samples/s \| (\d+) tokens/s \| step ([\d.]+) ms")
 split = re.compile(r"forward\+data ([\d.]+) ms \| backward ([\d.]+) ms \| reduce wait ([\d.]+) ms \| "
-                   r"optimizer\+allgather ([\d.]+) ms")
+                   r"optimizer ([\d.]+) ms \| allgather wait ([\d.]+) ms")
 
 def tessera(path, stage):
     lines = open(path).read().splitlines()
@@ -91,7 +91,7 @@ def tessera(path, stage):
     per = timed[0][0] - intervals[0][0]
     step_ms = statistics.fmean(ms for _, ms in timed)
     rss = [int(x) for x in re.search(r"peak rss per rank \(bytes\):((?: \d+)+)", "\n".join(lines))[1].split()]
-    keys = ("forward_data_ms", "backward_ms", "reduce_wait_ms", "optimizer_allgather_ms")
+    keys = ("forward_data_ms", "backward_ms", "reduce_wait_ms", "optimizer_ms", "allgather_wait_ms")
     return {"impl": f"tessera-zero{stage}", "ranks": len(rss), "micro_batch": micro, "steps": per * len(timed),
             "warmup_steps": intervals[0][0],
             "samples_per_s": round(global_batch * 1000 / step_ms, 2),

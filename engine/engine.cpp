@@ -141,9 +141,10 @@ void Engine::backward(const std::vector<at::Tensor>& outputs, const std::vector<
 
 void Engine::run_backward(const std::function<void()>& autograd) {
   StepTimes t;
-  t.forward_s = since(last_step_end_);
-  auto start = Clock::now();
   zero_->wait_for_parameters();  // a unit the forward did not enter: its parameters are final now
+  t.allgather_s = zero_->take_allgather_wait_s();
+  t.forward_s = since(last_step_end_) - t.allgather_s;
+  auto start = Clock::now();
   zero_->begin_backward(is_gradient_accumulation_boundary());
   try {
     autograd();
@@ -160,6 +161,8 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   progress_->add_times(t);
   last_step_end_ = Clock::now();
 }
+
+const StepTimes& Engine::wall_clock_breakdown() const { return progress_->totals(); }
 
 void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samples(samples, tokens); }
 
@@ -221,7 +224,9 @@ void Engine::optimizer_step() {
   zero_->zero_grad();
   ++global_step_;
   StepTimes t;
-  t.optimizer_s = since(start);
+  t.allgather_s = zero_->take_allgather_wait_s();  // not overlapped: waited for in step 5
+  t.optimizer_s = since(start) - t.allgather_s;
+  t.optimizer_steps = 1;
   progress_->add_times(t);
   if (progress_->due(global_step_)) print_progress();
 }

@@ -31,6 +31,7 @@ class ZeroOptimizer;
 class LossScaler;
 class LrSchedule;
 class ProgressMeter;
+struct StepTimes;
 struct UpdateResult;
 
 // The forward of one unit, from construction to destruction (RAII), as a C++ model reports it:
@@ -101,6 +102,8 @@ class Engine {
   double learning_rate() const;
   double loss_scale() const;
   double last_grad_norm() const { return last_grad_norm_; }
+  // Seconds spent in each part of the step since construction, summed (engine/progress.h).
+  const StepTimes& wall_clock_breakdown() const;
   double last_loss() const;  // this rank's last micro-batch loss (reads it from the device)
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }

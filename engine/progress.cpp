@@ -18,19 +18,26 @@ void ProgressMeter::add_samples(int64_t samples, int64_t tokens) {
   tokens_ += tokens;
 }
 
+StepTimes& StepTimes::operator+=(const StepTimes& t) {
+  forward_s += t.forward_s;
+  backward_s += t.backward_s;
+  reduce_s += t.reduce_s;
+  optimizer_s += t.optimizer_s;
+  allgather_s += t.allgather_s;
+  optimizer_steps += t.optimizer_steps;
+  return *this;
+}
+
 void ProgressMeter::add_times(const StepTimes& t) {
-  times_.forward_s += t.forward_s;
-  times_.backward_s += t.backward_s;
-  times_.reduce_s += t.reduce_s;
-  times_.optimizer_s += t.optimizer_s;
-  if (t.optimizer_s > 0) ++steps_;
+  times_ += t;
+  totals_ += t;
 }
 
 std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr, double loss_scale,
                                 double grad_norm) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - interval_start_).count();
-  const double steps = steps_ ? double(steps_) : 1.0;
+  const double steps = times_.optimizer_steps ? double(times_.optimizer_steps) : 1.0;
   char buf[512];
   int n = std::snprintf(buf, sizeof(buf), "step %lld | loss %.4f | lr %.3e | loss scale %g | grad norm %.4f",
                         (long long)global_step, mean_loss, lr, loss_scale, grad_norm);
@@ -43,13 +50,13 @@ std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr
   if (breakdown_) {
     std::snprintf(buf, sizeof(buf),
                   "\n  time per step: forward+data %.1f ms | backward %.1f ms | reduce wait %.1f ms | "
-                  "optimizer+allgather %.1f ms",
+                  "optimizer %.1f ms | allgather wait %.1f ms",
                   1000 * times_.forward_s / steps, 1000 * times_.backward_s / steps, 1000 * times_.reduce_s / steps,
-                  1000 * times_.optimizer_s / steps);
+                  1000 * times_.optimizer_s / steps, 1000 * times_.allgather_s / steps);
     out += buf;
   }
   interval_start_ = now;
-  samples_ = tokens_ = steps_ = 0;
+  samples_ = tokens_ = 0;
   times_ = StepTimes{};
   return out;
 }

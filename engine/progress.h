@@ -1,8 +1,11 @@
 // The progress line printed every `steps_per_print` optimizer steps on rank 0:
 //   step 20 | loss 2.4311 | lr 3.000e-04 | loss scale 1 | grad norm 0.8123 | 912.4 samples/s |
 //   116787 tokens/s | step 140.2 ms | peak rss 1.21 GiB
-// With wall_clock_breakdown, a second line splits the step time into forward (the user's code and
-// data between backward calls), backward, gradient reduction waits, and optimizer (+ allgather).
+// With wall_clock_breakdown, a second line splits the step time into disjoint parts: forward (the
+// user's code and data between backward calls), backward (autograd, buckets launched as they
+// fill), reduce wait (the reductions still in flight after autograd), optimizer (norm, update,
+// launching the allgathers) and allgather wait (waiting for updated parameters: in the next
+// forward's units with overlap_comm, else at the end of the step).
 #pragma once
 
 #include <chrono>
@@ -12,7 +15,9 @@
 namespace tessera {
 
 struct StepTimes {
-  double forward_s = 0, backward_s = 0, reduce_s = 0, optimizer_s = 0;
+  double forward_s = 0, backward_s = 0, reduce_s = 0, optimizer_s = 0, allgather_s = 0;
+  int64_t optimizer_steps = 0;
+  StepTimes& operator+=(const StepTimes& t);
 };
 
 class ProgressMeter {
@@ -25,14 +30,16 @@ class ProgressMeter {
   // Formats the line (the caller averages the interval's loss across ranks first) and resets the interval.
   std::string line(int64_t global_step, double mean_loss, double lr, double loss_scale, double grad_norm);
   bool printer() const { return printer_; }
+  // Every time added since construction (the Python API's wall_clock_breakdown()).
+  const StepTimes& totals() const { return totals_; }
 
  private:
   int64_t steps_per_print_;
   bool breakdown_, printer_;
   int dp_;
   std::chrono::steady_clock::time_point interval_start_;
-  int64_t samples_ = 0, tokens_ = 0, steps_ = 0;
-  StepTimes times_;
+  int64_t samples_ = 0, tokens_ = 0;
+  StepTimes times_, totals_;
 };
 
 // Peak resident set size of this process, in bytes.

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
@@ -149,7 +150,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       s.local_offset = k.shard_offset;
       if (g->mixed()) s.compute_copy = g->compute.narrow(0, flat, k.shard);
       g->segments.push_back(s);
-      grad_parts_.push_back({s.grads, stage_->gradients_data_sharded(), spec.tensor_sharded});
+      grad_parts_.push_back({s.grads, stage_->gradients_data_sharded(), spec.tensor_sharded, {}});
     }
 
     // LAMB's per-parameter norms: the pieces of a parameter on other ranks (data group), and the
@@ -369,7 +370,9 @@ void ZeroOptimizer::wait_oldest_gather() {
   Gather gather = std::move(gathers_.front());
   gathers_.pop_front();
   gathering_[gather.group][gather.bucket] = 0;
+  const auto start = std::chrono::steady_clock::now();
   gather.handle.wait();
+  allgather_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void ZeroOptimizer::gather_parameters(bool model_reports_units) {

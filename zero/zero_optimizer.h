@@ -20,6 +20,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/grad_norm.h"
@@ -97,6 +98,8 @@ class ZeroOptimizer final : public UnitListener {
   // Waits for every allgather still in flight: the parameters are final after it.
   void wait_for_parameters();
   bool parameters_in_flight() const { return !gathers_.empty(); }
+  // Seconds spent waiting for allgathers since the last call (the progress line's allgather wait).
+  double take_allgather_wait_s() { return std::exchange(allgather_wait_s_, 0.0); }
   // A unit's forward begins: its parameters' allgathers must be done.
   void on_unit_event(int unit, UnitEvent event) override;
   void zero_grad();
@@ -121,6 +124,7 @@ class ZeroOptimizer final : public UnitListener {
   };
   std::unique_ptr<ZeroStage> stage_;
   bool overlap_allgather_;
+  double allgather_wait_s_ = 0;
   std::deque<Gather> gathers_;         // launched, in order (a group's collectives finish in order)
   std::vector<std::vector<char>> gathering_;            // [group][bucket]: its allgather is in flight
   std::vector<std::vector<std::pair<int, int>>> unit_buckets_;  // [unit]: the (group, bucket)s it reads

@@ -291,6 +291,17 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("last_loss", [](const EngineHandle& e) { return e.engine->last_loss(); })
       .def_property_readonly("context", [](const EngineHandle& e) { return e.context; })
       .def("config_json", [](const EngineHandle& e) { return config_to_json(e.engine->config()).dump(); })
+      .def("wall_clock_breakdown", [](const EngineHandle& e) {
+        const StepTimes& t = e.engine->wall_clock_breakdown();
+        py::dict d;
+        d["forward_s"] = t.forward_s;
+        d["backward_s"] = t.backward_s;
+        d["reduce_wait_s"] = t.reduce_s;
+        d["optimizer_s"] = t.optimizer_s;
+        d["allgather_wait_s"] = t.allgather_s;
+        d["optimizer_steps"] = t.optimizer_steps;
+        return d;
+      })
       .def("memory", [](const EngineHandle& e) {
         MemoryReport r = e.engine->memory();
         py::dict d;

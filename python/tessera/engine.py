@@ -476,6 +476,15 @@ class Engine:
     def train_batch_size(self):
         return self.config["train_batch_size"]
 
+    def wall_clock_breakdown(self):
+        """Seconds this rank spent in each part of the step since the engine was built, summed:
+        forward_s (the caller's code between backward calls: data and forward), backward_s
+        (autograd, buckets reduced as they fill), reduce_wait_s (reductions still in flight after
+        autograd), optimizer_s (norm, update, launching the allgathers), allgather_wait_s (waiting
+        for updated parameters, in the next forward's units with overlap_comm), and
+        optimizer_steps. Disjoint parts; the difference of two readings times an interval."""
+        return self._c.wall_clock_breakdown()
+
     def memory_report(self):
         """Bytes this rank's engine buffers hold: parameters, master_parameters, gradients,
         optimizer_states, buckets, total."""

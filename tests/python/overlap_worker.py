@@ -4,6 +4,7 @@ losses match a run without overlap_comm; state_dict() waits, and then every rank
 parameters. Prints one JSON line on rank 0."""
 import json
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,7 @@ def run(overlap):
     engine = tessera.initialize(model=Net(), config=config)
     g = torch.Generator().manual_seed(1 + engine.dp_rank)
     losses, in_flight = [], []
+    start = time.perf_counter()
     for _ in range(4):
         x, y = torch.randn(4, 32, generator=g), torch.randn(4, 4, generator=g)
         loss = nn.functional.mse_loss(engine(x), y)
@@ -40,10 +42,11 @@ def run(overlap):
         losses.append(loss.item())
     state = engine.state_dict()  # waits for the allgathers
     after = engine._c.parameters_in_flight
+    breakdown = (engine.wall_clock_breakdown(), time.perf_counter() - start)
     flat = torch.cat([t.reshape(-1) for t in state.values()])
     same = flat.clone()
     tessera.comm.broadcast(same, src=0)
-    return losses, in_flight, after, bool(torch.equal(flat, same))
+    return losses, in_flight, after, bool(torch.equal(flat, same)), breakdown
 
 
 def main():
@@ -52,7 +55,7 @@ def main():
     if tessera.comm.get_rank() == 0:
         print(json.dumps({"losses_plain": plain[0], "losses_overlap": overlap[0], "in_flight_plain": plain[1],
                           "in_flight_overlap": overlap[1], "after_state_dict": overlap[2],
-                          "ranks_agree": overlap[3] and plain[3]}), flush=True)
+                          "ranks_agree": overlap[3] and plain[3], "breakdowns": [plain[4], overlap[4]]}), flush=True)
     return 0
 
 

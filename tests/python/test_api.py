@@ -191,6 +191,10 @@ def test_engine_state_follows_deepspeed():
     assert engine.vocabulary == "bytes" and engine.training  # attributes the engine lacks are the module's
     assert engine.modules is not None and len(list(engine.parameters())) == 4
     assert engine.memory_report()["total"] > 0
+    times = engine.wall_clock_breakdown()
+    assert times["optimizer_steps"] == engine.global_steps
+    assert set(times) == {"forward_s", "backward_s", "reduce_wait_s", "optimizer_s", "allgather_wait_s", "optimizer_steps"}
+    assert all(v >= 0 for v in times.values()) and times["backward_s"] > 0 and times["optimizer_s"] > 0
 
 
 def test_comm_in_one_process():
@@ -334,3 +338,8 @@ def test_overlap_comm_leaves_the_allgather_to_the_next_forward_on_two_ranks():
     assert out["in_flight_overlap"] == [True] * 4 and out["in_flight_plain"] == [False] * 4
     assert out["after_state_dict"] is False
     assert out["ranks_agree"]
+    # The breakdown's parts are disjoint: together they fit in the time the loop took.
+    for times, elapsed in out["breakdowns"]:
+        assert times["optimizer_steps"] == 4 and all(v >= 0 for v in times.values())
+        parts = sum(v for k, v in times.items() if k.endswith("_s"))
+        assert parts <= elapsed
