@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPT training throughput: tessera's engine at ZeRO 0, 1 and 2 (examples/train_gpt) against
-# PyTorch DistributedDataParallel (bench/gpt_ddp.py) in the same run, on the same model, data,
+# PyTorch DistributedDataParallel (bench/gpt_train.py --impl ddp) in the same run, on the same model, data,
 # batch and optimizer: 2 ranks under `tessera launch` (OMP_NUM_THREADS=1 each), Gloo, fp32, AdamW
 # (lr 3e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on dim >= 2, 0 on biases and LayerNorm),
 # gradient clipping 1.0, constant learning rate, micro-batch MICRO × 128 tokens per rank.
@@ -19,7 +19,7 @@
 #                  bucket alike (an explicit bucket_cap_mb also drops DDP's 1 MiB first bucket; at
 #                  5e6 the whole 842,496-parameter model is one bucket on both sides and all gradient
 #                  communication happens after backward); "default": DDP's own (25 MiB + a 1 MiB first
-#                  bucket, which overlaps with backward); or a number of MiB
+#                  bucket, which overlaps with backward)
 #   KEEP_LOGS=1    keep the runs' logs (their folder is printed on stderr)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,15 +50,15 @@ for stage in 0 1 2; do
 EOF
 done
 case "${DDP_BUCKET:-match}" in
-  match) ddp_bucket=(--bucket-cap-mb "$("$python" -c "print(float('$bucket') * 4 / 2**20)")") ;;
-  default) ddp_bucket=() ;;
-  *) ddp_bucket=(--bucket-cap-mb "$DDP_BUCKET") ;;
+  match) ddp_bucket=(--bucket "$bucket") ;;
+  default) ddp_bucket=(--ddp-default-bucket) ;;
+  *) echo "DDP_BUCKET is match or default" >&2; exit 2 ;;
 esac
 
 port=29830
 for round in $(seq 1 "$rounds"); do
   echo "round $round/$rounds: ddp" >&2
-  build/bin/tessera launch --nproc-per-node 2 --master-port $((port++)) -- "$python" bench/gpt_ddp.py \
+  build/bin/tessera launch --nproc-per-node 2 --master-port $((port++)) -- "$python" bench/gpt_train.py --impl ddp \
     --steps "$steps" --warmup "$interval" --micro "$micro" "${ddp_bucket[@]}" > "$out/ddp.$round.log"
   for stage in 0 1 2; do
     echo "round $round/$rounds: tessera ZeRO $stage" >&2

@@ -42,9 +42,12 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
   int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), info_.rank) - ranks.begin());
   auto backend = make_backend(backend_, store, group_rank, static_cast<int>(ranks.size()), info_.timeout);
+  CommunicatorOptions comm = options.communicator;
+  if (comm.alltoall_reduce_scatter_max_bytes < 0)
+    comm.alltoall_reduce_scatter_max_bytes = backend_ == BackendKind::Gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
   return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank,
                                         collective_device(backend_, info_.local_rank),
-                                        has_native_reduce_scatter(backend_), options.communicator);
+                                        has_native_reduce_scatter(backend_), comm);
 }
 
 Communicator& ParallelContext::group(Axis axis) {

@@ -25,18 +25,21 @@ tessera::testing::RunResult launch(int ranks, std::vector<std::string> worker_ar
 }
 }  // namespace
 
-TEST_CASE("collectives on 2 ranks") {
-  auto r = launch(2, {"collectives"}, tessera::testing::free_port());
+TEST_CASE("collectives on 2 ranks with the backend's native reduce-scatter") {
+  auto r = launch(2, {"collectives", "--native-reduce-scatter"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(contains(r.output, "collectives ok on rank 0"));
   CHECK(contains(r.output, "collectives ok on rank 1"));
+  CHECK(!contains(r.output, "native reduce-scatters 0,"));
 }
 
 TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
   auto r = launch(4, {"collectives", "--tp", "2"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
+  // Gloo's default: reduce-scatters up to 64 MiB run as the all-to-all.
+  CHECK(!contains(r.output, "all-to-all 0)"));
   for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "collectives ok on rank " + std::to_string(rank)));
 }
 

@@ -191,12 +191,13 @@ void check_grad_norm(ParallelContext& ctx) {
   std::printf("grad norm ok on rank %d: %.1f (closed form %.1f) in %s\n", ctx.rank(), got, want, g.str().c_str());
 }
 
-int run(const std::string& mode, int tp, int pp, bool force_alltoall) {
+int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool native_only) {
   ParallelOptions options;
   options.tensor = tp;
   options.pipe = pp;
   options.backend = "gloo";
   options.communicator.force_alltoall_reduce_scatter = force_alltoall;
+  if (native_only) options.communicator.alltoall_reduce_scatter_max_bytes = 0;
   auto ctx = ParallelContext::from_environment(options);
   if (mode == "context") {
     std::printf("%s\n", ctx->describe().c_str());
@@ -233,14 +234,15 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall) {
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
   int tp = 1, pp = 1;
-  bool force_alltoall = false;
+  bool force_alltoall = false, native_only = false;
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pp") && i + 1 < argc) pp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--alltoall-reduce-scatter")) force_alltoall = true;
+    else if (!std::strcmp(argv[i], "--native-reduce-scatter")) native_only = true;
   }
   try {
-    return run(mode, tp, pp, force_alltoall);
+    return run(mode, tp, pp, force_alltoall, native_only);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker error: %s\n", e.what());
     return 1;

@@ -1,0 +1,264 @@
+"""One GPT training run for the benchmarks, through PyTorch DDP, tessera's Python API or DeepSpeed.
+
+    tessera launch --nproc-per-node 2 -- python bench/gpt_train.py --impl tessera --stage 2
+    (bench/run_gpt_compare.sh and bench/run_engine_vs_ddp.sh run it; DeepSpeed runs in the venv
+    bench/setup_deepspeed.sh makes, with DS_ACCELERATOR=cpu on a machine without a GPU)
+
+The same model, data and optimizer for every --impl:
+- the example GPT (examples/python/models.py: pre-LayerNorm, causal SDPA, GELU-tanh MLP, LM head
+  tied to the token embedding) at --layers × --embd with --heads, initialized from one generator
+  seeded with --seed, so every implementation starts from identical weights;
+- the `fortunes` corpus (examples/python/data.py): for step s the same global batch of
+  micro × world sequences of 128 tokens everywhere; rank r trains on rows [r·micro, (r+1)·micro);
+- fp32, AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices and 0 on biases
+  and LayerNorm), gradient clipping at --clip, a constant learning rate.
+
+  ddp        torch DistributedDataParallel over Gloo (gradient_as_bucket_view, bucket_cap_mb =
+             --bucket elements × 4 bytes unless --ddp-default-bucket), torch.optim.AdamW (fused
+             kernel when the CPU build has it, else foreach), clip_grad_norm_
+  tessera    tessera.initialize with ZeRO --stage, reduce/allgather bucket --bucket, overlap_comm
+  deepspeed  deepspeed.initialize with ZeRO --stage, the same bucket sizes and overlap_comm (its
+             own AdamW: the CPU accelerator's fused Adam op), Gloo
+
+The first --warmup steps are not timed. Rank 0 prints one JSON line: samples_per_s, step_ms,
+peak_rss_bytes (each rank's ru_maxrss: the whole process), final_loss (the last step's loss
+averaged over ranks), and time_per_step_ms on rank 0 measured around the calls every
+implementation has: data, forward (the model call + loss.item()), backward, step. tessera adds
+its own disjoint split (engine.wall_clock_breakdown()): backward, reduce wait, optimizer,
+allgather wait (the next forward's waits for updated parameters).
+"""
+import argparse
+import gc
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "python"))
+from data import FORTUNES, FortunesCorpus  # noqa: E402
+from models import Gpt  # noqa: E402
+
+SEQ_LEN = 128
+
+
+def param_groups(model, weight_decay):
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def adamw_params(args):
+    return {"lr": args.lr, "betas": list(args.betas), "eps": args.eps, "weight_decay": args.weight_decay}
+
+
+def zero_section(args):
+    return {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "allgather_bucket_size": int(args.bucket),
+            "overlap_comm": True, "contiguous_gradients": True}
+
+
+class Ddp:
+    """PyTorch's own data parallelism: the baseline."""
+
+    def __init__(self, model, args):
+        import torch.distributed as dist
+        self.dist = dist
+        dist.init_process_group("gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        cap = None if args.ddp_default_bucket else args.bucket * 4 / 2**20
+        self.module = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap, gradient_as_bucket_view=True)
+        groups = param_groups(model, args.weight_decay)
+        kwargs = dict(lr=args.lr, betas=tuple(args.betas), eps=args.eps)
+        try:
+            self.optimizer, self.kernel = torch.optim.AdamW(groups, fused=True, **kwargs), "fused"
+        except (RuntimeError, ValueError):
+            self.optimizer, self.kernel = torch.optim.AdamW(groups, foreach=True, **kwargs), "foreach"
+        self.params, self.clip = list(model.parameters()), args.clip
+        self.describe = {"adamw": self.kernel, "bucket_cap_mb": cap if cap is not None else "default"}
+
+    def forward(self, x, y):
+        return self.module(x, y)
+
+    def backward(self, loss):
+        loss.backward()  # DDP's bucketed allreduces run during it; it returns once all are done
+
+    def step(self):
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)  # keep the bucket views
+
+    def gather(self, values):
+        out = [None] * self.world
+        self.dist.all_gather_object(out, values)
+        return out
+
+    def close(self):
+        # DDP's reducer holds the group and autograd hooks: drop it first, then the group.
+        del self.module, self.optimizer
+        gc.collect()
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+class Tessera:
+    def __init__(self, model, args):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import tessera
+        self.tessera = tessera
+        config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
+                  "steps_per_print": 10**9, "gradient_clipping": args.clip,
+                  "optimizer": {"type": "AdamW", "params": adamw_params(args)},
+                  "zero_optimization": zero_section(args)}
+        self.engine = tessera.initialize(model=model, config=config,
+                                         model_parameters=param_groups(model, args.weight_decay))
+        self.rank, self.world = tessera.comm.get_rank(), tessera.comm.get_world_size()
+        self.describe = {}
+
+    def forward(self, x, y):
+        return self.engine(x, y)
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def step(self):
+        self.engine.step()
+
+    def breakdown(self):
+        return self.engine.wall_clock_breakdown()
+
+    def gather(self, values):
+        t = torch.zeros(self.world, len(values), dtype=torch.float64)
+        t[self.rank] = torch.tensor(values, dtype=torch.float64)
+        self.tessera.comm.all_reduce(t)
+        return [[int(v) for v in row] for row in t.tolist()]
+
+    def close(self):
+        self.engine.close()
+
+
+class DeepSpeed:
+    def __init__(self, model, args):
+        import deepspeed
+        import torch.distributed as dist
+        self.dist = dist
+        deepspeed.init_distributed(dist_backend="gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
+                  "steps_per_print": 10**9, "gradient_clipping": args.clip,
+                  "optimizer": {"type": "AdamW", "params": adamw_params(args)},
+                  "zero_optimization": zero_section(args)}
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model, args.weight_decay), config=config)
+        self.describe = {"deepspeed": deepspeed.__version__, "optimizer": type(self.optimizer).__name__,
+                         "basic_optimizer": type(getattr(self.optimizer, "optimizer", self.optimizer)).__name__}
+
+    def forward(self, x, y):
+        return self.engine(x, y)
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def step(self):
+        self.engine.step()
+
+    def gather(self, values):
+        out = [None] * self.world
+        self.dist.all_gather_object(out, values)
+        return out
+
+    def close(self):
+        self.dist.barrier()
+
+
+IMPLS = {"ddp": Ddp, "tessera": Tessera, "deepspeed": DeepSpeed}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impl", choices=sorted(IMPLS), required=True)
+    ap.add_argument("--stage", type=int, default=0, help="ZeRO stage (tessera, deepspeed)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--embd", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--micro", type=int, default=8, help="sequences per rank per step")
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps, warm-up included")
+    ap.add_argument("--warmup", type=int, default=20, help="first steps, not timed")
+    ap.add_argument("--bucket", type=float, default=5e6, help="reduce/allgather bucket in elements (DDP: × 4 bytes)")
+    ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.95])
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping max norm (0: none)")
+    ap.add_argument("--fortunes", default=FORTUNES)
+    args = ap.parse_args()
+    if args.steps <= args.warmup:
+        sys.exit("--steps must exceed --warmup")
+
+    corpus = FortunesCorpus(args.fortunes)
+    model = Gpt(n_layer=args.layers, n_head=args.heads, n_embd=args.embd, seed=args.seed)
+    parameters = sum(p.numel() for p in model.parameters())
+    impl = IMPLS[args.impl](model, args)
+    rank, world = impl.rank, impl.world
+    breakdown = getattr(impl, "breakdown", None)
+
+    outer = {"data_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "step_ms": 0.0}
+    start, inner_start, loss_value = None, None, 0.0
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        if step == args.warmup:
+            start = t0
+            outer = dict.fromkeys(outer, 0.0)
+            inner_start = breakdown() if breakdown else None
+        inputs, targets = corpus.sample(args.micro * world, SEQ_LEN, step, args.seed)
+        mine = slice(rank * args.micro, (rank + 1) * args.micro)
+        x, y = inputs[mine], targets[mine]
+        t1 = time.perf_counter()
+        loss = impl.forward(x, y)
+        loss_value = loss.item()
+        t2 = time.perf_counter()
+        impl.backward(loss)
+        t3 = time.perf_counter()
+        impl.step()
+        t4 = time.perf_counter()
+        for key, dt in zip(outer, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            outer[key] += 1000 * dt
+    seconds = time.perf_counter() - start
+    timed = args.steps - args.warmup
+    inner = None
+    if breakdown:
+        end = breakdown()
+        inner = {k.replace("_s", "_ms"): round(1000 * (end[k] - inner_start[k]) / timed, 2)
+                 for k in ("forward_s", "backward_s", "reduce_wait_s", "optimizer_s", "allgather_wait_s")}
+
+    rows = impl.gather([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, round(loss_value * 1e9)])
+    rss = [r[0] for r in rows]
+    if rank == 0:
+        samples = args.micro * world * timed
+        name = args.impl if args.impl == "ddp" else "%s-zero%d" % (args.impl, args.stage)
+        result = {
+            "impl": name, "ranks": world, "parameters": parameters, "layers": args.layers, "embd": args.embd,
+            "micro_batch": args.micro, "steps": timed, "warmup_steps": args.warmup,
+            "samples_per_s": round(samples / seconds, 3), "tokens_per_s": round(samples * SEQ_LEN / seconds, 1),
+            "step_ms": round(1000 * seconds / timed, 2),
+            "peak_rss_bytes": rss, "peak_rss_max_bytes": max(rss),
+            "final_loss": round(sum(r[1] for r in rows) / 1e9 / world, 6),
+            "time_per_step_ms": {k: round(v / timed, 2) for k, v in outer.items()},
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "bucket": args.bucket,
+        }
+        if inner:
+            result["engine_time_per_step_ms"] = inner
+        result.update(impl.describe)
+        print(json.dumps(result), flush=True)
+    impl.close()
+    # torch 2.11 sometimes aborts at interpreter exit after DDP ("terminate called without an
+    # active exception", after the results above are out): leave without the interpreter's teardown.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
