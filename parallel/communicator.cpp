@@ -27,17 +27,28 @@ ChunkRange chunk_range(int64_t n, int p, int r) {
 
 CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
                        CollectiveStats* stats)
-    : work_(std::move(work)),
+    : finish_(std::move(finish)), what_(std::move(what)), stats_(stats), started_(std::chrono::steady_clock::now()) {
+  if (work) works_.push_back(std::move(work));
+}
+
+CommHandle::CommHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish,
+                       std::string what, CollectiveStats* stats, std::chrono::milliseconds timeout)
+    : works_(std::move(works)),
+      timeout_(timeout),
       finish_(std::move(finish)),
       what_(std::move(what)),
       stats_(stats),
       started_(std::chrono::steady_clock::now()) {}
 
 void CommHandle::wait() {
-  if (!work_) return;
-  auto work = std::move(work_);
+  if (works_.empty()) return;
+  auto works = std::move(works_);
+  works_.clear();
   try {
-    work->wait();
+    for (auto& work : works) {
+      if (timeout_) work->wait(*timeout_);
+      else work->wait();
+    }
   } catch (const std::exception& e) {
     throw CommError(what_ + " failed: " + message_of(e) +
                     "\n(a rank in this group exited or stopped calling collectives, or the timeout "
@@ -174,6 +185,7 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
   const int64_t n = output.numel();
   TORCH_CHECK(input.numel() == chunk_range(n, p, rank_).size(), "tessera: all_gather input has ", input.numel(),
               " elements, this rank's chunk of ", n, " has ", chunk_range(n, p, rank_).size());
+  if (options_.pairwise_all_gather > 0) return all_gather_pairwise(input, output);
   if (n % p == 0) {
     return issue("all_gather", output.nbytes(), label("all_gather", output), [&] {
       at::Tensor in = input.view({-1}), out = output.view({-1});
@@ -194,6 +206,36 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
   };
   return issue("all_gather", output.nbytes(), label("all_gather", output), [&] { return backend_->_allgather_base(padded_out, padded_in); },
                std::move(finish));
+}
+
+CommHandle Communicator::all_gather_pairwise(const at::Tensor& input, at::Tensor& output) {
+  const int p = size();
+  const int64_t n = output.numel();
+  at::Tensor out = output.view({-1});
+  const ChunkRange mine = chunk_range(n, p, rank_);
+  at::Tensor own = out.narrow(0, mine.begin, mine.size());
+  if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));  // not in place
+  const int tag = kPairwiseTagBase + pairwise_tag_;
+  pairwise_tag_ = (pairwise_tag_ + 1) % kPairwiseTagBase;
+  CollectiveStats& entry = stats_["all_gather"];
+  ++entry.calls;
+  entry.bytes += output.nbytes();
+  const std::string what = label("all_gather", output);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    // Step k: receive from the rank k behind, send to the rank k ahead (every pair meets once).
+    for (int k = 1; k < p; ++k) {
+      const int from = (rank_ - k + p) % p, to = (rank_ + k) % p;
+      const ChunkRange theirs = chunk_range(n, p, from);
+      std::vector<at::Tensor> recv_into{out.narrow(0, theirs.begin, theirs.size())};
+      std::vector<at::Tensor> send_from{own};
+      if (theirs.size() > 0) works.push_back(backend_->recv(recv_into, from, tag));
+      if (mine.size() > 0) works.push_back(backend_->send(send_from, to, tag));
+    }
+  } catch (const std::exception& e) {
+    throw CommError(what + " failed to start: " + message_of(e));
+  }
+  return CommHandle(std::move(works), {}, what, &entry, options_.timeout);
 }
 
 CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {

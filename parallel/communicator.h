@@ -16,6 +16,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -68,6 +69,10 @@ class [[nodiscard]] CommHandle {
   CommHandle();  // empty: wait() returns at once
   CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
              CollectiveStats* stats = nullptr);
+  // Several works that together make one collective (point-to-point sends and receives), each
+  // waited for at most `timeout` (c10d's point-to-point works have no timeout of their own).
+  CommHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish, std::string what,
+             CollectiveStats* stats, std::chrono::milliseconds timeout);
   // Out of line (communicator.cpp), where c10d::Work is complete: users need not include it.
   CommHandle(CommHandle&&) noexcept;
   CommHandle& operator=(CommHandle&&) noexcept;
@@ -75,10 +80,11 @@ class [[nodiscard]] CommHandle {
   CommHandle(const CommHandle&) = delete;
   CommHandle& operator=(const CommHandle&) = delete;
   void wait();
-  bool pending() const { return static_cast<bool>(work_); }
+  bool pending() const { return !works_.empty(); }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::optional<std::chrono::milliseconds> timeout_;
   std::function<void()> finish_;
   std::string what_;
   CollectiveStats* stats_ = nullptr;  // the communicator's entry for this collective
@@ -93,6 +99,13 @@ struct CommunicatorOptions {
   // native reduce-scatter is an allreduce of the whole input plus copies: on 2 ranks it measured
   // 1.3–2.7x slower than the all-to-all from 1 to 64 MB and faster only at 256 MB; 0 for NCCL).
   int64_t alltoall_reduce_scatter_max_bytes = -1;
+  // All-gather by direct sends and receives: this rank's chunk goes to every peer and each peer's
+  // chunk is received straight into its place in the output (no copy; uneven chunks need no
+  // padding). -1: the backend's default (yes for Gloo, whose allgather gathers into a flat buffer
+  // it allocates on its worker thread and then copies out; no for NCCL).
+  int pairwise_all_gather = -1;
+  // How long a point-to-point part of a collective may wait (ParallelContext sets TESSERA_TIMEOUT_S).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
 constexpr int64_t kGlooAlltoallReduceScatterMaxBytes = int64_t(64) << 20;
 
@@ -160,6 +173,7 @@ class Communicator {
 
  private:
   CommHandle reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op);
+  CommHandle all_gather_pairwise(const at::Tensor& input, at::Tensor& output);
   CommHandle issue(const char* collective, int64_t bytes, const std::string& what,
                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> finish = {});
   std::string label(const char* collective, const at::Tensor& t) const;
@@ -173,6 +187,10 @@ class Communicator {
   c10::Device device_;
   CommunicatorOptions options_;
   bool native_reduce_scatter_;
+  // Tags of the pairwise all-gathers, above any user's send/recv tag; every rank issues its
+  // collectives in the same order, so the counters agree.
+  static constexpr int kPairwiseTagBase = 1 << 24;
+  int pairwise_tag_ = 0;
   std::map<std::string, CollectiveStats> stats_;  // std::map: entries stay put while handles point at them
   int64_t native_reduce_scatters_ = 0;
   int64_t alltoall_reduce_scatters_ = 0;

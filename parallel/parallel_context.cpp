@@ -45,6 +45,8 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
   CommunicatorOptions comm = options.communicator;
   if (comm.alltoall_reduce_scatter_max_bytes < 0)
     comm.alltoall_reduce_scatter_max_bytes = backend_ == BackendKind::Gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
+  if (comm.pairwise_all_gather < 0) comm.pairwise_all_gather = backend_ == BackendKind::Gloo ? 1 : 0;
+  comm.timeout = info_.timeout;
   return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank,
                                         collective_device(backend_, info_.local_rank),
                                         has_native_reduce_scatter(backend_), comm);

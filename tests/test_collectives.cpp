@@ -25,7 +25,7 @@ tessera::testing::RunResult launch(int ranks, std::vector<std::string> worker_ar
 }
 }  // namespace
 
-TEST_CASE("collectives on 2 ranks with the backend's native reduce-scatter") {
+TEST_CASE("collectives on 2 ranks with the backend's native reduce-scatter and allgather") {
   auto r = launch(2, {"collectives", "--native-reduce-scatter"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
@@ -38,7 +38,7 @@ TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
   auto r = launch(4, {"collectives", "--tp", "2"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
-  // Gloo's default: reduce-scatters up to 64 MiB run as the all-to-all.
+  // Gloo's defaults: reduce-scatters up to 64 MiB run as the all-to-all, allgathers pairwise.
   CHECK(!contains(r.output, "all-to-all 0)"));
   for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "collectives ok on rank " + std::to_string(rank)));
 }

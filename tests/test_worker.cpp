@@ -197,7 +197,10 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
   options.pipe = pp;
   options.backend = "gloo";
   options.communicator.force_alltoall_reduce_scatter = force_alltoall;
-  if (native_only) options.communicator.alltoall_reduce_scatter_max_bytes = 0;
+  if (native_only) {  // the backend's own reduce-scatter and allgather
+    options.communicator.alltoall_reduce_scatter_max_bytes = 0;
+    options.communicator.pairwise_all_gather = 0;
+  }
   auto ctx = ParallelContext::from_environment(options);
   if (mode == "context") {
     std::printf("%s\n", ctx->describe().c_str());
