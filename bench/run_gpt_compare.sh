@@ -10,10 +10,11 @@
 #   small  6 layers × 256 (4 heads), micro 8 × 128 tokens: 4.8M parameters, STEPS_SMALL=60 (15 warm-up)
 #   large  12 layers × 768 (12 heads), micro 2 × 128 tokens: 85M parameters, STEPS_LARGE=24 (6 warm-up)
 # Rounds are interleaved (every implementation once per round, in the same order) and each
-# implementation's median round by samples/s is reported. Prints one JSON line per size and
-# implementation (ratio_vs_ddp, ratio_vs_deepspeed for the same stage, rss_saving_vs_previous_stage
-# against the theory: 4Ψ bytes from stage 0 to 1 and 2Ψ from 1 to 2 for fp32 Adam on 2 ranks), then
-# a Markdown table per size.
+# implementation's median round by samples/s is reported; peak RSS is each round's largest rank,
+# median over the rounds (glibc's heap grows by a few tens of MiB differently from run to run).
+# Prints one JSON line per size and implementation (ratio_vs_ddp, ratio_vs_deepspeed for the same
+# stage, rss_saving_vs_previous_stage against the theory: 4Ψ bytes from stage 0 to 1 and 2Ψ from 1
+# to 2 for fp32 Adam on 2 ranks), then a Markdown table per size.
 #   REDUCE_BUCKET  reduce/allgather bucket in elements (default 2.5e5; DDP's bucket_cap_mb alike)
 #   KEEP_LOGS=1    keep the runs' logs (their folder is printed on stderr)
 set -euo pipefail
@@ -64,30 +65,32 @@ def result(path):
 for size in sizes:
     runs = {n: [result(f"{d}/{size}.{n}.{r}.log") for r in range(1, rounds + 1)] for n in names}
     med = {n: sorted(rs, key=lambda x: x["samples_per_s"])[(len(rs) - 1) // 2] for n, rs in runs.items()}
+    rss = {n: statistics.median_low([x["peak_rss_max_bytes"] for x in rs]) for n, rs in runs.items()}
     psi = med["ddp"]["parameters"]
     theory = {1: 4 * psi, 2: 2 * psi}  # bytes saved per rank from the stage before (fp32 Adam, 2 ranks)
     rows = []
     for n in names:
-        row = dict(med[n], size=size, rounds_samples_per_s=[x["samples_per_s"] for x in runs[n]])
+        row = dict(med[n], size=size, rounds_samples_per_s=[x["samples_per_s"] for x in runs[n]],
+                   rounds_peak_rss_max_bytes=[x["peak_rss_max_bytes"] for x in runs[n]], median_peak_rss_bytes=rss[n])
         row["ratio_vs_ddp"] = round(row["samples_per_s"] / med["ddp"]["samples_per_s"], 3)
         if n.startswith("tessera") and n != "tessera0":
             stage = int(n[-1])
             row["ratio_vs_deepspeed"] = round(row["samples_per_s"] / med[f"deepspeed{stage}"]["samples_per_s"], 3)
-            saved = med[f"tessera{stage - 1}"]["peak_rss_max_bytes"] - row["peak_rss_max_bytes"]
+            saved = rss[f"tessera{stage - 1}"] - rss[n]
             row["rss_saving_vs_previous_stage"] = round(saved / theory[stage], 3)
         rows.append(row)
         print(json.dumps(row))
     print(f"\n{size}: {psi / 1e6:.1f}M parameters, micro {med['ddp']['micro_batch']} × 128, 2 ranks, "
           f"medians of {rounds} rounds\n")
-    print("| implementation | samples/s | vs DDP | vs DeepSpeed | peak RSS per rank (MiB) | saving vs stage before / theory | "
-          "forward | backward | step | rounds |")
+    print("| implementation | samples/s | vs DDP | vs DeepSpeed | peak RSS, largest rank (MiB) | saving vs stage before / theory | "
+          "forward | backward | step | samples/s by round |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         t = row["time_per_step_ms"]
         print("| %s | %.2f | %.2f | %s | %s | %s | %.1f | %.1f | %.1f | %s |" % (
             row["impl"], row["samples_per_s"], row["ratio_vs_ddp"],
             "%.2f" % row["ratio_vs_deepspeed"] if "ratio_vs_deepspeed" in row else "",
-            " / ".join("%d" % (b / MiB) for b in row["peak_rss_bytes"]),
+            "%d (%s)" % (row["median_peak_rss_bytes"] / MiB, " ".join("%d" % (b / MiB) for b in row["rounds_peak_rss_max_bytes"])),
             "%.2f" % row["rss_saving_vs_previous_stage"] if "rss_saving_vs_previous_stage" in row else "",
             t["forward_ms"], t["backward_ms"], t["step_ms"], " ".join("%.2f" % s for s in row["rounds_samples_per_s"])))
     print("\ntessera's own split (ms per step on rank 0):\n")
