@@ -53,12 +53,36 @@ def adamw_params(args):
     return {"lr": args.lr, "betas": list(args.betas), "eps": args.eps, "weight_decay": args.weight_decay}
 
 
-def zero_section(args):
-    return {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "allgather_bucket_size": int(args.bucket),
+def engine_config(args):
+    """The DeepSpeed-style config tessera and DeepSpeed both get."""
+    zero = {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "allgather_bucket_size": int(args.bucket),
             "overlap_comm": True, "contiguous_gradients": True}
+    return {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
+            "steps_per_print": 10**9, "gradient_clipping": args.clip,
+            "optimizer": {"type": "AdamW", "params": adamw_params(args)}, "zero_optimization": zero}
 
 
-class Ddp:
+class TorchDistributedGather:
+    def gather(self, values):
+        out = [None] * self.world
+        self.dist.all_gather_object(out, values)
+        return out
+
+
+class EngineCalls:
+    """tessera and DeepSpeed engines are called alike: engine(x, y), backward(loss), step()."""
+
+    def forward(self, x, y):
+        return self.engine(x, y)
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def step(self):
+        self.engine.step()
+
+
+class Ddp(TorchDistributedGather):
     """PyTorch's own data parallelism: the baseline."""
 
     def __init__(self, model, args):
@@ -89,11 +113,6 @@ class Ddp:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)  # keep the bucket views
 
-    def gather(self, values):
-        out = [None] * self.world
-        self.dist.all_gather_object(out, values)
-        return out
-
     def close(self):
         # DDP's reducer holds the group and autograd hooks: drop it first, then the group.
         del self.module, self.optimizer
@@ -102,28 +121,15 @@ class Ddp:
         self.dist.destroy_process_group()
 
 
-class Tessera:
+class Tessera(EngineCalls):
     def __init__(self, model, args):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import tessera
         self.tessera = tessera
-        config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
-                  "steps_per_print": 10**9, "gradient_clipping": args.clip,
-                  "optimizer": {"type": "AdamW", "params": adamw_params(args)},
-                  "zero_optimization": zero_section(args)}
-        self.engine = tessera.initialize(model=model, config=config,
+        self.engine = tessera.initialize(model=model, config=engine_config(args),
                                          model_parameters=param_groups(model, args.weight_decay))
         self.rank, self.world = tessera.comm.get_rank(), tessera.comm.get_world_size()
         self.describe = {}
-
-    def forward(self, x, y):
-        return self.engine(x, y)
-
-    def backward(self, loss):
-        self.engine.backward(loss)
-
-    def step(self):
-        self.engine.step()
 
     def breakdown(self):
         return self.engine.wall_clock_breakdown()
@@ -138,35 +144,17 @@ class Tessera:
         self.engine.close()
 
 
-class DeepSpeed:
+class DeepSpeed(EngineCalls, TorchDistributedGather):
     def __init__(self, model, args):
         import deepspeed
         import torch.distributed as dist
         self.dist = dist
         deepspeed.init_distributed(dist_backend="gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
-                  "steps_per_print": 10**9, "gradient_clipping": args.clip,
-                  "optimizer": {"type": "AdamW", "params": adamw_params(args)},
-                  "zero_optimization": zero_section(args)}
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=param_groups(model, args.weight_decay), config=config)
+            model=model, model_parameters=param_groups(model, args.weight_decay), config=engine_config(args))
         self.describe = {"deepspeed": deepspeed.__version__, "optimizer": type(self.optimizer).__name__,
                          "basic_optimizer": type(getattr(self.optimizer, "optimizer", self.optimizer)).__name__}
-
-    def forward(self, x, y):
-        return self.engine(x, y)
-
-    def backward(self, loss):
-        self.engine.backward(loss)
-
-    def step(self):
-        self.engine.step()
-
-    def gather(self, values):
-        out = [None] * self.world
-        self.dist.all_gather_object(out, values)
-        return out
 
     def close(self):
         self.dist.barrier()
