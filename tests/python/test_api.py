@@ -338,7 +338,7 @@ def test_overlap_comm_leaves_the_allgather_to_the_next_forward_on_two_ranks():
     assert out["in_flight_overlap"] == [True] * 4 and out["in_flight_plain"] == [False] * 4
     assert out["after_state_dict"] is False
     assert out["ranks_agree"]
-    # The breakdown's parts are disjoint: together they fit in the time the loop took.
+    # The breakdown's parts are disjoint: together they fit in the time since the engine was built.
     for times, elapsed in out["breakdowns"]:
         assert times["optimizer_steps"] == 4 and all(v >= 0 for v in times.values())
         parts = sum(v for k, v in times.items() if k.endswith("_s"))
