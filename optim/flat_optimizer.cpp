@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "csrc/cpu_adam.h"
+#include "optim/device_adam.h"
 
 namespace tessera {
 
@@ -43,6 +44,13 @@ class Adam final : public FlatOptimizer {
     const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
     const double bc1 = p_.bias_correction ? 1 - std::pow(beta1, double(in.step)) : 1.0;
     const double bc2 = p_.bias_correction ? 1 - std::pow(beta2, double(in.step)) : 1.0;
+    if (device_adam_applies(segments, exp_avg_, p_.bias_correction)) {
+      DeviceAdamStep k;
+      k.lr = in.lr, k.beta1 = beta1, k.beta2 = beta2, k.eps = p_.eps, k.weight_decay = in.weight_decay;
+      k.adam_w_mode = p_.adam_w_mode, k.step = in.step, k.grad_scale = in.grad_scale;
+      device_adam_step(k, segments, exp_avg_, exp_avg_sq_, step_count_, inverse_grad_scale_);
+      return;
+    }
     for (const auto& s : segments) {
       const int64_t n = s.params.numel();
       at::Tensor m = exp_avg_.narrow(0, s.local_offset, n), v = exp_avg_sq_.narrow(0, s.local_offset, n);
@@ -76,6 +84,7 @@ class Adam final : public FlatOptimizer {
  private:
   OptimizerHyperparams p_;
   at::Tensor exp_avg_, exp_avg_sq_;
+  at::Tensor step_count_, inverse_grad_scale_;  // the fused GPU kernel's scalar inputs, on the device
 };
 
 class Sgd final : public FlatOptimizer {

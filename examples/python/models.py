@@ -59,22 +59,25 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab=256, block_size=128, n_layer=4, n_head=4, n_embd=128, seed=1234):
+    def __init__(self, vocab=256, block_size=128, n_layer=4, n_head=4, n_embd=128, seed=1234, device="cpu"):
+        """device: where the parameters are made and drawn (a GPU draws other numbers than the CPU
+        from the same seed, so only the CPU matches the C++ model)."""
         super().__init__()
         self.block_size = block_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, n_embd),
-            wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)),
-            ln_f=nn.LayerNorm(n_embd, eps=1e-5),
-        ))
-        gen = torch.Generator().manual_seed(seed)
+        with torch.device(device):
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(vocab, n_embd),
+                wpe=nn.Embedding(block_size, n_embd),
+                h=nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)),
+                ln_f=nn.LayerNorm(n_embd, eps=1e-5),
+            ))
+        gen = torch.Generator(device=device).manual_seed(seed)
         residual_std = 0.02 / math.sqrt(2.0 * n_layer)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if p.dim() >= 2:
                     std = residual_std if name.endswith("c_proj.weight") else 0.02
-                    p.copy_(torch.normal(0.0, std, tuple(p.shape), generator=gen))
+                    p.copy_(torch.normal(0.0, std, tuple(p.shape), generator=gen, device=p.device))
                 elif name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
                     p.fill_(1.0)
                 else:

@@ -23,6 +23,10 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (tests/python/test_gpu.py; `ctest -L gpu`)")
+
+
 def free_port():
     """A TCP port nobody listens on now (for MASTER_PORT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
