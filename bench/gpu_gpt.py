@@ -1,0 +1,163 @@
+"""GPT training on one GPU in bf16: tessera's engine against a plain PyTorch training loop.
+
+    python bench/gpu_gpt.py --impl plain   --size 350m --micro 16 --seq 1024
+    python bench/gpu_gpt.py --impl tessera --size 350m --micro 16 --seq 1024 --stage 0
+    (bench/run_gpu.sh builds tessera on the GPU machine, runs the GPU tests, then this script for
+    every size, implementation and micro-batch, and collects the JSON lines)
+
+The same model, data and optimizer for both implementations:
+- the example GPT (examples/python/models.py: pre-LayerNorm, causal SDPA attention, GELU-tanh MLP,
+  LM head tied to the token embedding) with GPT-2's padded vocabulary (50304), made and drawn on
+  the GPU from --seed; sizes: 350m = 24 x 1024 (16 heads), 1.3b = 24 x 2048 (16 heads);
+- synthetic tokens (uniform over the vocabulary, drawn on the GPU from --seed and the step): the
+  throughput does not depend on the text, and no data loader competes for the host;
+- AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices, 0 on biases and
+  LayerNorm), gradient clipping at 1.0, constant learning rate.
+
+  plain    fp32 parameters, torch.autocast(bf16) around the forward, torch.optim.AdamW(fused=True),
+           clip_grad_norm_(foreach=True), zero_grad(set_to_none=True): PyTorch's own mixed precision
+  tessera  tessera.initialize with "bf16": {"enabled": true} (bf16 parameters and activations,
+           fp32 master weights, gradients and Adam states, as DeepSpeed's bf16 mode) at ZeRO --stage
+
+The first --warmup steps are not timed; the timed steps run between two torch.cuda.synchronize().
+Prints one JSON line: tokens_per_s, step_ms, mfu (model FLOPs per token 6·N + 12·L·d·T, PaLM's
+appendix B, N without the position embedding, over --peak-tflops, 989 for an H100 SXM's dense
+bf16), peak GPU memory (allocated and reserved), the final loss. Exit code 3 when the micro-batch
+does not fit (the runner then tries a smaller one).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "python"))
+from models import Gpt  # noqa: E402
+
+VOCAB = 50304
+SIZES = {"tiny": (2, 256, 4), "125m": (12, 768, 12), "350m": (24, 1024, 16), "1.3b": (24, 2048, 16)}
+
+
+def param_groups(model, weight_decay):
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+class Plain:
+    def __init__(self, model, args):
+        self.model = model
+        self.params = list(model.parameters())
+        self.optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95),
+                                           eps=1e-8, fused=True)
+        self.clip = args.clip
+
+    def train_step(self, x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = self.model(x, y)
+        loss.backward()
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+
+class Tessera:
+    def __init__(self, model, args):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import tessera
+        zero = {"stage": args.stage, "overlap_comm": True, "contiguous_gradients": True}
+        if args.bucket:
+            zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = int(args.bucket)
+        config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
+                  "steps_per_print": 10**9, "gradient_clipping": args.clip, "bf16": {"enabled": True},
+                  "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                            "weight_decay": args.weight_decay}},
+                  "zero_optimization": zero}
+        self.engine = tessera.initialize(model=model, config=config,
+                                         model_parameters=param_groups(model, args.weight_decay))
+
+    def train_step(self, x, y):
+        loss = self.engine(x, y)
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss
+
+
+IMPLS = {"plain": Plain, "tessera": Tessera}
+
+
+def flops_per_token(model, n_layer, n_embd, seq):
+    n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name)
+    return 6 * n + 12 * n_layer * n_embd * seq
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impl", choices=sorted(IMPLS), required=True)
+    ap.add_argument("--size", choices=sorted(SIZES), default="350m")
+    ap.add_argument("--stage", type=int, default=0, help="tessera's ZeRO stage")
+    ap.add_argument("--bucket", type=float, default=0, help="tessera's reduce/allgather bucket (elements; 0: the default)")
+    ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps, warm-up included")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/gpu_gpt.py: no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+    n_layer, n_embd, n_head = SIZES[args.size]
+    try:
+        model = Gpt(vocab=VOCAB, block_size=args.seq, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                    seed=args.seed, device="cuda")
+        parameters = sum(p.numel() for p in model.parameters())
+        fpt = flops_per_token(model, n_layer, n_embd, args.seq)
+        impl = IMPLS[args.impl](model, args)
+        gen = torch.Generator(device="cuda")
+        losses = []
+        for step in range(args.steps):
+            if step == args.warmup:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+            gen.manual_seed(args.seed * 1000003 + step)
+            tokens = torch.randint(VOCAB, (args.micro, args.seq + 1), device="cuda", generator=gen)
+            loss = impl.train_step(tokens[:, :-1], tokens[:, 1:])
+            losses.append(loss.detach())
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    except torch.cuda.OutOfMemoryError as e:
+        print("out of memory at micro %d: %s" % (args.micro, str(e).splitlines()[0]), file=sys.stderr)
+        sys.exit(3)
+    except RuntimeError as e:
+        if "out of memory" in str(e):
+            print("out of memory at micro %d: %s" % (args.micro, str(e).splitlines()[0]), file=sys.stderr)
+            sys.exit(3)
+        raise
+    timed = args.steps - args.warmup
+    tokens_per_s = args.micro * args.seq * timed / seconds
+    name = args.impl if args.impl == "plain" else "tessera-zero%d" % args.stage
+    print(json.dumps({
+        "impl": name, "size": args.size, "parameters": parameters, "layers": n_layer, "embd": n_embd,
+        "micro_batch": args.micro, "seq": args.seq, "steps": timed,
+        "tokens_per_s": round(tokens_per_s, 1), "step_ms": round(1000 * seconds / timed, 2),
+        "mfu": round(fpt * tokens_per_s / (args.peak_tflops * 1e12), 4), "flops_per_token": fpt,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+        "first_loss": round(losses[0].item(), 5), "final_loss": round(losses[-1].item(), 5),
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    }), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # skip the interpreter's teardown of CUDA and NCCL state
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU measurement of docs/gpu.md in one command, for a machine with one NVIDIA GPU and a CUDA
+# PyTorch in `python3` (the device machine of the tool library; no apt or network there):
+#
+#   bench/run_gpu.sh build           configure and build tessera._C and the CLI against that torch
+#                                    (header-only dependencies from .devdeps/, made on the
+#                                    development machine by ../shared/device/fetch-deps.sh)
+#   bench/run_gpu.sh test            ctest -L gpu: tests/python/test_gpu.py
+#   bench/run_gpu.sh bench SIZE...   bench/gpu_gpt.py for each size (350m, 1.3b, 125m, tiny): the
+#                                    plain PyTorch loop and tessera ZeRO $STAGES, all at the largest
+#                                    micro-batch of $MICROS_<size> that every one of them fits
+#   bench/run_gpu.sh all SIZE...     the three in order
+#
+# Results: JSON lines in $RESULTS/gpu_gpt.jsonl (RESULTS defaults to $OUT where the device tool
+# sets it, else bench/results), logs beside them. PYTHON, BUILD_DIR (build-gpu), STAGES ("0 1 2"),
+# STEPS (30), WARMUP (10), SEQ (1024) override.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+build=${BUILD_DIR:-build-gpu}
+results=${RESULTS:-${OUT:-bench/results}}
+mkdir -p "$results"
+
+do_build() {
+  local prefix
+  prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  [ -d .devdeps/usr ] && prefix="$prefix;$PWD/.devdeps/usr"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+    -DPython_EXECUTABLE="$(command -v "$python")" -DTESSERA_BUILD_BENCH=OFF >"$results/build.log" 2>&1 ||
+    { tail -40 "$results/build.log"; return 1; }
+  cmake --build "$build" -j "$(nproc)" --target tessera_python tessera_cli >>"$results/build.log" 2>&1 ||
+    { grep -B2 -A12 'error' "$results/build.log" | head -80; return 1; }
+  echo "[gpu] built $(ls python/tessera/_C*.so)"
+}
+
+do_test() {
+  ctest --test-dir "$build" -L gpu --output-on-failure 2>&1 | tee "$results/gpu_tests.log" | tail -40
+}
+
+run_one() {  # impl stage size micro -> prints the JSON line, returns 3 when it does not fit
+  PYTHONUNBUFFERED=1 "$python" bench/gpu_gpt.py --impl "$1" --stage "$2" --size "$3" --micro "$4" \
+    --seq "${SEQ:-1024}" --steps "${STEPS:-30}" --warmup "${WARMUP:-10}" 2>>"$results/bench.log"
+}
+
+do_bench() {
+  local size micro impl stage line rc fits
+  for size in "$@"; do
+    local var="MICROS_${size//./_}"
+    local micros=${!var:-}
+    if [ -z "$micros" ]; then
+      case $size in 350m) micros="32 16 8";; 1.3b) micros="16 8 4";; *) micros="16 8";; esac
+    fi
+    for micro in $micros; do
+      fits=1
+      for spec in plain:0 $(for s in ${STAGES:-0 1 2}; do echo tessera:$s; done); do
+        impl=${spec%%:*} stage=${spec##*:}
+        rc=0
+        line=$(run_one "$impl" "$stage" "$size" "$micro") || rc=$?
+        if [ "$rc" -eq 3 ]; then
+          echo "[gpu] $size micro $micro: $impl zero$stage does not fit, trying a smaller micro-batch"
+          fits=0
+          break
+        elif [ "$rc" -ne 0 ]; then
+          echo "[gpu] $size micro $micro: $impl zero$stage failed ($rc):"; tail -20 "$results/bench.log"
+          return 1
+        fi
+        echo "$line" | tee -a "$results/gpu_gpt.jsonl"
+      done
+      [ "$fits" -eq 1 ] && break
+    done
+  done
+}
+
+what=${1:-all}
+shift || true
+case $what in
+  build) do_build ;;
+  test) do_test ;;
+  bench) do_bench "$@" ;;
+  all) do_build && do_test && do_bench "${@:-350m 1.3b}" ;;
+  *) echo "usage: bench/run_gpu.sh build|test|bench SIZE...|all [SIZE...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,63 @@
+"""The engine on one GPU (cuda:0, NCCL with one rank) against a plain PyTorch loop on the same GPU:
+ZeRO 0/1/2, AdamW (the fused GPU kernel) and SGD, fp32 and bf16, gradient clipping active, two
+param groups, buckets small enough that every step has several. And the step's host
+synchronizations, counted by CUDA's sync debug mode: at most one per step (the gradient norm,
+which also decides overflow). Skipped, with the reason, where no GPU is visible; `ctest -L gpu`
+runs this file.
+
+Tolerances: fp32 (TF32 off) parameters 2e-5 and losses 2e-5 absolute (the fused AdamW kernel and
+torch's foreach Adam round differently); bf16: the CPU parity test's (tests/python/test_parity.py).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import HERE, child_env
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU tests need one")]
+
+FP32_TOL = 2e-5
+BF16_PARAM_TOL, BF16_LOSS_RTOL = 1.5e-2, 3e-3
+
+
+def run_worker(*args):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "gpu_worker.py"), *map(str, args)],
+                          env=child_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
+def test_fp32_matches_plain_pytorch_on_the_gpu(stage, optimizer):
+    got, _ = run_worker("--stage", stage, "--optimizer", optimizer, "--dtype", "fp32")
+    assert got["device"] == "cuda"
+    assert got["param_max_abs"] <= FP32_TOL, got
+    assert got["loss_max_abs"] <= FP32_TOL, got
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_bf16_matches_a_master_weight_loop_on_the_gpu(stage):
+    got, _ = run_worker("--stage", stage, "--dtype", "bf16")
+    assert got["param_max_abs"] <= BF16_PARAM_TOL, got
+    for a, b in zip(got["losses"], got["reference_losses"]):
+        assert abs(a - b) <= BF16_LOSS_RTOL * max(1.0, abs(b)), got
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_at_most_one_host_synchronization_per_step(stage):
+    _, stderr = run_worker("--stage", stage, "--dtype", "bf16", "--count-syncs")
+    counts, current = [], None
+    for line in stderr.splitlines():
+        if line.startswith("tessera-step") or line.startswith("tessera-done"):
+            if current is not None:
+                counts.append(current)
+            current = 0
+        elif current is not None and "synchronizing CUDA operation" in line:
+            current += 1
+    assert counts and max(counts) <= 1, (counts, stderr[-4000:])
