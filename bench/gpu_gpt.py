@@ -16,6 +16,9 @@ The same model, data and optimizer for both implementations:
 
   plain    fp32 parameters, torch.autocast(bf16) around the forward, torch.optim.AdamW(fused=True),
            clip_grad_norm_(foreach=True), zero_grad(set_to_none=True): PyTorch's own mixed precision
+  plain-master  the engine's bf16 scheme as a plain loop: bf16 parameters, fp32 master copies
+           updated by torch.optim.AdamW(fused=True), gradients widened and parameters written back
+           by torch._foreach_copy_ (the baseline for the engine's own overhead)
   tessera  tessera.initialize with "bf16": {"enabled": true} (bf16 parameters and activations,
            fp32 master weights, gradients and Adam states, as DeepSpeed's bf16 mode) at ZeRO --stage
 
@@ -64,6 +67,38 @@ class Plain:
         return loss
 
 
+class PlainMaster:
+    """What the engine does in bf16, written as a plain loop: bf16 parameters, fp32 master copies
+    that fused AdamW updates, the bf16 gradients widened by one multi-tensor copy, the masters
+    copied back by another."""
+
+    def __init__(self, model, args):
+        self.model = model.to(torch.bfloat16)
+        self.params = list(model.parameters())
+        self.masters = [p.detach().float().requires_grad_() for p in self.params]
+        for m in self.masters:
+            m.grad = torch.zeros_like(m)
+        index = {id(p): i for i, p in enumerate(self.params)}
+        groups = [{"params": [self.masters[index[id(p)]] for p in g["params"]], "weight_decay": g["weight_decay"]}
+                  for g in param_groups(model, args.weight_decay)]
+        self.optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+        self.master_grads = [m.grad for m in self.masters]
+        self.clip = args.clip
+
+    def train_step(self, x, y):
+        loss = self.model(x, y)
+        loss.backward()
+        torch._foreach_copy_(self.master_grads, [p.grad for p in self.params])
+        for p in self.params:
+            p.grad = None
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.masters, self.clip, foreach=True)
+        self.optimizer.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.masters)
+        return loss
+
+
 class Tessera:
     def __init__(self, model, args):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -86,7 +121,7 @@ class Tessera:
         return loss
 
 
-IMPLS = {"plain": Plain, "tessera": Tessera}
+IMPLS = {"plain": Plain, "plain-master": PlainMaster, "tessera": Tessera}
 
 
 def flops_per_token(model, n_layer, n_embd, seq):
@@ -144,7 +179,7 @@ def main():
         raise
     timed = args.steps - args.warmup
     tokens_per_s = args.micro * args.seq * timed / seconds
-    name = args.impl if args.impl == "plain" else "tessera-zero%d" % args.stage
+    name = "tessera-zero%d" % args.stage if args.impl == "tessera" else args.impl
     print(json.dumps({
         "impl": name, "size": args.size, "parameters": parameters, "layers": n_layer, "embd": n_embd,
         "micro_batch": args.micro, "seq": args.seq, "steps": timed,

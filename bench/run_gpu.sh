@@ -7,7 +7,7 @@
 #                                    development machine by ../shared/device/fetch-deps.sh)
 #   bench/run_gpu.sh test            ctest -L gpu: tests/python/test_gpu.py
 #   bench/run_gpu.sh bench SIZE...   bench/gpu_gpt.py for each size (350m, 1.3b, 125m, tiny): the
-#                                    plain PyTorch loop and tessera ZeRO $STAGES, all at the largest
+#                                    plain PyTorch loops ($PLAIN) and tessera ZeRO $STAGES, all at the largest
 #                                    micro-batch of $MICROS_<size> that every one of them fits
 #   bench/run_gpu.sh all SIZE...     the three in order
 #
@@ -25,7 +25,14 @@ do_build() {
   local prefix
   prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   [ -d .devdeps/usr ] && prefix="$prefix;$PWD/.devdeps/usr"
+  # The device machine's g++ (/opt/gcc) has only a static libstdc++; a second copy of it beside
+  # the shared one torch loads crashes at the first stream insertion (std::locale). Link the
+  # system's shared libstdc++ by path, before anything asks for the static one.
+  local stdcxx shared_stdcxx=""
+  stdcxx=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+  [ -n "$stdcxx" ] && shared_stdcxx="-Wl,--no-as-needed $stdcxx -Wl,--as-needed"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_MODULE_LINKER_FLAGS="$shared_stdcxx" -DCMAKE_EXE_LINKER_FLAGS="$shared_stdcxx" \
     -DPython_EXECUTABLE="$(command -v "$python")" -DTESSERA_BUILD_BENCH=OFF >"$results/build.log" 2>&1 ||
     { tail -40 "$results/build.log"; return 1; }
   cmake --build "$build" -j "$(nproc)" --target tessera_python tessera_cli >>"$results/build.log" 2>&1 ||
@@ -52,7 +59,7 @@ do_bench() {
     fi
     for micro in $micros; do
       fits=1
-      for spec in plain:0 $(for s in ${STAGES:-0 1 2}; do echo tessera:$s; done); do
+      for spec in ${PLAIN:-plain:0 plain-master:0} $(for s in ${STAGES:-0 1 2}; do echo tessera:$s; done); do
         impl=${spec%%:*} stage=${spec##*:}
         rc=0
         line=$(run_one "$impl" "$stage" "$size" "$micro") || rc=$?
