@@ -91,6 +91,8 @@ def tessera_run(model, data, args):
               "steps_per_print": 10**9, "optimizer": optimizer, "bf16": {"enabled": args.dtype == "bf16"},
               "zero_optimization": {"stage": args.stage, "reduce_bucket_size": args.bucket,
                                     "allgather_bucket_size": args.bucket, "overlap_comm": True}}
+    if args.comm_dtype:
+        config["communication_data_type"] = args.comm_dtype
     engine = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
     losses = []
     for step, tokens in enumerate(data):
@@ -119,6 +121,7 @@ def main():
     ap.add_argument("--clip", type=float, default=0.5)
     ap.add_argument("--bucket", type=int, default=20000, help="small: several buckets")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--comm-dtype", choices=("fp32", "bf16", "fp16"), help="communication_data_type")
     ap.add_argument("--count-syncs", action="store_true")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line

@@ -1,5 +1,6 @@
 """The engine on one GPU (cuda:0, NCCL with one rank) against a plain PyTorch loop on the same GPU:
-ZeRO 0/1/2, AdamW (the fused GPU kernel) and SGD, fp32 and bf16, gradient clipping active, two
+ZeRO 0/1/2, AdamW (the fused GPU kernel) and SGD, fp32 and bf16 (gradients reduced in bf16 and in
+fp32: communication_data_type), gradient clipping active, two
 param groups, buckets small enough that every step has several. And the step's host
 synchronizations, counted by CUDA's sync debug mode: at most one per step (the gradient norm,
 which also decides overflow). Skipped, with the reason, where no GPU is visible; `ctest -L gpu`
@@ -41,9 +42,9 @@ def test_fp32_matches_plain_pytorch_on_the_gpu(stage, optimizer):
     assert got["loss_max_abs"] <= FP32_TOL, got
 
 
-@pytest.mark.parametrize("stage", [0, 2])
-def test_bf16_matches_a_master_weight_loop_on_the_gpu(stage):
-    got, _ = run_worker("--stage", stage, "--dtype", "bf16")
+@pytest.mark.parametrize("stage,comm", [(0, None), (2, None), (2, "bf16"), (1, "fp32")])
+def test_bf16_matches_a_master_weight_loop_on_the_gpu(stage, comm):
+    got, _ = run_worker("--stage", stage, "--dtype", "bf16", *(("--comm-dtype", comm) if comm else ()))
     assert got["param_max_abs"] <= BF16_PARAM_TOL, got
     for a, b in zip(got["losses"], got["reference_losses"]):
         assert abs(a - b) <= BF16_LOSS_RTOL * max(1.0, abs(b)), got
