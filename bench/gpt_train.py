@@ -28,6 +28,7 @@ its own disjoint split (engine.wall_clock_breakdown()): backward, reduce wait, o
 allgather wait (the next forward's waits for updated parameters).
 """
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -42,6 +43,14 @@ from data import FORTUNES, FortunesCorpus  # noqa: E402
 from models import Gpt  # noqa: E402
 
 SEQ_LEN = 128
+
+
+def resident_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    return -1
 
 
 def param_groups(model, weight_decay):
@@ -182,6 +191,9 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping max norm (0: none)")
     ap.add_argument("--fortunes", default=FORTUNES)
+    ap.add_argument("--rss-trace", action="store_true", help="report this rank's resident set after every step")
+    ap.add_argument("--malloc-trim", action="store_true",
+                    help="diagnostic: glibc malloc_trim(0) after every step (hands freed heap back to the OS)")
     args = ap.parse_args()
     if args.steps <= args.warmup:
         sys.exit("--steps must exceed --warmup")
@@ -194,6 +206,8 @@ def main():
     breakdown = getattr(impl, "breakdown", None)
 
     outer = {"data_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "step_ms": 0.0}
+    trim = ctypes.CDLL("libc.so.6").malloc_trim if args.malloc_trim else None
+    rss_trace = []
     start, inner_start, loss_value = None, None, 0.0
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -214,6 +228,10 @@ def main():
         t4 = time.perf_counter()
         for key, dt in zip(outer, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             outer[key] += 1000 * dt
+        if trim:
+            trim(0)
+        if args.rss_trace:
+            rss_trace.append(resident_mib())
     seconds = time.perf_counter() - start
     timed = args.steps - args.warmup
     inner = None
@@ -239,6 +257,10 @@ def main():
         }
         if inner:
             result["engine_time_per_step_ms"] = inner
+        if args.rss_trace:
+            result["rss_mib_after_each_step"] = rss_trace
+        if args.malloc_trim:
+            result["malloc_trim"] = True
         result.update(impl.describe)
         print(json.dumps(result), flush=True)
     impl.close()
