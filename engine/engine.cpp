@@ -112,6 +112,7 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
                                 : make_lr_schedule("", {}, config_.optimizer->params.lr);
   progress_ = std::make_unique<ProgressMeter>(config_.steps_per_print, config_.wall_clock_breakdown,
                                               parallel_.rank() == 0, grid.data);
+  if (parallel_.data().device().is_cpu()) heap_trimmer_ = HeapTrimmer::from_environment();
   last_step_end_ = Clock::now();
 }
 
@@ -222,6 +223,7 @@ void Engine::optimizer_step() {
   // 7. Schedule: the next step's counters (the LR is a function of the applied steps), a fresh
   //    accumulation window, and the progress line when due.
   zero_->zero_grad();
+  if (heap_trimmer_) heap_trimmer_->after_step();
   ++global_step_;
   StepTimes t;
   t.allgather_s = zero_->take_allgather_wait_s();  // not overlapped: waited for in step 5

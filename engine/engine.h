@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/heap_trim.h"
 #include "engine/config/config.h"
 #include "zero/model.h"
 #include "zero/units.h"
@@ -122,6 +123,7 @@ class Engine {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<ProgressMeter> progress_;
+  std::optional<HeapTrimmer> heap_trimmer_;  // CPU ranks: bounds the heap's creep (csrc/heap_trim.h)
   int64_t gradient_accumulation_steps_ = 1;
   int64_t global_step_ = 0;
   int64_t micro_step_ = 0;

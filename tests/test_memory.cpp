@@ -12,13 +12,19 @@
 // page faults, docs/benchmarks.md.)
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <regex>
+#include <vector>
 
+#include "csrc/heap_trim.h"
 #include "subprocess.h"
 #include "zero/buffer_plan.h"
 
 using tessera::testing::contains;
+using tessera::HeapTrimmer;
+using tessera::resident_set_bytes;
 
 namespace {
 
@@ -81,4 +87,54 @@ TEST_CASE("peak RSS of ZeRO 1 and 2 falls from stage 0 by the accounting (2 rank
       }
     }
   }
+}
+
+TEST_CASE("heap trimmer: trims only once the resident set outgrows the first step's by the bound") {
+  int64_t rss = 1000;
+  int trims = 0;
+  HeapTrimmer trimmer(100, [&] { return rss; }, [&] { ++trims, rss -= 150; });
+  CHECK_FALSE(trimmer.after_step());  // the first step sets the reference: 1000
+  rss = 1100;
+  CHECK_FALSE(trimmer.after_step());  // within the bound
+  rss = 1101;
+  CHECK(trimmer.after_step());  // past it: trimmed back to 951, the reference stays 1000
+  CHECK(trims == 1);
+  rss = 1090;
+  CHECK_FALSE(trimmer.after_step());
+  // A working set that really grew: after the trim it is still 1250, which becomes the reference.
+  rss = 1400;
+  CHECK(trimmer.after_step());
+  rss = 1300;
+  CHECK_FALSE(trimmer.after_step());
+  CHECK(trimmer.trims() == 2);
+
+  HeapTrimmer never(-1, [&] { return rss * 10; }, [&] { ++trims; });
+  CHECK_FALSE(never.after_step());
+  CHECK_FALSE(never.after_step());
+  HeapTrimmer always(0, [&] { return rss; }, [&] { ++trims; });
+  CHECK(always.after_step());
+  CHECK(always.after_step());
+  CHECK(trims == 4);
+}
+
+TEST_CASE("heap trimmer: glibc hands freed heap pages back") {
+  // Fragment the heap: 200 blocks of 256 KiB (in the heap once the mmap threshold is raised by a
+  // freed 4 MiB mmap), free all but the last so the heap top cannot shrink, then trim.
+  void* big = std::malloc(4 << 20);
+  std::memset(big, 1, 4 << 20);
+  std::free(big);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 200; ++i) {
+    blocks.push_back(std::malloc(256 << 10));
+    std::memset(blocks.back(), 1, 256 << 10);
+  }
+  for (int i = 0; i + 1 < 200; ++i) std::free(blocks[i]);
+  const int64_t before = resident_set_bytes();
+  REQUIRE(before > 0);
+  HeapTrimmer trimmer(0);
+  CHECK(trimmer.after_step());
+  const int64_t after = resident_set_bytes();
+  std::free(blocks.back());
+  INFO("resident before " << before / 1024 << " KiB, after " << after / 1024 << " KiB");
+  CHECK(after < before - (20 << 20));  // most of the ~50 MiB freed went back
 }
