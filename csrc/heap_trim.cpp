@@ -33,12 +33,12 @@ HeapTrimmer::HeapTrimmer(int64_t bound_bytes, std::function<int64_t()> resident_
       trim_(trim ? std::move(trim) : std::function<void()>(release_free_heap)) {}
 
 HeapTrimmer HeapTrimmer::from_environment() {
-  int64_t mib = 64;
+  int64_t mib = -1;  // off unless asked for: the policy's cost is not settled (docs/zero.md)
   if (const char* v = std::getenv("TESSERA_HEAP_TRIM_MIB")) {
     try {
       mib = std::stoll(v);
     } catch (const std::exception&) {
-      std::fprintf(stderr, "tessera: warning: TESSERA_HEAP_TRIM_MIB=%s is not an integer; using 64\n", v);
+      std::fprintf(stderr, "tessera: warning: TESSERA_HEAP_TRIM_MIB=%s is not an integer; not trimming\n", v);
     }
   }
   return HeapTrimmer(mib < 0 ? -1 : mib << 20);

@@ -19,7 +19,7 @@ class HeapTrimmer {
   // bound_bytes < 0: never trim; 0: after every step. The readers are for tests.
   explicit HeapTrimmer(int64_t bound_bytes, std::function<int64_t()> resident_bytes = {},
                        std::function<void()> trim = {});
-  // TESSERA_HEAP_TRIM_MIB (default 64; -1 turns it off).
+  // TESSERA_HEAP_TRIM_MIB: the bound in MiB (unset or negative: off; 0: after every step).
   static HeapTrimmer from_environment();
 
   // Call after each optimizer step; returns whether it trimmed.

@@ -123,7 +123,7 @@ class Engine {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<ProgressMeter> progress_;
-  std::optional<HeapTrimmer> heap_trimmer_;  // CPU ranks: bounds the heap's creep (csrc/heap_trim.h)
+  std::optional<HeapTrimmer> heap_trimmer_;  // CPU ranks, TESSERA_HEAP_TRIM_MIB: bounds the heap's creep (csrc/heap_trim.h)
   int64_t gradient_accumulation_steps_ = 1;
   int64_t global_step_ = 0;
   int64_t micro_step_ = 0;
