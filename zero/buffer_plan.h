@@ -36,8 +36,8 @@ struct BufferPlanInput {
   int64_t bucket_numel = 500'000'000;  // zero_optimization.reduce_bucket_size
   int64_t state_floats = 2;   // fp32 optimizer-state elements per shard element (Adam 2)
   bool backend_copies_reductions = false;  // Gloo copies a reduce-scatter's input; NCCL does not
-  int wire_bytes = 4;
-  int gradient_bytes = 4;  // data_types.grad_accum_dtype at stages 0–1: 2 for bf16  // communication_data_type: below 4, each reduction in flight has a copy of its bucket in it
+  int wire_bytes = 4;      // communication_data_type: below 4, each reduction in flight has a copy of its bucket in it
+  int gradient_bytes = 4;  // data_types.grad_accum_dtype at stages 0–1: 2 for bf16
 };
 
 struct GroupBuffers {
