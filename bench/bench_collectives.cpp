@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "parallel/parallel_context.h"
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
   const bool alltoall = argc > 2 && std::strcmp(argv[2], "alltoall") == 0;
   ParallelOptions options;
   options.backend = "gloo";
-  options.communicator.force_alltoall_reduce_scatter = alltoall;
+  if (alltoall) options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
   auto ctx = ParallelContext::from_environment(options);
   Communicator& world = ctx->world();
   const int n = world.size();

@@ -142,7 +142,7 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
   TORCH_CHECK(output.numel() == chunk_range(n, size(), rank_).size(), "tessera: reduce_scatter output has ",
               output.numel(), " elements, this rank's chunk of ", n, " has ", chunk_range(n, size(), rank_).size());
   const bool even = n % size() == 0;
-  if (!even || !native_reduce_scatter_ || options_.force_alltoall_reduce_scatter || op == ReduceOp::Min ||
+  if (!even || !native_reduce_scatter_ || op == ReduceOp::Min ||
       input.nbytes() <= options_.alltoall_reduce_scatter_max_bytes)
     return reduce_scatter_by_alltoall(input, output, op);
   std::function<void()> finish;

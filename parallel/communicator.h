@@ -92,10 +92,8 @@ class [[nodiscard]] CommHandle {
 };
 
 struct CommunicatorOptions {
-  // Use the all-to-all reduce-scatter even where the backend has a native one (for tests/benchmarks).
-  bool force_alltoall_reduce_scatter = false;
   // Reduce-scatters of at most this many bytes run as the all-to-all even where the backend has a
-  // native one. -1: the backend's default (kGlooAlltoallReduceScatterMaxBytes for Gloo, whose
+  // native one (INT64_MAX: always, as tests and benchmarks ask). -1: the backend's default (kGlooAlltoallReduceScatterMaxBytes for Gloo, whose
   // native reduce-scatter is an allreduce of the whole input plus copies: on 2 ranks it measured
   // 1.3–2.7x slower than the all-to-all from 1 to 64 MB and faster only at 256 MB; 0 for NCCL).
   int64_t alltoall_reduce_scatter_max_bytes = -1;

@@ -196,7 +196,7 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
   options.tensor = tp;
   options.pipe = pp;
   options.backend = "gloo";
-  options.communicator.force_alltoall_reduce_scatter = force_alltoall;
+  if (force_alltoall) options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
   if (native_only) {  // the backend's own reduce-scatter and allgather
     options.communicator.alltoall_reduce_scatter_max_bytes = 0;
     options.communicator.pairwise_all_gather = 0;
