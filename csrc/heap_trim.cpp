@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -27,18 +28,21 @@ void release_free_heap() {
 #endif
 }
 
-HeapTrimmer::HeapTrimmer(int64_t bound_bytes, std::function<int64_t()> resident_bytes, std::function<void()> trim)
+HeapTrimmer::HeapTrimmer(int64_t bound_bytes, int warmup_steps, std::function<int64_t()> resident_bytes,
+                         std::function<void()> trim)
     : bound_(bound_bytes),
       resident_bytes_(resident_bytes ? std::move(resident_bytes) : std::function<int64_t()>(resident_set_bytes)),
-      trim_(trim ? std::move(trim) : std::function<void()>(release_free_heap)) {}
+      trim_(trim ? std::move(trim) : std::function<void()>(release_free_heap)),
+      warmup_steps_(bound_bytes > 0 ? std::max(warmup_steps, 1) : 0) {}
 
 HeapTrimmer HeapTrimmer::from_environment() {
-  int64_t mib = -1;  // off unless asked for: the policy's cost is not settled (docs/zero.md)
+  int64_t mib = kDefaultBoundMiB;
   if (const char* v = std::getenv("TESSERA_HEAP_TRIM_MIB")) {
     try {
       mib = std::stoll(v);
     } catch (const std::exception&) {
-      std::fprintf(stderr, "tessera: warning: TESSERA_HEAP_TRIM_MIB=%s is not an integer; not trimming\n", v);
+      std::fprintf(stderr, "tessera: warning: TESSERA_HEAP_TRIM_MIB=%s is not an integer; using %lld\n", v,
+                   static_cast<long long>(mib));
     }
   }
   return HeapTrimmer(mib < 0 ? -1 : mib << 20);
@@ -48,8 +52,8 @@ bool HeapTrimmer::after_step() {
   if (bound_ < 0) return false;
   const int64_t rss = resident_bytes_();
   if (rss < 0) return false;
-  if (baseline_ < 0 && bound_ > 0) {  // the first step: its working set is the reference
-    baseline_ = rss;
+  if (steps_++ < warmup_steps_) {  // still measuring the working set
+    baseline_ = std::max(baseline_, rss);
     return false;
   }
   if (bound_ > 0 && rss <= baseline_ + bound_) return false;

@@ -5,8 +5,10 @@
 // resident set creep up by MiBs a step (85M GPT on 2 ranks: +10–15 MiB a step, 1820 → 2315 MiB
 // in 30 steps). malloc_trim(0) after every step holds it flat but costs 11–16% of a small model's
 // step, because the next step faults the pages in again. So the trimmer trims only when the
-// resident set has grown by more than a bound since the first step (or the last trim): the cost
-// is paid every few dozen steps, and the peak stays within the bound of the working set.
+// resident set has grown by more than a bound over the working set, taken as the largest resident
+// set of the first few steps (the first step alone is below it: buffers, optimizer state and the
+// allocator's pools settle over several steps). The cost is paid every few dozen steps, and the
+// peak stays within the bound of the working set.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +18,15 @@ namespace tessera {
 
 class HeapTrimmer {
  public:
-  // bound_bytes < 0: never trim; 0: after every step. The readers are for tests.
-  explicit HeapTrimmer(int64_t bound_bytes, std::function<int64_t()> resident_bytes = {},
-                       std::function<void()> trim = {});
-  // TESSERA_HEAP_TRIM_MIB: the bound in MiB (unset or negative: off; 0: after every step).
+  static constexpr int kDefaultWarmupSteps = 5;
+  static constexpr int64_t kDefaultBoundMiB = 64;
+
+  // bound_bytes < 0: never trim; 0: after every step. The first warmup_steps steps only measure
+  // the working set. The readers are for tests.
+  explicit HeapTrimmer(int64_t bound_bytes, int warmup_steps = kDefaultWarmupSteps,
+                       std::function<int64_t()> resident_bytes = {}, std::function<void()> trim = {});
+  // TESSERA_HEAP_TRIM_MIB: the bound in MiB (unset: kDefaultBoundMiB; negative: off; 0: after
+  // every step).
   static HeapTrimmer from_environment();
 
   // Call after each optimizer step; returns whether it trimmed.
@@ -31,7 +38,9 @@ class HeapTrimmer {
   int64_t bound_;
   std::function<int64_t()> resident_bytes_;
   std::function<void()> trim_;
-  int64_t baseline_ = -1;  // the resident set after the first step, raised by each trim
+  int warmup_steps_;
+  int64_t steps_ = 0;
+  int64_t baseline_ = -1;  // the working set: the largest of the warm-up steps, raised by each trim
   int64_t trims_ = 0;
 };
 

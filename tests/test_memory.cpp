@@ -89,11 +89,15 @@ TEST_CASE("peak RSS of ZeRO 1 and 2 falls from stage 0 by the accounting (2 rank
   }
 }
 
-TEST_CASE("heap trimmer: trims only once the resident set outgrows the first step's by the bound") {
-  int64_t rss = 1000;
+TEST_CASE("heap trimmer: trims only once the resident set outgrows the warm-up steps' by the bound") {
+  int64_t rss = 900;
   int trims = 0;
-  HeapTrimmer trimmer(100, [&] { return rss; }, [&] { ++trims, rss -= 150; });
-  CHECK_FALSE(trimmer.after_step());  // the first step sets the reference: 1000
+  HeapTrimmer trimmer(100, 3, [&] { return rss; }, [&] { ++trims, rss -= 150; });
+  CHECK_FALSE(trimmer.after_step());  // three warm-up steps: the largest, 1000, is the reference
+  rss = 1000;
+  CHECK_FALSE(trimmer.after_step());
+  rss = 980;
+  CHECK_FALSE(trimmer.after_step());
   rss = 1100;
   CHECK_FALSE(trimmer.after_step());  // within the bound
   rss = 1101;
@@ -108,11 +112,20 @@ TEST_CASE("heap trimmer: trims only once the resident set outgrows the first ste
   CHECK_FALSE(trimmer.after_step());
   CHECK(trimmer.trims() == 2);
 
-  HeapTrimmer never(-1, [&] { return rss * 10; }, [&] { ++trims; });
+  // Had the first step been the reference (900), 1001 would have trimmed.
+  HeapTrimmer warm(100, 2, [&] { return rss; }, [&] { ++trims; });
+  rss = 900;
+  warm.after_step();
+  rss = 1000;
+  warm.after_step();
+  rss = 1090;
+  CHECK_FALSE(warm.after_step());
+
+  HeapTrimmer never(-1, 0, [&] { return rss * 10; }, [&] { ++trims; });
   CHECK_FALSE(never.after_step());
   CHECK_FALSE(never.after_step());
-  HeapTrimmer always(0, [&] { return rss; }, [&] { ++trims; });
-  CHECK(always.after_step());
+  HeapTrimmer always(0, 5, [&] { return rss; }, [&] { ++trims; });
+  CHECK(always.after_step());  // no warm-up when trimming every step
   CHECK(always.after_step());
   CHECK(trims == 4);
 }
