@@ -48,6 +48,11 @@ ZeroOptions zero_options(const Config& c) {
   o.compute_dtype = c.bf16.enabled ? at::kBFloat16 : c.fp16.enabled ? at::kHalf : at::kFloat;
   o.optimizer = c.optimizer->type;
   o.hyper = c.optimizer->params;
+  const auto& z = c.zero_optimization;
+  o.persistence_threshold = z.stage3_param_persistence_threshold;
+  o.partitioned.prefetch_numel = z.stage3_prefetch_bucket_size;
+  o.partitioned.max_live_numel = z.stage3_max_live_parameters;
+  o.partitioned.max_reuse_distance = z.stage3_max_reuse_distance;
   return o;
 }
 }  // namespace
@@ -66,6 +71,7 @@ UnitScope::~UnitScope() {
 
 void watch_unit_output(UnitTracker& tracker, int unit, const at::Tensor& output) {
   if (!output.requires_grad()) return;
+  tracker.output_watched(unit);
   UnitTracker* t = &tracker;
   output.register_hook([t, unit](const at::Tensor& grad) {
     t->output_gradient(unit);
@@ -161,6 +167,13 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   t.reduce_s = since(wait_start);
   progress_->add_times(t);
   last_step_end_ = Clock::now();
+  PartitionedParameters* partitioned = zero_->partitioned();
+  if (partitioned && !partitioned->partitioned_mode() && !warned_no_units_ && parallel_.rank() == 0) {
+    std::printf("[tessera] ZeRO-3: the model reported none of its units (Engine::unit in C++; the Python "
+                "binding's module hooks), so its parameters stay whole on every rank\n");
+    std::fflush(stdout);
+  }
+  warned_no_units_ = true;
 }
 
 const StepTimes& Engine::wall_clock_breakdown() const { return progress_->totals(); }
@@ -271,6 +284,31 @@ double Engine::last_loss() const { return last_loss_.defined() ? last_loss_.item
 void Engine::zero_grad() { zero_->zero_grad(); }
 
 void Engine::wait_for_parameters() { zero_->wait_for_parameters(); }
+
+void Engine::gather_all_parameters() {
+  zero_->wait_for_parameters();
+  if (PartitionedParameters* p = zero_->partitioned()) p->gather_all();
+}
+
+void Engine::release_all_parameters() {
+  if (PartitionedParameters* p = zero_->partitioned()) p->release_all();
+}
+
+void Engine::write_back_parameters(int root) { zero_->write_back_parameters(root); }
+
+void Engine::fetch_parameter(const at::Tensor& param) {
+  if (PartitionedParameters* p = zero_->partitioned()) p->fetch(param);
+}
+
+void Engine::end_of_forward() {
+  if (PartitionedParameters* p = zero_->partitioned()) p->end_of_forward();
+}
+
+Engine::GatheredScope::GatheredScope(Engine* engine) : engine_(engine) { engine_->gather_all_parameters(); }
+
+Engine::GatheredScope::~GatheredScope() {
+  if (engine_) engine_->release_all_parameters();
+}
 
 bool Engine::parameters_in_flight() const { return zero_->parameters_in_flight(); }
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "csrc/heap_trim.h"
@@ -90,6 +91,33 @@ class Engine {
   void wait_for_parameters();
   bool parameters_in_flight() const;
 
+  // ZeRO-3: a partitioned parameter holds data only while its unit runs. To read them elsewhere
+  // (evaluation without units, saving, comparing), gather every one for a while (DeepSpeed's
+  // zero.GatheredParameters over all of them); scopes nest. At other stages this does nothing.
+  //   { auto whole = engine.gathered_parameters(); ... read model parameters ... }
+  class GatheredScope {
+   public:
+    explicit GatheredScope(Engine* engine);
+    ~GatheredScope();
+    GatheredScope(GatheredScope&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+    GatheredScope(const GatheredScope&) = delete;
+    GatheredScope& operator=(const GatheredScope&) = delete;
+    GatheredScope& operator=(GatheredScope&&) = delete;
+
+   private:
+    Engine* engine_;
+  };
+  GatheredScope gathered_parameters() { return GatheredScope(this); }
+  void gather_all_parameters();   // what the scope does; pair each with release_all_parameters()
+  void release_all_parameters();
+  // After the model's parameters were modified on data-parallel rank `root` (inside
+  // gathered_parameters() at ZeRO-3): every rank's buffers, shards and master copy take its values.
+  void write_back_parameters(int root);
+  // ZeRO-3: a partitioned parameter read outside the units that list it (zero/partitioned_parameters.h).
+  void fetch_parameter(const at::Tensor& param);
+  // ZeRO-3: the model's forward ended (the Python binding calls it); without grad, nothing stays gathered.
+  void end_of_forward();
+
   // The model's units (zero/model.h): a C++ model enters each unit's scope in its forward.
   UnitScope unit(int index) { return UnitScope(&units_, index); }
   UnitTracker& units() { return units_; }
@@ -132,6 +160,7 @@ class Engine {
   at::Tensor last_loss_;          // the last micro-batch's loss, on its device
   at::Tensor interval_loss_sum_;  // losses since the last progress line, on the data group's device
   int64_t interval_losses_ = 0;
+  bool warned_no_units_ = false;
   std::chrono::steady_clock::time_point last_step_end_;
 };
 

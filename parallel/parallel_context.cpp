@@ -10,7 +10,7 @@ std::unique_ptr<ParallelContext> ParallelContext::from_environment(const Paralle
   return std::make_unique<ParallelContext>(rendezvous_info_from_environment(), options);
 }
 
-ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptions& options) : info_(info) {
+ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptions& options) : info_(info), options_(options) {
   std::string error;
   auto grid = make_grid_shape(info.world_size, options.tensor, options.pipe, &error);
   if (!grid) throw std::invalid_argument("tessera: " + error);
@@ -33,6 +33,11 @@ ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptio
 }
 
 ParallelContext::~ParallelContext() = default;
+
+Communicator& ParallelContext::data_parameters() {
+  if (!data_parameters_) data_parameters_ = make_group("data_parameters", grid_.group_of(Axis::Data, info_.rank), options_);
+  return *data_parameters_;
+}
 
 std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& name, std::vector<int> ranks,
                                                           const ParallelOptions& options) {

@@ -41,6 +41,9 @@ class ParallelContext {
 
   Communicator& world() { return *world_; }
   Communicator& data() { return *data_; }
+  // A second group over the data axis, made on first use (every rank of the data group must ask
+  // for it together): ZeRO-3's parameter gathers run there, never queued behind gradient reductions.
+  Communicator& data_parameters();
   Communicator& tensor() { return *tensor_; }
   Communicator& pipe() { return *pipe_; }
   Communicator& model() { return *model_; }  // tensor × pipe: one model replica
@@ -55,7 +58,8 @@ class ParallelContext {
   GridShape grid_;
   BackendKind backend_ = BackendKind::Gloo;
   c10::intrusive_ptr<c10d::Store> store_;
-  std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_;
+  ParallelOptions options_;
+  std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_, data_parameters_;
 };
 
 }  // namespace tessera

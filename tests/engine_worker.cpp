@@ -25,6 +25,11 @@
 //   --comm-dtype D       communication_data_type D (fp32, bf16, fp16): gradients reduced in D; with
 //                        bf16/fp16 the low-precision tolerances apply.
 //   --grad-accum D       data_types.grad_accum_dtype D (fp32, bf16; bf16 with --dtype bf16, stages 0-1).
+//   --persist N, --reuse N, --prefetch N   ZeRO-3's stage3_param_persistence_threshold (default 0:
+//                        every parameter partitioned), stage3_max_reuse_distance (0) and
+//                        stage3_prefetch_bucket_size (800: about one unit of the MLP). With --units at stage 3 the worker checks
+//                        that nothing stays gathered after a step and that the most gathered at
+//                        once is below the whole model.
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
 //                        (Engine::unit) in its forward; the last micro-step's unit events must be
 //                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step.
@@ -86,6 +91,8 @@ struct Args {
   std::string comm_dtype;  // empty: the key is left out
   std::string grad_accum = "fp32";
   int layers = 0;
+  // Stage 3: stage3_param_persistence_threshold, stage3_max_reuse_distance, stage3_prefetch_bucket_size.
+  int64_t persist = 0, reuse = 0, prefetch = 800;
 };
 
 // A two-layer MLP with a bias-free third layer: parameters of several shapes and sizes. With
@@ -175,13 +182,14 @@ std::string config_text(const Args& a) {
                     "fp16": {"enabled": %s, "initial_scale_power": 8, "hysteresis": 1},
                     "zero_optimization": {"stage": %d, "reduce_bucket_size": %d, "allgather_bucket_size": %d,
                                           "ignore_unused_parameters": %s, "overlap_comm": %s,
-                                          "reduce_scatter": %s}%s})",
+                                          "reduce_scatter": %s, "stage3_param_persistence_threshold": %lld,
+                                          "stage3_max_reuse_distance": %lld, "stage3_prefetch_bucket_size": %lld}%s})",
                 a.mb, a.gas, opt.c_str(),
                 a.comm_dtype.empty() ? "" : ("\"communication_data_type\": \"" + a.comm_dtype + "\", ").c_str(),
                 a.grad_accum.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
                 a.dtype == "fp16" ? "true" : "false", a.stage, a.bucket, a.bucket,
                 a.strict_unused ? "false" : "true", a.units ? "true" : "false", a.allreduce ? "false" : "true",
-                scheduler);
+                (long long)a.persist, (long long)a.reuse, (long long)a.prefetch, scheduler);
   return buf;
 }
 
@@ -352,8 +360,12 @@ int run(const Args& a) {
         break;
       }
       engine.step();
-      if (a.units && micro == a.gas - 1 && a.stage > 0 && dp > 1 && !engine.parameters_in_flight())
+      if (a.units && micro == a.gas - 1 && a.stage > 0 && a.stage < 3 && dp > 1 && !engine.parameters_in_flight())
         throw std::runtime_error("overlap_comm with units: the allgather was not left to the next forward");
+      // ZeRO-3: between steps no unit's parameters are gathered (each was released after use).
+      if (a.units && a.stage == 3 && engine.memory().gathered_parameters != 0)
+        throw std::runtime_error("ZeRO-3: " + std::to_string(engine.memory().gathered_parameters) +
+                                 " bytes of gathered parameters are still held after the step");
     }
     const bool skip = step == a.inject_inf_step || interrupted;
     if (step == a.throw_at_step) {
@@ -374,8 +386,22 @@ int run(const Args& a) {
     }
   }
 
-  if (a.units) check_unit_events(engine, int64_t(a.steps) * a.gas, rank);
+  // (A parameter one rank skips ends that rank's head unit late; a thrown backward skips units.)
+  if (a.units && !a.unused_off_rank0 && a.throw_at_step < 0) check_unit_events(engine, int64_t(a.steps) * a.gas, rank);
+  if (a.units && a.stage == 3 && a.reuse == 0 && !a.unused_off_rank0) {
+    // The most held at once is below the whole model: the units came and went. (Not when units
+    // are kept for reuse, nor when a parameter one rank skips keeps its unit to the backward's end.)
+    const MemoryReport m = engine.memory();
+    int64_t model_bytes = 0;
+    for (const auto& p : model.params) model_bytes += p.numel() * p.element_size();
+    if (rank == 0)
+      std::printf("zero-3: gathered peak %lld bytes, model %lld bytes, parameters held %lld bytes\n",
+                  (long long)m.gathered_parameters_peak, (long long)model_bytes, (long long)m.parameters);
+    if (m.gathered_parameters_peak <= 0 || m.gathered_parameters_peak >= model_bytes)
+      throw std::runtime_error("ZeRO-3: the gathered peak is not below the whole model");
+  }
   engine.wait_for_parameters();  // read below outside a forward
+  auto whole = engine.gathered_parameters();  // ZeRO-3: every parameter gathered while reading them
 
   // The model's tensors are in the compute dtype: compare them with the reference rounded to it.
   // In bf16/fp16 one rounding step (an ulp, 0.004 near 1 in bf16) is as large as an update, so the
@@ -558,6 +584,9 @@ int main(int argc, char** argv) {
     else if (k == "--comm-dtype") a.comm_dtype = next();
     else if (k == "--grad-accum") a.grad_accum = next();
     else if (k == "--layers") a.layers = std::stoi(next());
+    else if (k == "--persist") a.persist = std::stoll(next());
+    else if (k == "--reuse") a.reuse = std::stoll(next());
+    else if (k == "--prefetch") a.prefetch = std::stoll(next());
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;
     else if (k == "--strict-unused") a.strict_unused = true;

@@ -328,23 +328,25 @@ TEST_CASE("engine support: configs the engine refuses are errors naming each key
   auto zero3 = issues_of("zero3_offload_cpu.json");
   INFO(all_lines(zero3));
   CHECK(zero3.size() == 3);
-  for (const char* path : {"zero_optimization.stage", "zero_optimization.offload_optimizer.device",
-                           "zero_optimization.offload_param.device"}) {
+  for (const char* path : {"zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device"}) {
     const ConfigIssue* i = find_issue(zero3, path);
     REQUIRE(i);
     CHECK(i->severity == ConfigIssue::Severity::Error);
     CHECK(contains(i->message, "not implemented yet"));
   }
-  // The stage 3 keys come with the stage 3 error instead of as warnings of their own.
-  CHECK(contains(find_issue(zero3, "zero_optimization.stage")->message,
-                 "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+  // Stage 3 itself runs; saving 16-bit weights with a checkpoint does not exist yet.
+  CHECK(find_issue(zero3, "zero_optimization.stage") == nullptr);
+  REQUIRE(find_issue(zero3, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+  CHECK(find_issue(zero3, "zero_optimization.stage3_gather_16bit_weights_on_model_save")->severity ==
+        ConfigIssue::Severity::Warning);
   CHECK(contains(find_issue(zero3, "zero_optimization.offload_param.device")->message,
                  "zero_optimization.offload_param.pin_memory"));
 
   auto infinity = issues_of("zero3_nvme_infinity.json");
   INFO(all_lines(infinity));
-  CHECK(infinity.size() == 3);
-  CHECK(contains(find_issue(infinity, "zero_optimization.stage")->message, "zero_optimization.sub_group_size"));
+  CHECK(infinity.size() == 2);
+  CHECK(contains(find_issue(infinity, "zero_optimization.offload_optimizer.device")->message,
+                 "zero_optimization.sub_group_size"));
 
   auto tp_pp = issues_of("tp2_pp2_zero1.json");
   INFO(all_lines(tp_pp));
@@ -375,8 +377,8 @@ TEST_CASE("engine support: every other shipped config runs without a word") {
     auto issues = engine_support_issues(c.config);
     INFO(all_lines(issues));
     if (refused.count(name)) {
-      CHECK_FALSE(issues.empty());
-      for (const auto& i : issues) CHECK(i.severity == ConfigIssue::Severity::Error);
+      CHECK(std::any_of(issues.begin(), issues.end(),
+                        [](const ConfigIssue& i) { return i.severity == ConfigIssue::Severity::Error; }));
     } else {
       CHECK(issues.empty());
       ++runnable;
@@ -389,7 +391,7 @@ TEST_CASE("engine support: a key the engine does not read is named unless it kee
   Checked c = check(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"torch_adam": true}},
     "zero_optimization": {"stage": 2, "contiguous_gradients": false, "reduce_scatter": false,
                           "allgather_partitions": false, "round_robin_gradients": true,
-                          "load_from_fp32_weights": false, "stage3_max_live_parameters": 1e8,
+                          "load_from_fp32_weights": false, "stage3_model_persistence_threshold": 1e8,
                           "offload_optimizer": {"pin_memory": true}},
     "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 4},
     "checkpoint": {"tag_validation": "Fail", "parallel_write": {"pipeline_stage": true}},
@@ -400,7 +402,7 @@ TEST_CASE("engine support: a key the engine does not read is named unless it kee
   INFO(all_lines(issues));
   const char* expected[] = {"optimizer.params.torch_adam",
                             "zero_optimization.load_from_fp32_weights",
-                            "zero_optimization.stage3_max_live_parameters",
+                            "zero_optimization.stage3_model_persistence_threshold",
                             "zero_optimization.offload_optimizer.pin_memory",
                             "activation_checkpointing.partition_activations",
                             "activation_checkpointing.number_checkpoints",
@@ -496,9 +498,9 @@ TEST_CASE("tessera config check names the keys the engine does not act on yet") 
                                         TESSERA_SOURCE_DIR "/configs/zero3_offload_cpu.json", "--world-size", "8"});
   INFO(refused.output);
   CHECK(refused.status == 1);
-  CHECK(contains(refused.output, "error: zero_optimization.stage: not implemented yet: found 3;"));
+  CHECK_FALSE(contains(refused.output, "zero_optimization.stage:"));  // stage 3 runs
   CHECK(contains(refused.output, "error: zero_optimization.offload_param.device: not implemented yet"));
-  CHECK(contains(refused.output, "zero3_offload_cpu.json: 3 errors"));
+  CHECK(contains(refused.output, "zero3_offload_cpu.json: 2 errors"));
 
   TempDir dir;
   std::string warned = dir.file("warned.json");

@@ -5,9 +5,16 @@
 
 namespace tessera {
 
-FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int partitions, int64_t bucket_numel) {
+FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int partitions, int64_t bucket_numel,
+                             const std::vector<int>& keys) {
   if (partitions < 1) throw std::invalid_argument("FlatLayout: partitions must be >= 1");
   if (bucket_numel < 1) throw std::invalid_argument("FlatLayout: bucket size must be >= 1");
+  if (!keys.empty() && keys.size() != numels.size()) throw std::invalid_argument("FlatLayout: one key per parameter");
+  // Placement order: reverse registration order, grouped by key (highest first) when keyed.
+  std::vector<int> order(numels.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(order.size() - 1 - i);
+  auto key_of = [&](int i) { return keys.empty() ? 0 : keys[i]; };
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key_of(a) > key_of(b); });
   FlatLayout layout;
   layout.partitions = partitions;
   layout.params.resize(numels.size());
@@ -20,12 +27,12 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int partitions,
     layout.buckets.push_back(b);
   };
   FlatBucket current;
-  for (int i = static_cast<int>(numels.size()) - 1; i >= 0; --i) {
-    if (!current.params.empty() && current.used + numels[i] > bucket_numel) {
+  for (int i : order) {
+    if (!current.params.empty() && (current.used + numels[i] > bucket_numel || current.key != key_of(i))) {
       close_bucket(current);
       current = FlatBucket{};
     }
-    if (current.params.empty()) current.offset = layout.total;
+    if (current.params.empty()) current.offset = layout.total, current.key = key_of(i);
     layout.params[i] = {numels[i], current.offset + current.used, static_cast<int>(layout.buckets.size())};
     current.params.push_back(i);
     current.used += numels[i];

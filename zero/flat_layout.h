@@ -13,6 +13,11 @@
 // master slice, the gradient slice, the optimizer states). Because every bucket splits evenly,
 // each bucket is one native reduce-scatter (and one allgather) — no uneven collectives, and
 // exactly the bytes a ring reduce-scatter moves.
+//
+// With `keys` (ZeRO-3: each parameter's owning unit), a bucket never holds two keys: parameters are
+// placed by key, highest first (the last unit first, as backward reaches them), then in reverse
+// registration order, and a bucket closes when the key changes. A unit's parameters of a group are
+// then whole buckets, gathered and reduced without touching another unit's.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +40,7 @@ struct FlatBucket {
   int64_t shard = 0;         // numel / partitions: each rank's chunk
   int64_t shard_offset = 0;  // where this bucket's chunk starts in a rank's local shard
   std::vector<int> params;   // indices (registration order) of the parameters in this bucket
+  int key = 0;               // the key its parameters share (0 when built without keys)
 };
 
 struct FlatLayout {
@@ -44,7 +50,8 @@ struct FlatLayout {
   std::vector<FlatParam> params;  // in registration order
   std::vector<FlatBucket> buckets;
 
-  static FlatLayout build(const std::vector<int64_t>& numels, int partitions, int64_t bucket_numel);
+  static FlatLayout build(const std::vector<int64_t>& numels, int partitions, int64_t bucket_numel,
+                          const std::vector<int>& keys = {});
 
   int64_t flat_of_local(int rank, int bucket) const {  // flat offset of rank's chunk of a bucket
     return buckets[bucket].offset + rank * buckets[bucket].shard;

@@ -55,6 +55,10 @@ struct MemoryReport {
   int64_t gradients = 0;         // fp32 gradient accumulation (full, or this rank's slice)
   int64_t optimizer_states = 0;  // moments etc., this rank's slice
   int64_t buckets = 0;           // communication staging buffers
+  // Stage 3: the most bytes of gathered parameters held at once so far (units' buffers; transient,
+  // not in total()).
+  int64_t gathered_parameters_peak = 0;
+  int64_t gathered_parameters = 0;  // held now
   int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
 };
 

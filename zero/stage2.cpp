@@ -1,12 +1,14 @@
-// ZeRO stage 2: optimizer states and gradients partitioned (zero/zero_stage.h).
+// ZeRO stage 2: optimizer states and gradients partitioned (zero/zero_stage.h). Stage 3 reduces its
+// gradients the same way; its parameters' gathers are zero/partitioned_parameters.h's.
 #include "zero/zero_stage.h"
 
 namespace tessera {
 
 class Stage2 final : public PartitionedStage {
  public:
-  using PartitionedStage::PartitionedStage;
-  int number() const override { return 2; }
+  Stage2(int number, Communicator& data, at::ScalarType wire, bool reduce_scatter)
+      : PartitionedStage(data, wire, reduce_scatter), number_(number) {}
+  int number() const override { return number_; }
   bool reduces_every_micro_step() const override { return true; }
 
   // A bucket's gradients gather in a staging buffer while the bucket fills.
@@ -43,10 +45,21 @@ class Stage2 final : public PartitionedStage {
     const FlatBucket& b = g.layout.buckets[bucket];
     return g.grads.narrow(0, b.shard_offset, b.shard);
   }
+  // Stage 3: only groups of persistent parameters gather after the step.
+  CommHandle gather_bucket(ZeroGroup& g, int bucket) override {
+    return g.partitioned ? CommHandle() : PartitionedStage::gather_bucket(g, bucket);
+  }
+
+ private:
+  int number_;
 };
 
 std::unique_ptr<ZeroStage> make_stage2(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
-  return std::make_unique<Stage2>(data, wire, reduce_scatter);
+  return std::make_unique<Stage2>(2, data, wire, reduce_scatter);
+}
+
+std::unique_ptr<ZeroStage> make_stage3(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
+  return std::make_unique<Stage2>(3, data, wire, reduce_scatter);
 }
 
 }  // namespace tessera

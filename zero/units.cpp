@@ -55,6 +55,7 @@ UnitTracker::UnitTracker(const ModelDescription& model, const std::unordered_map
   backward_start_.resize(n);
   stats_.assign(n, UnitStats{});
   began_.assign(n, 0);
+  watched_.assign(n, 0);
 }
 
 void UnitTracker::remove_listener(UnitListener* listener) {
@@ -81,6 +82,7 @@ void UnitTracker::forward_begin(int u) {
   check(u, "forward begin");
   forward_open_[u] = 1;
   began_[u] = 1;
+  watched_[u] = 0;
   forward_start_[u] = Clock::now();
   emit(u, UnitEvent::ForwardBegin);
 }

@@ -62,6 +62,9 @@ class UnitTracker {
   void forward_begin(int u);
   void forward_end(int u);
   void output_gradient(int u);     // a gradient reached u's output: its backward begins
+  // The model handed over u's output in this forward (a hook will report its backward's begin).
+  void output_watched(int u) { check(u, "output"); watched_[u] = 1; }
+  bool is_output_watched(int u) const { return watched_.at(u) != 0; }
   void parameter_gradient(int u);  // a parameter u owns got its gradient
   void end_backward();             // closes the units still open (parameters without gradients)
   void abort_backward();           // a backward that threw: forgets the open units, emits nothing
@@ -89,6 +92,7 @@ class UnitTracker {
   std::vector<UnitInfo> units_;
   std::vector<std::vector<const void*>> uses_;
   std::vector<char> began_;  // per unit: a forward began since the last backward ended
+  std::vector<char> watched_;  // per unit: its output was handed over in its last forward
   bool reports_units_ = false;
   std::unordered_map<const void*, int> owner_;  // TensorImpl* -> unit
   std::vector<int> owned_params_, remaining_;

@@ -20,10 +20,13 @@ struct ZeroGroup {
   std::vector<std::string> names;  // for error messages
   std::vector<int> unit_of;        // per parameter: the unit that owns it (zero/units.h), -1 if none
   bool tensor_sharded = false;     // its parameters are tensor-parallel slices (zero/model.h)
-  at::Tensor compute;              // flat, compute dtype: what the model reads
+  bool partitioned = false;        // stage 3: `compute` is this rank's shard; the model's tensors
+                                   // are views into per-bucket buffers gathered around each use
+  at::Tensor compute;              // flat, compute dtype: what the model reads (or the shard)
   at::Tensor master;               // fp32 local shard (mixed precision only)
-  at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stage 2)
-  std::vector<at::Tensor> staging; // stage 2: a bucket's gradients while it fills
+  at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stages 2–3)
+  std::vector<at::Tensor> staging; // stages 2–3: a bucket's gradients while it fills
+  std::vector<at::Tensor> gathered;  // stage 3, per bucket: its whole buffer (storage only while gathered)
   std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
   std::vector<bool> arrived;       // per parameter: its gradient arrived this micro-step
   std::vector<ShardSegment> segments;  // this rank's chunks as views: built once, buffers never move

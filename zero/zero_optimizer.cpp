@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
@@ -34,22 +35,28 @@ class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
 };
 
 // The engine's groups: each of the model's groups, split in two when it mixes tensor-sharded and
-// replicated parameters (the norm reduces them over different groups, so a bucket holds one kind).
+// replicated parameters (the norm reduces them over different groups, so a bucket holds one kind),
+// and at stage 3 again when it mixes partitioned and persistent ones (persistent: fewer elements
+// than the threshold, or listed by no unit, so no unit event would gather them).
 struct GroupSpec {
   const ParamGroup* source;
   std::vector<int> members;  // indices into source->params
   bool tensor_sharded;
+  bool partitioned;
 };
 
-std::vector<GroupSpec> split_groups(const ModelDescription& model) {
+std::vector<GroupSpec> split_groups(const ModelDescription& model, const std::function<bool(const at::Tensor&)>& partition) {
   std::vector<GroupSpec> out;
   for (const ParamGroup& g : model.groups)
-    for (bool sharded : {false, true}) {
-      GroupSpec s{&g, {}, sharded};
-      for (size_t i = 0; i < g.params.size(); ++i)
-        if ((i < g.tensor_sharded.size() && g.tensor_sharded[i]) == sharded) s.members.push_back(static_cast<int>(i));
-      if (!s.members.empty()) out.push_back(std::move(s));
-    }
+    for (bool sharded : {false, true})
+      for (bool partitioned : {true, false}) {
+        GroupSpec s{&g, {}, sharded, partitioned};
+        for (size_t i = 0; i < g.params.size(); ++i)
+          if ((i < g.tensor_sharded.size() && g.tensor_sharded[i]) == sharded &&
+              (partition && g.params[i].defined() && partition(g.params[i])) == partitioned)
+            s.members.push_back(static_cast<int>(i));
+        if (!s.members.empty()) out.push_back(std::move(s));
+      }
   return out;
 }
 
@@ -69,7 +76,10 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       units_(units),
       ignore_unused_parameters_(options.ignore_unused_parameters) {
   // Check the tensors, then plan every buffer from their sizes alone.
-  const std::vector<GroupSpec> specs = split_groups(model);
+  std::function<bool(const at::Tensor&)> partition;
+  if (options.stage == 3)
+    partition = [&](const at::Tensor& p) { return p.numel() >= options.persistence_threshold && units && units->owner_of(p) >= 0; };
+  const std::vector<GroupSpec> specs = split_groups(model, partition);
   std::set<const void*> seen;
   BufferPlanInput input;
   input.stage = options.stage;
@@ -84,6 +94,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const ParamGroup& spec = *specs[gi].source;
     std::vector<int64_t> numels;
+    std::vector<int> keys;
     for (int i : specs[gi].members) {
       const at::Tensor& p = spec.params[i];
       names[gi].push_back(param_name(spec, i));
@@ -97,8 +108,11 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       if (!seen.insert(p.unsafeGetTensorImpl()).second)
         throw std::invalid_argument("tessera: a parameter appears twice in the model description (" + name + ")");
       numels.push_back(p.numel());
+      if (specs[gi].partitioned) keys.push_back(units->owner_of(p));
     }
     input.group_numels.push_back(std::move(numels));
+    input.group_keys.push_back(std::move(keys));
+    input.group_partitioned.push_back(specs[gi].partitioned);
   }
   if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
   plan_ = plan_buffers(input);
@@ -117,18 +131,26 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->layout = planned.layout;
     g->names = std::move(names[gi]);
     g->tensor_sharded = spec.tensor_sharded;
+    g->partitioned = planned.partitioned;
     const FlatLayout& L = g->layout;
     g->compute = at::empty({planned.compute_numel}, f32.dtype(options.compute_dtype));
+    if (g->partitioned)  // stage 3: each bucket's whole buffer, gathered around its unit's use
+      for (const FlatBucket& k : L.buckets) g->gathered.push_back(at::empty({k.numel}, f32.dtype(options.compute_dtype)));
     if (planned.master_numel) g->master = at::empty({planned.master_numel}, f32);
     std::vector<at::Tensor> params;
     for (int i : spec.members) params.push_back(spec.source->params[i]);
     fill_from_model(*g, params, rank);
 
-    // The model's tensors become views into the compute buffer (same objects, new storage).
+    // The model's tensors become views into the compute buffer (same objects, new storage), or at
+    // stage 3 into their bucket's gathered buffer.
     const int group_index = static_cast<int>(groups_.size());
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor p = params[i];
-      p.set_data(g->compute.narrow(0, L.params[i].offset, L.params[i].numel).view(p.sizes()));
+      const FlatParam& fp = L.params[i];
+      const FlatBucket& k = L.buckets[fp.bucket];
+      at::Tensor flat = g->partitioned ? g->gathered[fp.bucket].narrow(0, fp.offset - k.offset, fp.numel)
+                                       : g->compute.narrow(0, fp.offset, fp.numel);
+      p.set_data(flat.view(p.sizes()));
       torch::autograd::impl::set_post_acc_grad_hooks(
           p, std::make_unique<GradReadyHook>(this, group_index, static_cast<int>(i)));
       g->params.push_back(p);
@@ -144,7 +166,8 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       launch_order_.emplace_back(group_index, static_cast<int>(b));
       // This rank's chunk of the bucket, as views: built once, the buffers never move.
       ShardSegment s;
-      const int64_t flat = L.flat_of_local(rank, static_cast<int>(b));
+      // The compute copy of this rank's chunk: in the whole buffer, or (stage 3) the shard itself.
+      const int64_t flat = g->partitioned ? k.shard_offset : L.flat_of_local(rank, static_cast<int>(b));
       s.grads = stage_->gradient_chunk(*g, static_cast<int>(b));
       s.params = g->mixed() ? g->master.narrow(0, k.shard_offset, k.shard) : g->compute.narrow(0, flat, k.shard);
       s.local_offset = k.shard_offset;
@@ -196,6 +219,24 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     for (int b = static_cast<int>(groups_[gi]->layout.buckets.size()) - 1; b >= 0; --b)
       if (ordered.insert({static_cast<int>(gi), b}).second) gather_order_.emplace_back(static_cast<int>(gi), b);
+
+  if (options.stage == 3) {
+    // Reductions unit by unit as backward finishes them (the last unit first), across groups; the
+    // persistent groups' buckets (no unit key) after them.
+    auto key = [&](const std::pair<int, int>& gb) {
+      const ZeroGroup& g = *groups_[gb.first];
+      return g.partitioned ? g.layout.buckets[gb.second].key : -1;
+    };
+    std::stable_sort(launch_order_.begin(), launch_order_.end(), [&](const auto& a, const auto& b) { return key(a) > key(b); });
+    grad_parts_.clear();
+    for (const auto& [gi, b] : launch_order_) {
+      const ZeroGroup& g = *groups_[gi];
+      grad_parts_.push_back({g.segments[b].grads, stage_->gradients_data_sharded(), g.tensor_sharded, {}});
+    }
+    std::vector<ZeroGroup*> all;
+    for (auto& g : groups_) all.push_back(g.get());
+    if (units_) partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned);
+  }
 }
 
 // Fills the compute buffer and the fp32 master shard from the model's tensors AS DATA-PARALLEL
@@ -208,7 +249,10 @@ void ZeroOptimizer::fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>&
   constexpr int64_t kPiece = int64_t(1) << 24;
   const FlatLayout& L = g.layout;
   const bool broadcast = data_.size() > 1;
-  for (const FlatBucket& k : L.buckets) {
+  for (size_t b = 0; b < L.buckets.size(); ++b) {
+    const FlatBucket& k = L.buckets[b];
+    // The whole bucket: in the compute buffer, or (stage 3) its gathered buffer.
+    at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
     for (int64_t begin = 0; begin < k.numel; begin += kPiece) {
       const int64_t end = std::min(k.numel, begin + kPiece);  // [begin, end) of the bucket
       at::Tensor values = at::zeros({end - begin}, data_.options(at::kFloat));  // padding stays 0
@@ -219,12 +263,15 @@ void ZeroOptimizer::fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>&
         values.narrow(0, lo - begin, hi - lo).copy_(params[p].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
       }
       if (broadcast) data_.broadcast(values, 0);
-      g.compute.narrow(0, k.offset + begin, end - begin).copy_(values);
-      if (!g.mixed()) continue;
-      // This rank's chunk of the bucket is [rank·shard, (rank+1)·shard): its part inside this piece.
+      whole.narrow(0, begin, end - begin).copy_(values);
+      if (!g.mixed() && !g.partitioned) continue;
+      // This rank's chunk of the bucket is [rank·shard, (rank+1)·shard): its part inside this piece
+      // goes to the master shard and (stage 3) the compute shard.
       const int64_t lo = std::max(begin, rank * k.shard), hi = std::min(end, (rank + 1) * k.shard);
-      if (lo < hi)
-        g.master.narrow(0, k.shard_offset + lo - rank * k.shard, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+      if (lo >= hi) continue;
+      const int64_t local = k.shard_offset + lo - rank * k.shard;
+      if (g.mixed()) g.master.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+      if (g.partitioned) g.compute.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
     }
   }
 }
@@ -323,6 +370,7 @@ void ZeroOptimizer::end_backward() {
 
 void ZeroOptimizer::abort_backward() {
   reset_bucket_counters();
+  if (partitioned_) partitioned_->abort_backward();
   if (units_) units_->abort_backward();
   try {
     reductions_.wait_all();  // the reductions this rank launched (its peers launched them too when all were interrupted)
@@ -349,14 +397,18 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   // nothing, steps whole (this also writes the compute copy of this rank's chunks).
   for (auto& g : groups_)
     if (!stage_->gathers() || !g->optimizer->elementwise()) g->optimizer->step(in[g->index], g->segments);
-  if (!stage_->gathers()) return;
+  if (!stage_->gathers()) {
+    if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
+    return;
+  }
   // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
   // on the backend's thread while the optimizer updates the next one.
   for (const auto& [group, bucket] : gather_order_) {
     ZeroGroup& g = *groups_[group];
     if (g.optimizer->elementwise()) g.optimizer->step(in[group], {g.segments[bucket]});
-    launch_gather(g, bucket);
+    if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
   }
+  if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
 }
 
 void ZeroOptimizer::launch_gather(ZeroGroup& g, int bucket) {
@@ -390,6 +442,24 @@ void ZeroOptimizer::on_unit_event(int unit, UnitEvent event) {
     while (gathering_[group][bucket]) wait_oldest_gather();
 }
 
+void ZeroOptimizer::write_back_parameters(int root) {
+  wait_for_parameters();
+  const int rank = stage_->shard_rank();
+  for (auto& gp : groups_) {
+    ZeroGroup& g = *gp;
+    for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+      const FlatBucket& k = g.layout.buckets[b];
+      at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
+      if (!whole.storage().data_ptr().get())
+        throw std::logic_error("tessera: write_back_parameters needs every parameter gathered (Engine::gathered_parameters)");
+      if (data_.size() > 1) data_.broadcast(whole, root);
+      at::Tensor mine = whole.narrow(0, rank * k.shard, k.shard);
+      if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).copy_(mine);
+      if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).copy_(mine);
+    }
+  }
+}
+
 void ZeroOptimizer::zero_grad() {
   for (auto& g : groups_) g->grads.zero_();
 }
@@ -401,6 +471,11 @@ MemoryReport ZeroOptimizer::memory() const {
     if (g->mixed()) m.master_parameters += g->master.nbytes();
     m.gradients += g->grads.nbytes();
     m.optimizer_states += g->optimizer->state_bytes();
+  }
+  if (partitioned_ && !groups_.empty()) {
+    const int64_t element = groups_.front()->compute.element_size();
+    m.gathered_parameters_peak = partitioned_->peak_live_numel() * element;
+    m.gathered_parameters = partitioned_->live_numel() * element;
   }
   m.buckets = reductions_.staging_bytes();
   return m;

@@ -1,5 +1,6 @@
 // ZeroOptimizer: the engine's flat buffers and what happens to gradients and parameters in one
-// step, for ZeRO stages 0, 1 and 2 (Rajbhandari et al. 2020). The sizes come from the buffer
+// step, for ZeRO stages 0–3 (Rajbhandari et al. 2020); stage 3's gathers around each unit are
+// PartitionedParameters' (zero/partitioned_parameters.h). The sizes come from the buffer
 // planner (zero/buffer_plan.h, docs/zero.md); what differs by stage is a strategy
 // (zero/zero_stage.h); this class does what is common to them:
 //
@@ -27,6 +28,7 @@
 #include "optim/options.h"
 #include "zero/buffer_plan.h"
 #include "zero/model.h"
+#include "zero/partitioned_parameters.h"
 #include "zero/reductions.h"
 #include "zero/units.h"
 #include "zero/zero_group.h"
@@ -55,6 +57,10 @@ struct ZeroOptions {
   at::ScalarType compute_dtype = at::kFloat;
   std::string optimizer = "Adam";  // Adam, AdamW, SGD, Lamb
   OptimizerHyperparams hyper;
+  // Stage 3: parameters of fewer elements than this stay whole on every rank
+  // (stage3_param_persistence_threshold), and the gathers' bounds (zero/partitioned_parameters.h).
+  int64_t persistence_threshold = 100'000;
+  PartitionedOptions partitioned;
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
@@ -104,6 +110,12 @@ class ZeroOptimizer final : public UnitListener {
   void on_unit_event(int unit, UnitEvent event) override;
   void zero_grad();
   MemoryReport memory() const;
+  // The model's tensors were modified on data-parallel rank `root` (DeepSpeed's GatheredParameters
+  // with modifier_rank; at stage 3 inside a gather of every slot): every rank takes root's values
+  // into its buffers, shards and fp32 master copy, so the optimizer continues from them.
+  void write_back_parameters(int root);
+  // Stage 3 (null otherwise): the partitioned parameters' gathers.
+  PartitionedParameters* partitioned() { return partitioned_.get(); }
 
   // Called by the gradient hooks.
   void on_grad_ready(int group, int param, const at::Tensor& grad);
@@ -142,6 +154,7 @@ class ZeroOptimizer final : public UnitListener {
   // one rank skips cannot reorder the collectives across ranks.
   std::vector<std::pair<int, int>> launch_order_;  // (group, bucket)
   size_t next_launch_ = 0;
+  std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
 };
 
 }  // namespace tessera

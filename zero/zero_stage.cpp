@@ -8,15 +8,16 @@ namespace tessera {
 std::unique_ptr<ZeroStage> make_stage0(Communicator& data, at::ScalarType wire);
 std::unique_ptr<ZeroStage> make_stage1(Communicator& data, at::ScalarType wire, bool reduce_scatter);
 std::unique_ptr<ZeroStage> make_stage2(Communicator& data, at::ScalarType wire, bool reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage3(Communicator& data, at::ScalarType wire, bool reduce_scatter);
 
 std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, at::ScalarType wire, bool reduce_scatter) {
   switch (stage) {
     case 0: return make_stage0(data, wire);
     case 1: return make_stage1(data, wire, reduce_scatter);
     case 2: return make_stage2(data, wire, reduce_scatter);
+    case 3: return make_stage3(data, wire, reduce_scatter);
   }
-  throw std::invalid_argument("tessera: zero_optimization.stage " + std::to_string(stage) +
-                              " is not implemented yet (stages 0, 1, 2 are)");
+  throw std::invalid_argument("tessera: zero_optimization.stage " + std::to_string(stage) + " does not exist (0, 1, 2, 3)");
 }
 
 void ZeroStage::add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor& flat_grad) {

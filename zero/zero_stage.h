@@ -7,6 +7,10 @@
 //   stage 2 (zero/stage2.cpp)  every micro-step: a bucket's gradients fill a staging buffer that is
 //                              reduce-scattered and added into this rank's fp32 gradient shard;
 //                              the full gradient never exists on a rank; allgather after
+//   stage 3 (zero/stage2.cpp)  gradients as stage 2; the parameters are partitioned too: only
+//                              groups of persistent (small) parameters gather after the step,
+//                              the others per unit around its forward and backward
+//                              (zero/partitioned_parameters.h)
 //
 // ZeroOptimizer (zero/zero_optimizer.h) does what is common: buffers, hooks, the fixed launch
 // order, the optimizer on the shard. A strategy is called with the group and bucket to act on.

@@ -39,7 +39,6 @@ const char* const kOptimizerType = "optimizer.type";
 // Errors first: a warning folds into the error that covers it, so errors are decided first.
 const std::vector<UnimplementedKey> kRows = {
     // ---- errors: ignoring these would change the result
-    {kStage, kError, "[0, 1, 2]", "the engine runs ZeRO stages 0, 1 and 2, not stage 3's partitioned parameters", {}},
     {kOffloadOptimizer, kError, R"(["none"])",
      "the engine keeps the optimizer states on the training device, without CPU or NVMe offload", {}},
     {kOffloadParam, kError, R"(["none"])",
@@ -54,7 +53,10 @@ const std::vector<UnimplementedKey> kRows = {
      "it applies when loading a checkpoint, which the engine does not do yet", {}},
     {"zero_optimization.sub_group_size", kWarning, "", "optimizer sub-groups come with ZeRO stage 3 and offload",
      {kStage, kOffloadOptimizer}},
-    {"zero_optimization.stage3_*", kWarning, "", "it tunes ZeRO stage 3, which the engine does not run", {kStage}},
+    {"zero_optimization.stage3_model_persistence_threshold", kWarning, "",
+     "the engine keeps small parameters whole by stage3_param_persistence_threshold alone, without a total cap", {}},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kWarning, "",
+     "it applies when saving a checkpoint, which the engine does not do yet", {}},
     {"zero_optimization.offload_optimizer.*", kWarning, "", "it tunes optimizer offload, which the engine does not do",
      {kOffloadOptimizer}},
     {"zero_optimization.offload_param.*", kWarning, "", "it tunes parameter offload, which the engine does not do",

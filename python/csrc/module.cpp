@@ -241,13 +241,19 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("outputs"), py::arg("output_grads"))
       // Unit events (zero/units.h), from the module hooks python/tessera/engine.py installs.
-      .def("unit_forward_begin", [](EngineHandle& e, int unit) { e.engine->units().forward_begin(unit); })
-      .def("unit_forward_end", [](EngineHandle& e, int unit) { e.engine->units().forward_end(unit); })
+      // At ZeRO-3 a unit's begin gathers its parameters (and its end may release them): collectives.
+      .def("unit_forward_begin", [](EngineHandle& e, int unit) { blocking([&] { e.engine->units().forward_begin(unit); }); })
+      .def("unit_forward_end", [](EngineHandle& e, int unit) { blocking([&] { e.engine->units().forward_end(unit); }); })
       .def("unit_output", [](EngineHandle& e, int unit, const at::Tensor& output) {
         watch_unit_output(e.engine->units(), unit, output);
       })
       .def("record_unit_trace", [](EngineHandle& e, bool on) { e.engine->units().record_trace(on); })
       .def("wait_for_parameters", [](EngineHandle& e) { blocking([&] { e.engine->wait_for_parameters(); }); })
+      .def("fetch_parameter", [](EngineHandle& e, const at::Tensor& p) { blocking([&] { e.engine->fetch_parameter(p); }); })
+      .def("end_of_forward", [](EngineHandle& e) { blocking([&] { e.engine->end_of_forward(); }); })
+      .def("write_back_parameters", [](EngineHandle& e, int root) { blocking([&] { e.engine->write_back_parameters(root); }); })
+      .def("gather_all_parameters", [](EngineHandle& e) { blocking([&] { e.engine->gather_all_parameters(); }); })
+      .def("release_all_parameters", [](EngineHandle& e) { blocking([&] { e.engine->release_all_parameters(); }); })
       .def_property_readonly("parameters_in_flight", [](const EngineHandle& e) { return e.engine->parameters_in_flight(); })
       .def("unit_trace",
            [](EngineHandle& e) {
@@ -311,6 +317,8 @@ PYBIND11_MODULE(_C, m) {
         d["optimizer_states"] = r.optimizer_states;
         d["buckets"] = r.buckets;
         d["total"] = r.total();
+        d["gathered_parameters"] = r.gathered_parameters;
+        d["gathered_parameters_peak"] = r.gathered_parameters_peak;
         return d;
       });
 

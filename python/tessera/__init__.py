@@ -33,6 +33,7 @@ CommError = _C.CommError
 CommError.__module__ = "tessera"
 
 from . import comm  # noqa: E402
+from . import zero  # noqa: E402
 from .engine import Engine, initialize  # noqa: E402
 
 
@@ -49,5 +50,5 @@ def estimate(**request):
     return json.loads(_C.estimate_json(json.dumps(request)))
 
 
-__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "estimate"]
+__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "estimate"]
 __version__ = "0.1.0"

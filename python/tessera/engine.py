@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import _C, comm
+from . import _C, comm, zero
 from .monitor import JsonlMonitor
 
 __all__ = ["initialize", "Engine"]
@@ -251,6 +251,11 @@ class Engine:
         # Saving the module's state reads every parameter: the allgathers still in flight finish first.
         self._unit_hooks.append(module.register_state_dict_pre_hook(_WaitForParameters(cengine)))
         self.config = json.loads(cengine.config_json())  # the effective config, every default filled in
+        # ZeRO-3: parameters read outside their units are gathered on access (tessera/zero.py).
+        self._zero3 = self.config["zero_optimization"]["stage"] == 3
+        self._fetching = zero._install_fetching(module, cengine) if self._zero3 else []
+        self._partitioned = [p for g in groups for p in g[0]] if self._zero3 else []
+        zero._register(self, self._partitioned)
         self._base_lr = self.config["optimizer"]["params"]["lr"]
         self._group_lrs = [g[1] for g in groups]
         context = cengine.context
@@ -280,6 +285,8 @@ class Engine:
         # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
         for handle in self.__dict__.get("_unit_hooks", ()):
             handle.remove()
+        zero._restore(self.__dict__.get("_fetching", ()))
+        zero._unregister(self.__dict__.get("_partitioned", ()))
 
     # --- the module -------------------------------------------------------------------------------
     @property
@@ -296,7 +303,14 @@ class Engine:
         self._c.wait_for_parameters()
 
     def __call__(self, *args, **kwargs):
-        return self._module(*args, **kwargs)
+        out = self._module(*args, **kwargs)
+        if self._zero3:
+            self._c.end_of_forward()  # without grad (evaluation), nothing it gathered stays
+        return out
+
+    def gathered_parameters(self, modifier_rank=None):
+        """ZeRO-3: a context in which every parameter is whole (tessera.zero.GatheredParameters)."""
+        return zero.GatheredParameters(self._partitioned, modifier_rank=modifier_rank)
 
     forward = __call__
 
@@ -326,6 +340,10 @@ class Engine:
         return self._module.named_parameters(*args, **kwargs)
 
     def state_dict(self, *args, **kwargs):
+        if self._zero3:  # gathered for the copy: the parameters' own storage goes when released
+            with self.gathered_parameters():
+                return {k: v.clone() if isinstance(v, torch.Tensor) else v
+                        for k, v in self._module.state_dict(*args, **kwargs).items()}
         return self._module.state_dict(*args, **kwargs)  # its pre-hook waits for the parameters
 
     # --- units ------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ As a program (under tessera launch or torchrun) it runs the cases of a JSON file
 the results with torch.save:  parity_worker.py CASES.json OUT_FILE
 """
 import json
+import os
 import sys
 
 import torch
@@ -24,7 +25,11 @@ import torch.nn.functional as F
 
 import tessera
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
+from models import Gpt  # noqa: E402
+
 IN, HIDDEN, OUT = 16, 32, 4
+VOCAB, BLOCK = 64, 16  # case["model"] == "gpt": the example GPT (tied LM head), 2 layers of 32
 
 
 class TinyNet(nn.Module):
@@ -47,6 +52,18 @@ class TinyNet(nn.Module):
         return F.mse_loss(self.head(h).float(), y)
 
 
+class TinyGpt(Gpt):
+    """The example GPT, small: its LM head reads the embedding's weight in the root's forward,
+    outside any unit (ZeRO-3 gathers it on access)."""
+
+    def __init__(self, seed):
+        super().__init__(vocab=VOCAB, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32, seed=seed)
+
+
+def make_model(case):
+    return TinyGpt(case["seed"]) if case.get("model") == "gpt" else TinyNet(case["seed"])
+
+
 def groups_of(model, case):
     """Two groups as torch.optim param groups: matrices decay (the config's weight_decay), vectors do
     not and use twice the base learning rate."""
@@ -59,6 +76,9 @@ def groups_of(model, case):
 def global_batch(case, step):
     n = case["micro"] * case["gas"] * case["dp"]
     g = torch.Generator().manual_seed(case["seed"] * 1000 + step)
+    if case.get("model") == "gpt":
+        tokens = torch.randint(0, VOCAB, (n, BLOCK + 1), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
     x = torch.randn(n, IN, generator=g)
     y = 3 * torch.randn(n, OUT, generator=g)  # large targets: gradient norms well above the clip
     return x, y
@@ -74,7 +94,11 @@ def config_of(case):
         "gradient_clipping": case["clip"],
         "bf16": {"enabled": case.get("bf16", False)},
         # Small buckets: several per group, padded to the number of ranks.
-        "zero_optimization": {"stage": case["stage"], "reduce_bucket_size": 300, "allgather_bucket_size": 300},
+        "zero_optimization": {"stage": case["stage"], "reduce_bucket_size": 300, "allgather_bucket_size": 300,
+                              # ZeRO-3: every parameter partitioned, each unit released after use,
+                              # prefetch of about one unit
+                              "stage3_param_persistence_threshold": case.get("persist", 0),
+                              "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1500},
     }
 
 
@@ -83,7 +107,7 @@ def flat(model):
 
 
 def tessera_run(case):
-    model = TinyNet(case["seed"])
+    model = make_model(case)
     engine = tessera.initialize(model=model, config=config_of(case), model_parameters=groups_of(model, case))
     dp, me, micro = engine.dp_world_size, engine.dp_rank, case["micro"]
     assert dp == case["dp"], (dp, case)
@@ -100,14 +124,15 @@ def tessera_run(case):
         t = torch.tensor([total / case["gas"]], dtype=torch.float64)
         losses.append(tessera.comm.all_reduce(t, "avg", "data").item())
         norms.append(engine.get_global_grad_norm())
-        params.append(flat(model))
+        with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
+            params.append(flat(model))
     assert engine.global_steps == case["steps"] and engine.micro_steps == case["steps"] * case["gas"]
     return {"losses": losses, "grad_norms": norms, "params": params, "lr": engine.get_lr(),
             "dtype": str(engine.compute_dtype)}
 
 
 def reference_run(case):
-    model = TinyNet(case["seed"])
+    model = make_model(case)
     groups = groups_of(model, case)
     groups[0]["weight_decay"] = case["weight_decay"]
     for g in groups:

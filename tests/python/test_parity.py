@@ -1,8 +1,9 @@
 """A torch.nn model trained through tessera matches the same model trained with plain PyTorch
 (torch.optim.AdamW, same seed, same data), step for step: on 1 rank (in this process) and on 2 ranks
-(tessera launch, and torchrun), ZeRO stages 0, 1 and 2, with 2 gradient-accumulation steps, gradient
+(tessera launch, and torchrun), ZeRO stages 0, 1, 2 and 3, with 2 gradient-accumulation steps, gradient
 clipping (active at every step) and two param groups (weight decay on matrices only; twice the
-learning rate on vectors).
+learning rate on vectors). ZeRO-3 also trains the example GPT (tied LM head read outside its
+unit) on 2 ranks against the same GPT in plain PyTorch.
 
 Tolerances (fp32), at every step:
   parameters   max |tessera - torch| <= 2e-6   (observed ~1e-7: the engine's fused CPU Adam and the
@@ -56,7 +57,7 @@ def write_cases(folder, cases):
     return str(path)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_one_rank_matches_torch(stage):
     c = case(stage, dp=1)
     got = tessera_run(c)
@@ -64,7 +65,8 @@ def test_one_rank_matches_torch(stage):
     assert got["lr"] == [c["lr"], 2 * c["lr"]]  # get_lr(): one entry per group
 
 
-TWO_RANK_CASES = [case(0, dp=2), case(1, dp=2), case(2, dp=2), case(2, dp=2, bf16=True, lr=1e-3)]
+TWO_RANK_CASES = [case(0, dp=2), case(1, dp=2), case(2, dp=2), case(2, dp=2, bf16=True, lr=1e-3), case(3, dp=2),
+                  case(3, dp=2, model="gpt", micro=2, clip=0.05), case(3, dp=2, bf16=True, lr=1e-3)]
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +78,14 @@ def two_ranks(tmp_path_factory):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
-def test_two_ranks_match_torch(two_ranks, stage):
-    compare(two_ranks[stage], TWO_RANK_CASES[stage])
+@pytest.mark.parametrize("index", [0, 1, 2, 4, 5], ids=["zero0", "zero1", "zero2", "zero3", "zero3_gpt"])
+def test_two_ranks_match_torch(two_ranks, index):
+    compare(two_ranks[index], TWO_RANK_CASES[index])
 
 
-def test_two_ranks_bf16_zero2_close_to_torch_fp32(two_ranks):
-    got, c = two_ranks[3], TWO_RANK_CASES[3]
+@pytest.mark.parametrize("index", [3, 6], ids=["zero2", "zero3"])
+def test_two_ranks_bf16_close_to_torch_fp32(two_ranks, index):
+    got, c = two_ranks[index], TWO_RANK_CASES[index]
     assert got["dtype"] == "torch.bfloat16"
     compare(got, c, param_tol=BF16_PARAM_TOL, loss_tol=BF16_LOSS_TOL, norm_rtol=BF16_NORM_RTOL)
 

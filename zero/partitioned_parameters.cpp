@@ -1,0 +1,306 @@
+#include "zero/partitioned_parameters.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <unordered_map>
+#include <utility>
+
+namespace tessera {
+
+namespace {
+
+// The storage behind a slot's buffer (and every parameter view of it) gets or loses its bytes; the
+// tensors keep their sizes. Freed, a read fails with "data is not allocated" instead of reading
+// stale memory.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() == bytes && s->data_ptr().get()) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+}  // namespace
+
+PartitionedParameters::PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups,
+                                             UnitTracker& units, const PartitionedOptions& options)
+    : comm_(gather), units_(units), options_(options) {
+  std::unordered_map<const void*, int>& slot_of = slot_of_;
+  for (ZeroGroup* g : groups) {
+    if (!g->partitioned) continue;
+    for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
+      const FlatBucket& k = g->layout.buckets[b];
+      for (int p : k.params) slot_of[g->params[p].unsafeGetTensorImpl()] = static_cast<int>(slots_.size());
+      Slot slot;
+      slot.group = g;
+      slot.bucket = static_cast<int>(b);
+      slot.owner = k.key;
+      slot.numel = k.numel;
+      slots_.push_back(std::move(slot));
+      live_numel_ += k.numel;
+    }
+  }
+  peak_live_numel_ = live_numel_;
+  unit_slots_.resize(units_.size());
+  for (int u = 0; u < units_.size(); ++u) {
+    for (const void* p : units_.params_used(u)) {
+      auto it = slot_of.find(p);
+      if (it == slot_of.end()) continue;  // a persistent parameter
+      if (std::find(unit_slots_[u].begin(), unit_slots_[u].end(), it->second) == unit_slots_[u].end())
+        unit_slots_[u].push_back(it->second);
+    }
+  }
+  open_.assign(units_.size(), 0);
+  units_.add_listener(this);
+}
+
+PartitionedParameters::~PartitionedParameters() {
+  units_.remove_listener(this);
+  // The model outlives the engine: it gets its parameters whole (unless a peer is gone).
+  try {
+    for (size_t s = 0; s < slots_.size(); ++s)
+      if (slots_[s].state == State::Released) launch(static_cast<int>(s));
+    for (size_t s = 0; s < slots_.size(); ++s) wait(static_cast<int>(s));
+  } catch (const CommError&) {
+  }
+}
+
+double PartitionedParameters::take_wait_s() { return std::exchange(wait_s_, 0.0); }
+
+void PartitionedParameters::launch(int s) {
+  Slot& slot = slots_[s];
+  const FlatBucket& k = slot.group->layout.buckets[slot.bucket];
+  at::Tensor& full = slot.group->gathered[slot.bucket];
+  if (slot.state != State::Live) {
+    allocate_storage(full);
+    live_numel_ += slot.numel;
+    peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
+  }
+  ++gathers_;
+  // This rank's chunk of the bucket comes from its shard; the allgather fills the rest in place.
+  at::Tensor chunk = full.narrow(0, comm_.rank() * k.shard, k.shard);
+  chunk.copy_(slot.group->compute.narrow(0, k.shard_offset, k.shard));
+  if (comm_.size() == 1) {
+    slot.state = State::Live;
+    return;
+  }
+  slot.handle = comm_.all_gather_async(chunk, full);
+  slot.state = State::InFlight;
+}
+
+void PartitionedParameters::wait(int s) {
+  Slot& slot = slots_[s];
+  if (slot.state != State::InFlight) return;
+  const auto start = std::chrono::steady_clock::now();
+  slot.handle.wait();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  slot.state = State::Live;
+  if (slot.prefetched) in_flight_prefetch_ -= slot.numel, slot.prefetched = false;
+}
+
+void PartitionedParameters::release(int s) {
+  Slot& slot = slots_[s];
+  if (slot.state == State::Released) return;
+  wait(s);  // never free a buffer under a running collective
+  free_storage(slot.group->gathered[slot.bucket]);
+  slot.state = State::Released;
+  live_numel_ -= slot.numel;
+}
+
+void PartitionedParameters::need(int unit) {
+  for (int s : unit_slots_[unit])
+    if (slots_[s].state == State::Released) launch(s);
+  for (int s : unit_slots_[unit]) wait(s);
+}
+
+bool PartitionedParameters::used_by_open_unit(int s, int except) const {
+  for (int v = 0; v < static_cast<int>(open_.size()); ++v)
+    if (v != except && open_[v] && std::count(unit_slots_[v].begin(), unit_slots_[v].end(), s)) return true;
+  return false;
+}
+
+// Elements gathered between now (forward position `position`: the next unit to begin) and the
+// slot's next use: later units of this forward, then the backward from the last unit down.
+int64_t PartitionedParameters::reuse_distance(int s, size_t position) const {
+  int64_t distance = 0;
+  auto uses = [&](int u) { return std::count(unit_slots_[u].begin(), unit_slots_[u].end(), s) > 0; };
+  auto add = [&](int u) {
+    for (int t : unit_slots_[u]) distance += slots_[t].numel;
+  };
+  for (size_t i = position; i < order_.size(); ++i) {
+    if (uses(order_[i])) return distance;
+    add(order_[i]);
+  }
+  for (size_t i = order_.size(); i-- > 0;) {
+    if (uses(order_[i])) return distance;
+    add(order_[i]);
+  }
+  return INT64_MAX;
+}
+
+void PartitionedParameters::prefetch_after(size_t position, bool backward) {
+  auto try_unit = [&](int u) {
+    for (int s : unit_slots_[u]) {
+      Slot& slot = slots_[s];
+      if (slot.state != State::Released) continue;
+      if (in_flight_prefetch_ + slot.numel > options_.prefetch_numel ||
+          live_numel_ + slot.numel > options_.max_live_numel)
+        return false;
+      launch(s);
+      slot.prefetched = true;
+      in_flight_prefetch_ += slot.numel;
+    }
+    return true;
+  };
+  if (backward) {
+    for (size_t i = position; i-- > 0;)
+      if (!try_unit(order_[i])) return;
+  } else {
+    for (size_t i = position; i < order_.size(); ++i)
+      if (!try_unit(order_[i])) return;
+  }
+}
+
+void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
+  if (u < 0 || u >= static_cast<int>(unit_slots_.size())) return;
+  switch (event) {
+    case UnitEvent::ForwardBegin: {
+      if (!partitioned_mode_) {
+        // The model reports its units: from now on, only what runs is gathered.
+        partitioned_mode_ = true;
+        if (gather_all_depth_ == 0)
+          for (size_t s = 0; s < slots_.size(); ++s)
+            if (!std::count(unit_slots_[u].begin(), unit_slots_[u].end(), static_cast<int>(s)) && !used_by_open_unit(static_cast<int>(s), -1))
+              release(static_cast<int>(s));
+        peak_live_numel_ = live_numel_;  // the peak counts from here: construction held the model whole
+      }
+      open_[u] = 1;
+      open_stack_.push_back(u);
+      // Where this forward is in the recorded order.
+      if (order_known_ && (cursor_ >= order_.size() || order_[cursor_] != u) && !order_.empty() && order_[0] == u)
+        cursor_ = 0;  // a new pass (the previous one ended, or stopped early)
+      if (cursor_ == 0) backward_cursor_ = order_.size();
+      if (!order_known_) {
+        order_.push_back(u);
+        cursor_ = order_.size();
+      } else if (cursor_ < order_.size() && order_[cursor_] == u) {
+        ++cursor_;
+      } else {
+        if (!warned_order_ && comm_.rank() == 0)
+          std::fprintf(stderr, "[tessera] ZeRO-3: unit %d (%s) ran where the recorded order has unit %d; recording the "
+                               "order again (prefetch pauses until it is known)\n",
+                       u, units_.unit(u).name.c_str(), cursor_ < order_.size() ? order_[cursor_] : -1);
+        warned_order_ = true;
+        order_.resize(cursor_);
+        order_.push_back(u);
+        cursor_ = order_.size();
+        order_known_ = false;
+      }
+      need(u);
+      if (order_known_) prefetch_after(cursor_, /*backward=*/false);
+      break;
+    }
+    case UnitEvent::ForwardEnd: {
+      open_[u] = 0;
+      if (auto it = std::find(open_stack_.rbegin(), open_stack_.rend(), u); it != open_stack_.rend())
+        open_stack_.erase(std::next(it).base());
+      if (gather_all_depth_ > 0 || !partitioned_mode_) break;
+      const bool training = at::GradMode::is_enabled();
+      // Its backward could begin without notice (no output handed over): keep its parameters.
+      if (training && !units_.is_output_watched(u)) break;
+      for (int s : unit_slots_[u]) {
+        if (used_by_open_unit(s, u)) continue;
+        if (training && order_known_ && live_numel_ <= options_.max_live_numel &&
+            reuse_distance(s, cursor_) <= options_.max_reuse_distance)
+          continue;
+        release(s);
+      }
+      break;
+    }
+    case UnitEvent::BackwardBegin: {
+      if (!order_known_) {  // the first backward: the forward before it is the order
+        order_known_ = true;
+        backward_cursor_ = order_.size();
+      }
+      need(u);
+      size_t pos = std::min(backward_cursor_, order_.size());
+      while (pos > 0 && order_[pos - 1] != u) --pos;
+      if (pos > 0) {
+        backward_cursor_ = pos - 1;
+        prefetch_after(pos - 1, /*backward=*/true);
+      }
+      break;
+    }
+    case UnitEvent::BackwardEnd: {
+      if (gather_all_depth_ > 0 || !partitioned_mode_) break;
+      for (int s : unit_slots_[u])
+        if (slots_[s].owner == u && !used_by_open_unit(s, -1)) release(s);
+      break;
+    }
+  }
+}
+
+void PartitionedParameters::fetch(const at::Tensor& param) {
+  auto it = slot_of_.find(param.unsafeGetTensorImpl());
+  if (it == slot_of_.end()) return;
+  const int s = it->second;
+  if (!open_stack_.empty()) {
+    std::vector<int>& used = unit_slots_[open_stack_.back()];
+    if (std::find(used.begin(), used.end(), s) == used.end()) used.push_back(s);
+  }
+  if (slots_[s].state == State::Released) launch(s);
+  wait(s);
+}
+
+void PartitionedParameters::end_of_forward() {
+  if (at::GradMode::is_enabled() || gather_all_depth_ > 0 || !partitioned_mode_) return;
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (!used_by_open_unit(static_cast<int>(s), -1)) release(static_cast<int>(s));
+}
+
+void PartitionedParameters::after_step() {
+  std::fill(open_.begin(), open_.end(), 0);
+  open_stack_.clear();
+  if (partitioned_mode_ && gather_all_depth_ == 0) {
+    for (size_t s = 0; s < slots_.size(); ++s) release(static_cast<int>(s));
+    return;
+  }
+  // Whole (no units reported yet, or inside gather_all): gather the updated values again.
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    wait(static_cast<int>(s));
+    launch(static_cast<int>(s));
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) wait(static_cast<int>(s));
+}
+
+void PartitionedParameters::abort_backward() {
+  std::fill(open_.begin(), open_.end(), 0);
+  open_stack_.clear();
+  if (partitioned_mode_ && gather_all_depth_ == 0)
+    for (size_t s = 0; s < slots_.size(); ++s) release(static_cast<int>(s));
+}
+
+void PartitionedParameters::gather_all() {
+  if (gather_all_depth_++ > 0) return;
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].state == State::Released) launch(static_cast<int>(s));
+  for (size_t s = 0; s < slots_.size(); ++s) wait(static_cast<int>(s));
+}
+
+void PartitionedParameters::release_all() {
+  if (gather_all_depth_ == 0 || --gather_all_depth_ > 0 || !partitioned_mode_) return;
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (!used_by_open_unit(static_cast<int>(s), -1)) release(static_cast<int>(s));
+}
+
+}  // namespace tessera

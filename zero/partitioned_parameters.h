@@ -1,0 +1,122 @@
+// PartitionedParameters: ZeRO stage 3's parameters (Rajbhandari et al. 2020, P_os+g+p), gathered
+// unit by unit around their use and released after it.
+//
+// Each rank keeps only its shard of a partitioned group's compute buffer (ZeroGroup::compute). The
+// group's buckets never mix units (zero/flat_layout.h), so a unit's parameters are whole buckets:
+// a SLOT is one bucket with its own full-size buffer (ZeroGroup::gathered), into which the model's
+// tensors point for good. Gathering a slot allocates the buffer's storage, copies this rank's shard
+// into its chunk and allgathers in place; releasing it frees the storage (the tensors keep their
+// shapes; reading one while released raises "data is not allocated"). Autograd's saved views share
+// the storage, so a slot gathered again before a unit's backward is what that backward reads.
+//
+// Driven by the unit events (zero/units.h), on the data group's second communicator (gathers never
+// queue behind gradient reductions, and a rank that reduces a bucket later cannot reorder them):
+//   ForwardBegin(u)   gather u's slots (wait), then prefetch the next units' in the recorded order
+//   ForwardEnd(u)     release u's slots, unless another open unit uses them, the unit's backward
+//                     could not be seen coming (no output handed over), or, in training, their
+//                     next use is within stage3_max_reuse_distance elements of gathers
+//   BackwardBegin(u)  gather u's slots (wait), prefetch the units before it in forward order
+//   BackwardEnd(u)    release the slots u owns: every gradient of its parameters has arrived, so no
+//                     node left in this backward reads them (a tied parameter's slot stays until its
+//                     owner's backward ends)
+// The order of units is recorded during the first forward; a forward that departs from it is
+// re-recorded (with a warning on the first departure) and prefetches nothing until it is known.
+// Prefetch is bounded by stage3_prefetch_bucket_size elements in flight and, with what is gathered,
+// by stage3_max_live_parameters.
+//
+// Until the model reports its first unit, every slot stays gathered (the model is whole after
+// construction); a model that never reports units trains with whole parameters (the engine warns).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "zero/units.h"
+#include "zero/zero_group.h"
+
+namespace tessera {
+
+struct PartitionedOptions {
+  int64_t prefetch_numel = 50'000'000;        // stage3_prefetch_bucket_size
+  int64_t max_live_numel = 1'000'000'000;     // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1'000'000'000; // stage3_max_reuse_distance
+};
+
+class PartitionedParameters final : public UnitListener {
+ public:
+  // `groups`: every group of the engine (only partitioned ones are acted on); their `gathered`
+  // buffers must exist, whole, with the model's tensors pointing into them.
+  PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups, UnitTracker& units,
+                        const PartitionedOptions& options);
+  ~PartitionedParameters() override;
+
+  void on_unit_event(int unit, UnitEvent event) override;
+  // The optimizer updated the shards: gathered copies are stale. Released (or, while the model has
+  // reported no units, gathered again).
+  void after_step();
+  // A backward that threw: the slots it gathered go.
+  void abort_backward();
+  // A partitioned parameter read outside the units that list it (Python's module attribute access:
+  // a tied weight read by the parent's forward): gathered now, and from now on counted as used by
+  // the innermost open unit (gathered with it in forward and backward). Read where no unit is open,
+  // it stays gathered until its owner's backward ends (or the step). Not partitioned: nothing.
+  void fetch(const at::Tensor& param);
+  // The model's whole forward ended; without grad (evaluation) nothing it gathered stays.
+  void end_of_forward();
+  // Every slot gathered (refcounted: GatheredParameters scopes nest), and released again.
+  void gather_all();
+  void release_all();
+
+  bool partitioned_mode() const { return partitioned_mode_; }
+  int64_t live_numel() const { return live_numel_; }
+  int64_t peak_live_numel() const { return peak_live_numel_; }
+  int64_t gathers() const { return gathers_; }  // slots gathered so far (each a collective)
+  double take_wait_s();                          // seconds spent waiting for gathers since the last call
+
+ private:
+  enum class State { Released, InFlight, Live };
+  struct Slot {
+    ZeroGroup* group = nullptr;
+    int bucket = 0;
+    int owner = 0;  // the unit that owns its parameters
+    int64_t numel = 0;
+    State state = State::Live;
+    bool prefetched = false;  // launched ahead of its unit (counts against the prefetch bound)
+    CommHandle handle;
+  };
+
+  void launch(int slot);
+  void wait(int slot);
+  void release(int slot);
+  void need(int unit);  // gather every slot the unit uses, and wait
+  void prefetch_after(size_t position, bool backward);
+  bool used_by_open_unit(int slot, int except) const;
+  int64_t reuse_distance(int slot, size_t position) const;
+
+  Communicator& comm_;
+  UnitTracker& units_;
+  PartitionedOptions options_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<int>> unit_slots_;  // [unit]: the slots its forward reads
+  std::vector<char> open_;                    // [unit]: its forward is running
+  std::vector<int> open_stack_;               // units whose forward is running, innermost last
+  std::unordered_map<const void*, int> slot_of_;  // parameter (TensorImpl*) -> slot
+  bool partitioned_mode_ = false;
+  int gather_all_depth_ = 0;
+  // The recorded order of ForwardBegin events, and where this pass is in it.
+  std::vector<int> order_;
+  bool order_known_ = false, recording_ = true, warned_order_ = false;
+  size_t cursor_ = 0;          // forward: the next position expected
+  size_t backward_cursor_ = 0; // backward: one past the position of the last unit begun
+  int64_t live_numel_ = 0, peak_live_numel_ = 0, in_flight_prefetch_ = 0;
+  int64_t gathers_ = 0;
+  double wait_s_ = 0;
+};
+
+}  // namespace tessera
