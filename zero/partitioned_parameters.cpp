@@ -1,10 +1,12 @@
 #include "zero/partitioned_parameters.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
 #include <c10/core/StorageImpl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <unordered_map>
 #include <utility>
@@ -40,8 +42,12 @@ PartitionedParameters::PartitionedParameters(Communicator& gather, const std::ve
     if (!g->partitioned) continue;
     for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
       const FlatBucket& k = g->layout.buckets[b];
-      for (int p : k.params) slot_of[g->params[p].unsafeGetTensorImpl()] = static_cast<int>(slots_.size());
       Slot slot;
+      for (int p : k.params) {
+        slot_of[g->params[p].unsafeGetTensorImpl()] = static_cast<int>(slots_.size());
+        slot.params.emplace_back(g->params[p], g->params[p].detach());  // the detached view keeps the layout
+      }
+      if (!released_value_.defined()) released_value_ = at::full({1}, NAN, g->compute.options());
       slot.group = g;
       slot.bucket = static_cast<int>(b);
       slot.owner = k.key;
@@ -81,6 +87,8 @@ void PartitionedParameters::launch(int s) {
   Slot& slot = slots_[s];
   const FlatBucket& k = slot.group->layout.buckets[slot.bucket];
   at::Tensor& full = slot.group->gathered[slot.bucket];
+  if (slot.state == State::Released)
+    for (auto& [param, view] : slot.params) param.set_data(view);
   if (slot.state != State::Live) {
     allocate_storage(full);
     live_numel_ += slot.numel;
@@ -113,6 +121,7 @@ void PartitionedParameters::release(int s) {
   if (slot.state == State::Released) return;
   wait(s);  // never free a buffer under a running collective
   free_storage(slot.group->gathered[slot.bucket]);
+  for (auto& [param, view] : slot.params) param.set_data(released_value_.expand(param.sizes()));
   slot.state = State::Released;
   live_numel_ -= slot.numel;
 }

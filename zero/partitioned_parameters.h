@@ -5,9 +5,11 @@
 // group's buckets never mix units (zero/flat_layout.h), so a unit's parameters are whole buckets:
 // a SLOT is one bucket with its own full-size buffer (ZeroGroup::gathered), into which the model's
 // tensors point for good. Gathering a slot allocates the buffer's storage, copies this rank's shard
-// into its chunk and allgathers in place; releasing it frees the storage (the tensors keep their
-// shapes; reading one while released raises "data is not allocated"). Autograd's saved views share
-// the storage, so a slot gathered again before a unit's backward is what that backward reads.
+// into its chunk and allgathers in place; releasing it frees the storage. Autograd's saved views
+// share the storage, so a slot gathered again before a unit's backward is what that backward reads.
+// The parameters themselves point, while released, at one NaN expanded to their shape (set_data):
+// a read outside the units gives NaNs of the right shape, never freed memory; a gather points
+// them back (autograd keeps the same tensor objects, so its saved leaves see the gathered data).
 //
 // Driven by the unit events (zero/units.h), on the data group's second communicator (gathers never
 // queue behind gradient reductions, and a rank that reduces a bucket later cannot reorder them):
@@ -34,6 +36,7 @@
 #include <deque>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -89,6 +92,7 @@ class PartitionedParameters final : public UnitListener {
     State state = State::Live;
     bool prefetched = false;  // launched ahead of its unit (counts against the prefetch bound)
     CommHandle handle;
+    std::vector<std::pair<at::Tensor, at::Tensor>> params;  // (the model's tensor, its view of the buffer)
   };
 
   void launch(int slot);
@@ -107,6 +111,7 @@ class PartitionedParameters final : public UnitListener {
   std::vector<char> open_;                    // [unit]: its forward is running
   std::vector<int> open_stack_;               // units whose forward is running, innermost last
   std::unordered_map<const void*, int> slot_of_;  // parameter (TensorImpl*) -> slot
+  at::Tensor released_value_;                     // one NaN: what a released parameter reads
   bool partitioned_mode_ = false;
   int gather_all_depth_ = 0;
   // The recorded order of ForwardBegin events, and where this pass is in it.

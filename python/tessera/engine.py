@@ -253,7 +253,7 @@ class Engine:
         self.config = json.loads(cengine.config_json())  # the effective config, every default filled in
         # ZeRO-3: parameters read outside their units are gathered on access (tessera/zero.py).
         self._zero3 = self.config["zero_optimization"]["stage"] == 3
-        self._fetching = zero._install_fetching(module, cengine) if self._zero3 else []
+        self._fetching = zero._install_fetching(module, cengine) if self._zero3 else None
         self._partitioned = [p for g in groups for p in g[0]] if self._zero3 else []
         zero._register(self, self._partitioned)
         self._base_lr = self.config["optimizer"]["params"]["lr"]
@@ -285,7 +285,7 @@ class Engine:
         # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
         for handle in self.__dict__.get("_unit_hooks", ()):
             handle.remove()
-        zero._restore(self.__dict__.get("_fetching", ()))
+        zero._restore(self.__dict__.get("_fetching"))
         zero._unregister(self.__dict__.get("_partitioned", ()))
 
     # --- the module -------------------------------------------------------------------------------

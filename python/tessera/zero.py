@@ -2,7 +2,7 @@
 
 At stage 3 each rank keeps 1/N of every large parameter; a parameter holds data only while the
 unit that uses it runs (the engine gathers and releases it, zero/partitioned_parameters.h).
-Reading one elsewhere raises "data is not allocated"; gather them for a while instead:
+Read elsewhere, a released parameter is NaN (in its shape); gather them for a while instead:
 
     with tessera.zero.GatheredParameters(engine.module.parameters()):
         print(engine.module.lm_head.weight.norm())
@@ -70,35 +70,59 @@ class GatheredParameters:
         return False
 
 
+class _InForward:
+    """Whether the model's forward is running (root module hooks): only then does a read gather.
+    Elsewhere a gather would be a collective that one rank alone may start (a log line on rank 0)."""
+
+    def __init__(self):
+        self.depth = 0
+
+    def enter(self, module, inputs):
+        self.depth += 1
+
+    def leave(self, module, inputs, output):
+        self.depth = max(0, self.depth - 1)
+
+
 class _FetchingParameters(dict):
-    """A module's `_parameters` at ZeRO-3: reading a parameter through the module (`self.weight`)
-    outside the unit that lists it (a tied weight read by the parent's forward) gathers it first,
-    as DeepSpeed's ZeROOrderedDict does. Iteration (parameters(), state_dict) does not gather."""
+    """A module's `_parameters` at ZeRO-3: during the forward, reading a parameter through the module
+    (`self.weight`) outside the unit that lists it (a tied weight read by the parent's forward)
+    gathers it first, as DeepSpeed's ZeROOrderedDict does. Iteration (parameters(), state_dict)
+    does not gather."""
 
-    __slots__ = ("_cengine",)
+    __slots__ = ("_cengine", "_forward")
 
-    def __init__(self, parameters, cengine):
+    def __init__(self, parameters, cengine, forward):
         super().__init__(parameters)
         self._cengine = cengine
+        self._forward = forward
 
     def __getitem__(self, name):
         p = dict.__getitem__(self, name)
-        if p is not None:
+        if p is not None and self._forward.depth:
             self._cengine.fetch_parameter(p)
         return p
 
 
 def _install_fetching(module, cengine):
-    """Replaces the `_parameters` of every submodule that has parameters; returns what to restore."""
+    """Replaces the `_parameters` of every submodule that has parameters and hooks the root's forward;
+    returns what to undo."""
+    forward = _InForward()
+    hooks = [module.register_forward_pre_hook(forward.enter), module.register_forward_hook(forward.leave)]
     replaced = []
     for m in module.modules():
         if m._parameters and not isinstance(m._parameters, _FetchingParameters):
             replaced.append((m, m._parameters))
-            m._parameters = _FetchingParameters(m._parameters, cengine)
-    return replaced
+            m._parameters = _FetchingParameters(m._parameters, cengine, forward)
+    return hooks, replaced
 
 
-def _restore(replaced):
+def _restore(installed):
+    if not installed:
+        return
+    hooks, replaced = installed
+    for h in hooks:
+        h.remove()
     for m, original in replaced:
         current = m._parameters
         original.clear()

@@ -65,8 +65,13 @@ def test_one_rank_matches_torch(stage):
     assert got["lr"] == [c["lr"], 2 * c["lr"]]  # get_lr(): one entry per group
 
 
+GPT = dict(model="gpt", micro=2, clip=0.05)
 TWO_RANK_CASES = [case(0, dp=2), case(1, dp=2), case(2, dp=2), case(2, dp=2, bf16=True, lr=1e-3), case(3, dp=2),
-                  case(3, dp=2, model="gpt", micro=2, clip=0.05), case(3, dp=2, bf16=True, lr=1e-3)]
+                  case(3, dp=2, **GPT), case(3, dp=2, bf16=True, lr=1e-3), case(2, dp=2, **GPT)]
+# The GPT's parameters drift from torch's by ~3e-6 after 6 steps at every stage (0 and 2 alike: Adam
+# turns last-bit differences of tiny gradients into lr-sized moves), so it is held to 1e-5 against
+# torch and to 1e-6 against the same GPT at ZeRO-2.
+GPT_PARAM_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +83,17 @@ def two_ranks(tmp_path_factory):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 4, 5], ids=["zero0", "zero1", "zero2", "zero3", "zero3_gpt"])
+@pytest.mark.parametrize("index", [0, 1, 2, 4], ids=["zero0", "zero1", "zero2", "zero3"])
 def test_two_ranks_match_torch(two_ranks, index):
     compare(two_ranks[index], TWO_RANK_CASES[index])
+
+
+def test_two_ranks_zero3_gpt_with_tied_head_matches_torch_and_zero2(two_ranks):
+    zero3, zero2 = two_ranks[5], two_ranks[7]
+    compare(zero3, TWO_RANK_CASES[5], param_tol=GPT_PARAM_TOL)
+    compare(zero2, TWO_RANK_CASES[7], param_tol=GPT_PARAM_TOL)
+    for step in range(STEPS):
+        assert (zero3["params"][step] - zero2["params"][step]).abs().max().item() <= 1e-6, step
 
 
 @pytest.mark.parametrize("index", [3, 6], ids=["zero2", "zero3"])
