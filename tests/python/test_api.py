@@ -65,8 +65,8 @@ def test_config_file_and_json_text_are_accepted(tmp_path):
 
 
 def test_engine_refusals_are_value_errors():
-    with pytest.raises(tessera.ConfigError, match="zero_optimization.stage: not implemented yet: found 3"):
-        tessera.initialize(model=mlp(), config=config(zero_optimization={"stage": 3}))
+    with pytest.raises(tessera.ConfigError, match="zero_optimization.offload_param.device: not implemented yet"):
+        tessera.initialize(model=mlp(), config=config(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}))
     m = mlp()
     with pytest.raises(ValueError, match="leaf tensor"):
         tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight * 2])
