@@ -66,6 +66,9 @@ def engine_config(args):
     """The DeepSpeed-style config tessera and DeepSpeed both get."""
     zero = {"stage": args.stage, "reduce_bucket_size": int(args.bucket), "allgather_bucket_size": int(args.bucket),
             "overlap_comm": True, "contiguous_gradients": True}
+    if args.stage == 3 and args.live:  # ZeRO-3's limits (elements), the same for tessera and DeepSpeed
+        for key in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size"):
+            zero[key] = int(args.live)
     return {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
             "steps_per_print": 10**9, "gradient_clipping": args.clip,
             "optimizer": {"type": "AdamW", "params": adamw_params(args)}, "zero_optimization": zero}
@@ -183,6 +186,9 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="optimizer steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=20, help="first steps, not timed")
     ap.add_argument("--bucket", type=float, default=5e6, help="reduce/allgather bucket in elements (DDP: × 4 bytes)")
+    ap.add_argument("--live", type=float, default=0,
+                    help="ZeRO-3: stage3_max_live_parameters, _max_reuse_distance and _prefetch_bucket_size "
+                         "(elements; 0: DeepSpeed's defaults, which release nothing below ~1B parameters)")
     ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=3e-4)

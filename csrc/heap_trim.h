@@ -19,7 +19,7 @@ namespace tessera {
 class HeapTrimmer {
  public:
   static constexpr int kDefaultWarmupSteps = 5;
-  static constexpr int64_t kDefaultBoundMiB = 64;
+  static constexpr int64_t kDefaultBoundMiB = 16;
 
   // bound_bytes < 0: never trim; 0: after every step. The first warmup_steps steps only measure
   // the working set. The readers are for tests.
