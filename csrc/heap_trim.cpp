@@ -50,13 +50,26 @@ HeapTrimmer HeapTrimmer::from_environment() {
 
 bool HeapTrimmer::after_step() {
   if (bound_ < 0) return false;
+  if (bound_ == 0) {  // every step
+    trim_();
+    ++trims_;
+    return true;
+  }
+  if (steps_ == 0) {
+    // After the first step: what construction freed (the model's own tensors, ZeRO-3's whole
+    // buffers) goes back before the working set is measured.
+    ++steps_;
+    trim_();
+    ++trims_;
+    return true;
+  }
   const int64_t rss = resident_bytes_();
   if (rss < 0) return false;
-  if (steps_++ < warmup_steps_) {  // still measuring the working set
+  if (steps_++ <= warmup_steps_) {  // still measuring the working set
     baseline_ = std::max(baseline_, rss);
     return false;
   }
-  if (bound_ > 0 && rss <= baseline_ + bound_) return false;
+  if (rss <= baseline_ + bound_) return false;
   trim_();
   ++trims_;
   // A working set that really grew (longer sequences, say) raises the reference, so the trimmer

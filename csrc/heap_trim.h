@@ -4,11 +4,12 @@
 // backend's buffers), but glibc keeps freed memory in its arenas, and fragmentation lets the
 // resident set creep up by MiBs a step (85M GPT on 2 ranks: +10–15 MiB a step, 1820 → 2315 MiB
 // in 30 steps). malloc_trim(0) after every step holds it flat but costs 11–16% of a small model's
-// step, because the next step faults the pages in again. So the trimmer trims only when the
-// resident set has grown by more than a bound over the working set, taken as the largest resident
-// set of the first few steps (the first step alone is below it: buffers, optimizer state and the
-// allocator's pools settle over several steps). The cost is paid every few dozen steps, and the
-// peak stays within the bound of the working set.
+// step, because the next step faults the pages in again. So the trimmer trims once after the first
+// step (what construction freed: the model's own tensors, ZeRO-3's whole buffers), then only when
+// the resident set has grown by more than a bound over the working set, taken as the largest
+// resident set of the next few steps (buffers, optimizer state and the allocator's pools settle
+// over several steps). The cost is paid every few dozen steps, and the peak stays within the bound
+// of the working set.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +22,8 @@ class HeapTrimmer {
   static constexpr int kDefaultWarmupSteps = 5;
   static constexpr int64_t kDefaultBoundMiB = 16;
 
-  // bound_bytes < 0: never trim; 0: after every step. The first warmup_steps steps only measure
-  // the working set. The readers are for tests.
+  // bound_bytes < 0: never trim; 0: after every step. Otherwise the first step trims and the next
+  // warmup_steps steps only measure the working set. The readers are for tests.
   explicit HeapTrimmer(int64_t bound_bytes, int warmup_steps = kDefaultWarmupSteps,
                        std::function<int64_t()> resident_bytes = {}, std::function<void()> trim = {});
   // TESSERA_HEAP_TRIM_MIB: the bound in MiB (unset: kDefaultBoundMiB; negative: off; 0: after

@@ -100,6 +100,7 @@ int run(int argc, char** argv) {
   }
 
   Engine engine(config, *ctx, model.param_groups(weight_decay));
+  model.attach(&engine);  // the forward reports its units (one per layer) to the engine
 
   double last_loss = 0;
   for (int64_t step = 0; step < args.steps; ++step) {

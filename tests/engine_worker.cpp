@@ -37,7 +37,7 @@
 //                        left to the next forward's units (checked after every step), and the
 //                        results still match the reference.
 // --hidden H widens the MLP to 16 -> H -> H -> 8 (H·H + 26·H parameters; 0, the default, keeps
-// the 1528-parameter one). --memory-sweep skips the reference: for ZeRO 0/1/2 × fp32/bf16 it builds
+// the 1528-parameter one). --memory-sweep skips the reference: for ZeRO 0/1/2/3 × fp32/bf16 it builds
 // an Engine over a fresh model, trains --steps steps and prints its memory on rank 0, one line each
 // (tests/test_estimator.cpp compares them with the memory estimator). --rss skips the reference
 // too: it trains --steps steps at the given stage and dtype and prints every rank's peak resident
@@ -458,11 +458,12 @@ int run(const Args& a) {
   return 0;
 }
 
-// --memory-sweep: the engine's memory for each ZeRO stage and dtype, on a fresh model each.
+// --memory-sweep: the engine's memory for each ZeRO stage and dtype, on a fresh model each (stage 3
+// with every parameter partitioned: --persist 0).
 int memory_sweep(Args a) {
   auto ctx = ParallelContext::from_environment(ParallelOptions{});
   const int dp = ctx->data().size(), rank = ctx->data().rank();
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (const char* dtype : {"fp32", "bf16"}) {
       a.stage = stage;
       a.dtype = dtype;

@@ -28,12 +28,15 @@ std::string gpt_config(int micro, int stage) {
   return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) +
          R"(, "gradient_accumulation_steps": 1, "steps_per_print": 5,
              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
-             "zero_optimization": {"stage": )" + std::to_string(stage) + "}}";
+             "zero_optimization": {"stage": )" + std::to_string(stage) +
+         // ZeRO-3: every tensor partitioned and each block released after use (the model is small)
+         (stage == 3 ? R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
+                          "stage3_max_live_parameters": 300000, "stage3_prefetch_bucket_size": 200000)" : "") + "}}";
 }
 
 }  // namespace
 
-TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 and 2) reach the same loss on the same global batch") {
+TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss on the same global batch") {
   auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
   INFO(one.output);
   REQUIRE(one.status == 0);
@@ -41,7 +44,7 @@ TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 and 2) reach the same loss on t
   CHECK(reference > 0);
   CHECK(reference < 5.4);  // from ln(256) = 5.55 at the start
   CHECK(contains(one.output, "step 10 | loss "));
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     auto two = run_example(TESSERA_TRAIN_GPT_PATH, 2, gpt_config(8, stage), 10, tessera::testing::free_port());
     INFO(two.output);
     REQUIRE(two.status == 0);
@@ -57,6 +60,17 @@ TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
                        30, tessera::testing::free_port());
   INFO(r.output);
   REQUIRE(r.status == 0);
+  // ZeRO-3 with every layer partitioned and released after use: the same losses as ZeRO-2.
+  auto z3 = run_example(TESSERA_TRAIN_CNN_PATH, 2,
+                        R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 10,
+                            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+                            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                                  "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 500000,
+                                                  "stage3_prefetch_bucket_size": 300000}})",
+                        30, tessera::testing::free_port());
+  INFO(z3.output);
+  REQUIRE(z3.status == 0);
+  CHECK(std::abs(final_loss(z3.output) - final_loss(r.output)) < 1e-4);
   CHECK(final_loss(r.output) > 0);
   CHECK(final_loss(r.output) < 1.5);  // from ln(10) = 2.30
 }

@@ -59,6 +59,7 @@ struct MemoryReport {
   // not in total()).
   int64_t gathered_parameters_peak = 0;
   int64_t gathered_parameters = 0;  // held now
+  int64_t gathered_pool = 0;        // released buffers kept for the next gathers (≤ max_live)
   int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
 };
 

@@ -15,24 +15,40 @@ namespace tessera {
 
 namespace {
 
-// The storage behind a slot's buffer (and every parameter view of it) gets or loses its bytes; the
-// tensors keep their sizes. Freed, a read fails with "data is not allocated" instead of reading
-// stale memory.
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
-}
+size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
-void allocate_storage(const at::Tensor& t) {
+}  // namespace
+
+// The storage behind a slot's buffer (and every parameter view of it) gets or loses its bytes; the
+// tensors keep their sizes. Freed bytes go to a pool of buffers by size (a transformer's blocks
+// have the same sizes, so the next unit reuses them: no page faults, and the C library's heap
+// does not grow with every gather), up to stage3_max_live_parameters; past it they are freed.
+void PartitionedParameters::allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  const size_t bytes = bytes_of(t);
   if (s->nbytes() == bytes && s->data_ptr().get()) return;
-  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  std::vector<at::DataPtr>& free = pool_[bytes];
+  if (!free.empty()) {
+    s->set_data_ptr_noswap(std::move(free.back()));
+    free.pop_back();
+    pooled_bytes_ -= static_cast<int64_t>(bytes);
+  } else {
+    s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  }
   s->set_nbytes(bytes);
 }
 
-}  // namespace
+void PartitionedParameters::free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = s->nbytes();
+  at::DataPtr old = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+  if (!old.get()) return;
+  const int64_t cap = options_.max_live_numel * t.element_size();
+  if (pooled_bytes_ + static_cast<int64_t>(bytes) > cap) return;  // `old` frees it
+  pooled_bytes_ += static_cast<int64_t>(bytes);
+  pool_[bytes].push_back(std::move(old));
+}
 
 PartitionedParameters::PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups,
                                              UnitTracker& units, const PartitionedOptions& options)

@@ -5,7 +5,8 @@
 // group's buckets never mix units (zero/flat_layout.h), so a unit's parameters are whole buckets:
 // a SLOT is one bucket with its own full-size buffer (ZeroGroup::gathered), into which the model's
 // tensors point for good. Gathering a slot allocates the buffer's storage, copies this rank's shard
-// into its chunk and allgathers in place; releasing it frees the storage. Autograd's saved views
+// into its chunk and allgathers in place; releasing it frees the storage (into a pool of buffers by
+// size, bounded by stage3_max_live_parameters, that later gathers reuse). Autograd's saved views
 // share the storage, so a slot gathered again before a unit's backward is what that backward reads.
 // The parameters themselves point, while released, at one NaN expanded to their shape (set_data):
 // a read outside the units gives NaNs of the right shape, never freed memory; a gather points
@@ -31,6 +32,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 
 #include <cstdint>
 #include <deque>
@@ -80,6 +82,7 @@ class PartitionedParameters final : public UnitListener {
   int64_t live_numel() const { return live_numel_; }
   int64_t peak_live_numel() const { return peak_live_numel_; }
   int64_t gathers() const { return gathers_; }  // slots gathered so far (each a collective)
+  int64_t pooled_bytes() const { return pooled_bytes_; }  // released buffers kept for the next gathers
   double take_wait_s();                          // seconds spent waiting for gathers since the last call
 
  private:
@@ -95,6 +98,8 @@ class PartitionedParameters final : public UnitListener {
     std::vector<std::pair<at::Tensor, at::Tensor>> params;  // (the model's tensor, its view of the buffer)
   };
 
+  void allocate_storage(const at::Tensor& buffer);
+  void free_storage(const at::Tensor& buffer);
   void launch(int slot);
   void wait(int slot);
   void release(int slot);
@@ -112,6 +117,8 @@ class PartitionedParameters final : public UnitListener {
   std::vector<int> open_stack_;               // units whose forward is running, innermost last
   std::unordered_map<const void*, int> slot_of_;  // parameter (TensorImpl*) -> slot
   at::Tensor released_value_;                     // one NaN: what a released parameter reads
+  std::unordered_map<size_t, std::vector<at::DataPtr>> pool_;  // released buffers by size in bytes
+  int64_t pooled_bytes_ = 0;
   bool partitioned_mode_ = false;
   int gather_all_depth_ = 0;
   // The recorded order of ForwardBegin events, and where this pass is in it.

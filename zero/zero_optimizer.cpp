@@ -476,6 +476,7 @@ MemoryReport ZeroOptimizer::memory() const {
     const int64_t element = groups_.front()->compute.element_size();
     m.gathered_parameters_peak = partitioned_->peak_live_numel() * element;
     m.gathered_parameters = partitioned_->live_numel() * element;
+    m.gathered_pool = partitioned_->pooled_bytes();
   }
   m.buckets = reductions_.staging_bytes();
   return m;

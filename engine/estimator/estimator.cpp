@@ -212,8 +212,11 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   }
   g.activations = act_device;
   const int64_t device_overhead = cpu_device ? 0 : r.al.device_overhead;
+  // ZeRO-3 with offload is a design that builds modules partitioned (zero.Init); without offload the
+  // engine is built whole (every bucket gathered) and releases at the first unit.
+  const bool partitioned_build = s.zero_stage == 3 && (s.offload_optimizer != "none" || s.offload_param != "none");
   finish(g, st.construction,
-         s.zero_stage == 3 ? "modules built partitioned (zero.Init-like)"
+         partitioned_build ? "modules built partitioned (zero.Init-like)"
                            : "the engine copies each group into an fp32 flat buffer beside the model's own fp32 tensors",
          r.al.fragmentation, device_overhead, "CUDA context, cuBLAS/NCCL workspaces", cpu_device ? 0 : r.hw.gpu_memory,
          !cpu_device);
@@ -242,11 +245,11 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   // (DeepSpeed's 4·P·gpus_per_node term); ZeRO-3 builds it partitioned (zero.Init).
   int64_t host_construction = 0;
   if (cpu_device) host_construction = ranks * st.construction;
-  else host_construction = ranks * (s.zero_stage == 3 ? 4 * m.largest : 4 * m.params);
+  else host_construction = ranks * (partitioned_build ? 4 * m.largest : 4 * m.params);
   const int64_t host_overhead = int64_t(ranks) * r.al.host_overhead;
   finish(c, host_construction,
          cpu_device ? "the engine's construction on every rank"
-                    : (s.zero_stage == 3 ? "each rank builds its largest module in fp32 on the host"
+                    : (partitioned_build ? "each rank builds its largest module in fp32 on the host"
                                          : "each rank builds its model in fp32 on the host before moving it to the GPU"),
          r.al.fragmentation, host_overhead, per + " x " + format_gib(r.al.host_overhead) + " (process, libraries)",
          r.hw.cpu_memory, r.hw.cpu_memory > 0);
@@ -260,7 +263,7 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   n.model_states = line_sum(n);
   finish(n, 0, "", 0.0, 0, "", r.hw.nvme_capacity, true);  // no capacity given: no NVMe
 
-  ev.validated = s.zero_stage <= 2 && s.offload_optimizer == "none" && s.offload_param == "none" && s.tp == 1 &&
+  ev.validated = s.zero_stage <= 3 && s.offload_optimizer == "none" && s.offload_param == "none" && s.tp == 1 &&
                  s.pp == 1;
   return ev;
 }
@@ -513,7 +516,6 @@ EstimateResult estimate(const EstimateInputs& in) {
                     "its measured memory by tests/test_estimator.cpp");
   else {
     std::vector<std::string> missing;
-    if (s.zero_stage == 3) missing.push_back("ZeRO-3");
     if (s.offload_optimizer != "none" || s.offload_param != "none") missing.push_back("offload");
     if (s.tp > 1) missing.push_back("tensor parallelism");
     if (s.pp > 1) missing.push_back("pipeline parallelism");

@@ -40,10 +40,24 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
   const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
   const std::string dtype = s.precision;
 
-  if (s.zero_stage <= 2) {
+  if (s.zero_stage <= 2 || (s.zero_stage == 3 && !off_opt && !off_param)) {
     // The engine's own buffer planner (zero/buffer_plan.h): the figures are what it allocates.
     BufferPlanInput in;
     in.group_numels = groups;
+    if (s.zero_stage == 3) {
+      // As the engine splits them: each group's partitioned tensors, then its persistent ones
+      // (fewer elements than stage3_param_persistence_threshold), each kind a group of its own.
+      in.group_numels.clear();
+      for (const auto& numels : groups)
+        for (bool partitioned : {true, false}) {
+          std::vector<int64_t> kind;
+          for (auto n : numels)
+            if ((n >= s.stage3_param_persistence_threshold) == partitioned) kind.push_back(n);
+          if (kind.empty()) continue;
+          in.group_numels.push_back(std::move(kind));
+          in.group_partitioned.push_back(partitioned);
+        }
+    }
     in.stage = s.zero_stage;
     in.data_parallel = dp;
     in.compute_bytes = c;
@@ -64,21 +78,22 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
       total += g.layout.total;
       shard += g.layout.shard_numel;
       int64_t group_params = 0;
-      for (auto n : groups[gi]) group_params += n;
-      const int64_t compute = int64_t(c) * g.compute_numel;
+      for (auto n : in.group_numels[gi]) group_params += n;
+      // At stage 3 the engine is built whole (every bucket gathered) and released at the first unit.
+      const int64_t compute = int64_t(c) * (g.compute_numel + (g.partitioned ? g.layout.total : 0));
       const int64_t master = off_opt ? 0 : 4 * g.master_numel;
       st.construction = std::max(st.construction, remaining_model + built + compute + master);
       remaining_model -= 4 * group_params;
       built += compute + master;
     }
     st.params = plan.parameter_bytes;
-    st.params_detail = dtype + ", whole";
+    st.params_detail = dtype + (s.zero_stage == 3 ? ", " + part(dp) + " (small tensors whole)" : ", whole");
     if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
     if (!off_opt) {
       if (mixed) st.master = plan.master_bytes, st.master_detail = part(partitions);
       st.grads = plan.gradient_bytes;
       st.grads_detail = std::string(s.zero_stage < 2 && s.grad_accum_dtype == "bf16" ? "bf16, " : "fp32, ") +
-                        part(s.zero_stage == 2 ? dp : 1);
+                        part(s.zero_stage >= 2 ? dp : 1);
       st.optim = plan.state_bytes;
       st.optim_detail = state_name(s) + ", " + part(partitions);
     } else {
@@ -96,11 +111,17 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
     }
     // Communication buffers: the planner's bound, which the engine reaches (zero/buffer_plan.h).
     st.buckets = plan.communication_bytes;
-    if (s.zero_stage == 2)
+    if (s.zero_stage >= 2)
       st.buckets_detail = std::to_string(plan.staging_buffers) + " fp32 staging buffer" +
                           (plan.staging_buffers > 1 ? "s" : "") + " (2 per group: fill one, reduce the other), " +
                           "largest " + count_str(plan.largest_bucket) + " elements";
-
+    if (s.zero_stage == 3) {
+      // Gathered for compute (not planned: it follows the units): the current unit plus what is
+      // prefetched, bounded by stage3_max_live_parameters, and its gradient before it is folded.
+      const int64_t live = std::min({s.stage3_max_live_parameters, m.largest + s.stage3_prefetch_bucket_size, m.params});
+      st.gathered = int64_t(c) * (live + m.largest);
+      st.gathered_detail = "largest module " + count_str(m.largest) + " + prefetch, and its gradient";
+    }
     return st;
   }
 

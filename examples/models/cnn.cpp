@@ -56,11 +56,17 @@ at::Tensor Cnn::forward(const at::Tensor& images) {
   const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
   if (images.dim() != 4 || images.size(1) != 1 || images.size(2) != 28 || images.size(3) != 28)
     throw std::invalid_argument("Cnn::forward: images must be [N, 1, 28, 28]");
+  // Each layer inside its unit's scope when an engine listens (Engine::unit); its output handed over.
+  auto layer = [&](int unit, auto&& body) {
+    if (!engine_) return body();
+    auto scope = engine_->unit(unit);
+    return scope.output(body());
+  };
   at::Tensor x = images.to(p[kConv1W].device(), p[kConv1W].scalar_type());
-  x = at::max_pool2d(at::relu(at::conv2d(x, p[kConv1W], p[kConv1B], /*stride=*/1, /*padding=*/1)), 2);
-  x = at::max_pool2d(at::relu(at::conv2d(x, p[kConv2W], p[kConv2B], 1, 1)), 2);
-  x = at::relu(at::linear(x.flatten(1), p[kFc1W], p[kFc1B]));
-  return at::linear(x, p[kFc2W], p[kFc2B]);
+  x = layer(0, [&] { return at::max_pool2d(at::relu(at::conv2d(x, p[kConv1W], p[kConv1B], /*stride=*/1, /*padding=*/1)), 2); });
+  x = layer(1, [&] { return at::max_pool2d(at::relu(at::conv2d(x, p[kConv2W], p[kConv2B], 1, 1)), 2); });
+  x = layer(2, [&] { return at::relu(at::linear(x.flatten(1), p[kFc1W], p[kFc1B])); });
+  return layer(3, [&] { return at::linear(x, p[kFc2W], p[kFc2B]); });
 }
 
 at::Tensor Cnn::loss(const at::Tensor& images, const at::Tensor& labels) {
@@ -72,6 +78,11 @@ int64_t Cnn::correct(const at::Tensor& logits, const at::Tensor& labels) {
   return logits.argmax(1).eq(labels.to(logits.device(), at::kLong)).sum().item<int64_t>();
 }
 
-ModelDescription Cnn::param_groups(double weight_decay) const { return decay_groups(params_, weight_decay); }
+ModelDescription Cnn::param_groups(double weight_decay) const {
+  ModelDescription model = decay_groups(params_, weight_decay);
+  const char* names[] = {"conv1", "conv2", "fc1", "fc2"};
+  for (int64_t u = 0; u < 4; ++u) model.units.push_back({names[u], {params_[2 * u], params_[2 * u + 1]}});
+  return model;
+}
 
 }  // namespace tessera::examples

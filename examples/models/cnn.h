@@ -7,7 +7,9 @@
 //   linear 128 → 10                              logits
 //
 // As for the GPT, parameters are read from `parameters()` at every forward (the engine may re-point
-// or replace them), activations follow the parameters' dtype and device, the loss is fp32.
+// or replace them), activations follow the parameters' dtype and device, the loss is fp32. Its
+// units are conv1, conv2, fc1 and fc2; once attach()ed, the forward reports them to the engine
+// (ZeRO-3 gathers each layer's parameters only while it runs).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -47,8 +49,11 @@ class Cnn {
   // Number of correct argmax predictions (no autograd needed).
   static int64_t correct(const at::Tensor& logits, const at::Tensor& labels);
 
-  // "decay": the conv and linear weights (dim >= 2) with `weight_decay`; "no_decay": biases, 0.
+  // "decay": the conv and linear weights (dim >= 2) with `weight_decay`; "no_decay": biases, 0;
+  // and the units, one per layer.
   ModelDescription param_groups(double weight_decay) const;
+  // The forward enters each unit's scope of this engine (nullptr: none).
+  void attach(Engine* engine) { engine_ = engine; }
 
  private:
   int64_t add(const std::string& name, at::Tensor value);
@@ -56,6 +61,7 @@ class Cnn {
   CnnConfig config_;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
+  Engine* engine_ = nullptr;
 };
 
 }  // namespace tessera::examples

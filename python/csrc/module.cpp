@@ -319,6 +319,7 @@ PYBIND11_MODULE(_C, m) {
         d["total"] = r.total();
         d["gathered_parameters"] = r.gathered_parameters;
         d["gathered_parameters_peak"] = r.gathered_parameters_peak;
+        d["gathered_pool"] = r.gathered_pool;
         return d;
       });
 
