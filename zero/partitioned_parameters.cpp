@@ -250,6 +250,7 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
           continue;
         release(s);
       }
+      if (order_known_) prefetch_after(cursor_, /*backward=*/false);  // what the release made room for
       break;
     }
     case UnitEvent::BackwardBegin: {
@@ -270,6 +271,8 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
       if (gather_all_depth_ > 0 || !partitioned_mode_) break;
       for (int s : unit_slots_[u])
         if (slots_[s].owner == u && !used_by_open_unit(s, -1)) release(s);
+      if (order_known_ && backward_cursor_ < order_.size() && order_[backward_cursor_] == u)
+        prefetch_after(backward_cursor_, /*backward=*/true);  // what the release made room for
       break;
     }
   }

@@ -17,11 +17,12 @@
 //   ForwardBegin(u)   gather u's slots (wait), then prefetch the next units' in the recorded order
 //   ForwardEnd(u)     release u's slots, unless another open unit uses them, the unit's backward
 //                     could not be seen coming (no output handed over), or, in training, their
-//                     next use is within stage3_max_reuse_distance elements of gathers
+//                     next use is within stage3_max_reuse_distance elements of gathers; then
+//                     prefetch into the room the release made
 //   BackwardBegin(u)  gather u's slots (wait), prefetch the units before it in forward order
 //   BackwardEnd(u)    release the slots u owns: every gradient of its parameters has arrived, so no
 //                     node left in this backward reads them (a tied parameter's slot stays until its
-//                     owner's backward ends)
+//                     owner's backward ends); then prefetch into the room made
 // The order of units is recorded during the first forward; a forward that departs from it is
 // re-recorded (with a warning on the first departure) and prefetches nothing until it is known.
 // Prefetch is bounded by stage3_prefetch_bucket_size elements in flight and, with what is gathered,
