@@ -145,36 +145,40 @@ def check_gathered(rank, dp):
     return ""
 
 
-class Twice(nn.Module):
-    """Embedding, one block applied twice, LM head: a unit that runs twice per forward."""
+class BlockLm(nn.Module):
+    """Embedding, `blocks` (units of their own), LM head; `body` says how the blocks are applied."""
 
-    def __init__(self):
+    def __init__(self, seed, blocks):
         super().__init__()
-        torch.manual_seed(5)
+        torch.manual_seed(seed)
         self.emb = nn.Embedding(VOCAB, EMBD)
-        self.block = Block(EMBD, 2)
+        self.blocks = nn.ModuleList(Block(EMBD, 2) for _ in range(blocks))
         self.head = nn.Linear(EMBD, VOCAB)
 
-    def forward(self, idx, targets):
-        x = self.block(self.block(self.emb(idx)))
+    def forward(self, idx, targets, *args):
+        x = self.body(self.emb(idx), *args)
         return F.cross_entropy(self.head(x).float().reshape(-1, VOCAB), targets.reshape(-1))
 
 
-class Swapping(nn.Module):
+class Twice(BlockLm):
+    """One block applied twice: a unit that runs twice per forward."""
+
+    def __init__(self):
+        super().__init__(5, 1)
+
+    def body(self, x):
+        return self.blocks[0](self.blocks[0](x))
+
+
+class Swapping(BlockLm):
     """Two blocks whose order swaps when asked: the recorded unit order changes between steps."""
 
     def __init__(self):
-        super().__init__()
-        torch.manual_seed(6)
-        self.emb = nn.Embedding(VOCAB, EMBD)
-        self.a = Block(EMBD, 2)
-        self.b = Block(EMBD, 2)
-        self.head = nn.Linear(EMBD, VOCAB)
+        super().__init__(6, 2)
 
-    def forward(self, idx, targets, swap=False):
-        x = self.emb(idx)
-        x = self.a(self.b(x)) if swap else self.b(self.a(x))
-        return F.cross_entropy(self.head(x).float().reshape(-1, VOCAB), targets.reshape(-1))
+    def body(self, x, swap=False):
+        a, b = self.blocks
+        return a(b(x)) if swap else b(a(x))
 
 
 def check_twice(rank, dp):
