@@ -161,7 +161,10 @@ void Engine::run_backward(const std::function<void()>& autograd) {
     micro_step_ -= micro_step_ % gradient_accumulation_steps_;
     throw;
   }
-  t.backward_s = since(start);
+  // ZeRO-3 waits for a unit's parameters inside autograd: counted as gather wait, not backward.
+  const double gather_in_backward = zero_->take_allgather_wait_s();
+  t.backward_s = since(start) - gather_in_backward;
+  t.allgather_s += gather_in_backward;
   auto wait_start = Clock::now();
   zero_->end_backward();
   t.reduce_s = since(wait_start);

@@ -5,7 +5,8 @@
 // user's code and data between backward calls), backward (autograd, buckets launched as they
 // fill), reduce wait (the reductions still in flight after autograd), optimizer (norm, update,
 // launching the allgathers) and allgather wait (waiting for updated parameters: in the next
-// forward's units with overlap_comm, else at the end of the step).
+// forward's units with overlap_comm, else at the end of the step; at ZeRO-3 also the gathers a
+// unit's forward or backward waits for).
 #pragma once
 
 #include <chrono>

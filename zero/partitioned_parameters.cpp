@@ -53,14 +53,13 @@ void PartitionedParameters::free_storage(const at::Tensor& t) {
 PartitionedParameters::PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups,
                                              UnitTracker& units, const PartitionedOptions& options)
     : comm_(gather), units_(units), options_(options) {
-  std::unordered_map<const void*, int>& slot_of = slot_of_;
   for (ZeroGroup* g : groups) {
     if (!g->partitioned) continue;
     for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
       const FlatBucket& k = g->layout.buckets[b];
       Slot slot;
       for (int p : k.params) {
-        slot_of[g->params[p].unsafeGetTensorImpl()] = static_cast<int>(slots_.size());
+        slot_of_[g->params[p].unsafeGetTensorImpl()] = static_cast<int>(slots_.size());
         slot.params.emplace_back(g->params[p], g->params[p].detach());  // the detached view keeps the layout
       }
       if (!released_value_.defined()) released_value_ = at::full({1}, NAN, g->compute.options());
@@ -76,8 +75,8 @@ PartitionedParameters::PartitionedParameters(Communicator& gather, const std::ve
   unit_slots_.resize(units_.size());
   for (int u = 0; u < units_.size(); ++u) {
     for (const void* p : units_.params_used(u)) {
-      auto it = slot_of.find(p);
-      if (it == slot_of.end()) continue;  // a persistent parameter
+      auto it = slot_of_.find(p);
+      if (it == slot_of_.end()) continue;  // a persistent parameter
       if (std::find(unit_slots_[u].begin(), unit_slots_[u].end(), it->second) == unit_slots_[u].end())
         unit_slots_[u].push_back(it->second);
     }
@@ -110,7 +109,6 @@ void PartitionedParameters::launch(int s) {
     live_numel_ += slot.numel;
     peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
   }
-  ++gathers_;
   // This rank's chunk of the bucket comes from its shard; the allgather fills the rest in place.
   at::Tensor chunk = full.narrow(0, comm_.rank() * k.shard, k.shard);
   chunk.copy_(slot.group->compute.narrow(0, k.shard_offset, k.shard));

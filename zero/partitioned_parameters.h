@@ -82,7 +82,6 @@ class PartitionedParameters final : public UnitListener {
   bool partitioned_mode() const { return partitioned_mode_; }
   int64_t live_numel() const { return live_numel_; }
   int64_t peak_live_numel() const { return peak_live_numel_; }
-  int64_t gathers() const { return gathers_; }  // slots gathered so far (each a collective)
   int64_t pooled_bytes() const { return pooled_bytes_; }  // released buffers kept for the next gathers
   double take_wait_s();                          // seconds spent waiting for gathers since the last call
 
@@ -128,7 +127,6 @@ class PartitionedParameters final : public UnitListener {
   size_t cursor_ = 0;          // forward: the next position expected
   size_t backward_cursor_ = 0; // backward: one past the position of the last unit begun
   int64_t live_numel_ = 0, peak_live_numel_ = 0, in_flight_prefetch_ = 0;
-  int64_t gathers_ = 0;
   double wait_s_ = 0;
 };
 

@@ -45,11 +45,6 @@ class Stage2 final : public PartitionedStage {
     const FlatBucket& b = g.layout.buckets[bucket];
     return g.grads.narrow(0, b.shard_offset, b.shard);
   }
-  // Stage 3: only groups of persistent parameters gather after the step.
-  CommHandle gather_bucket(ZeroGroup& g, int bucket) override {
-    return g.partitioned ? CommHandle() : PartitionedStage::gather_bucket(g, bucket);
-  }
-
  private:
   int number_;
 };

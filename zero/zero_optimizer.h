@@ -104,8 +104,11 @@ class ZeroOptimizer final : public UnitListener {
   // Waits for every allgather still in flight: the parameters are final after it.
   void wait_for_parameters();
   bool parameters_in_flight() const { return !gathers_.empty(); }
-  // Seconds spent waiting for allgathers since the last call (the progress line's allgather wait).
-  double take_allgather_wait_s() { return std::exchange(allgather_wait_s_, 0.0); }
+  // Seconds spent waiting for allgathers since the last call (the progress line's allgather wait):
+  // stages 1–2's of updated parameters, and stage 3's gathers before a unit's forward or backward.
+  double take_allgather_wait_s() {
+    return std::exchange(allgather_wait_s_, 0.0) + (partitioned_ ? partitioned_->take_wait_s() : 0.0);
+  }
   // A unit's forward begins: its parameters' allgathers must be done.
   void on_unit_event(int unit, UnitEvent event) override;
   void zero_grad();

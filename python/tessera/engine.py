@@ -499,7 +499,8 @@ class Engine:
         forward_s (the caller's code between backward calls: data and forward), backward_s
         (autograd, buckets reduced as they fill), reduce_wait_s (reductions still in flight after
         autograd), optimizer_s (norm, update, launching the allgathers), allgather_wait_s (waiting
-        for updated parameters, in the next forward's units with overlap_comm), and
+        for updated parameters, in the next forward's units with overlap_comm; at ZeRO-3 the gathers
+        a unit's forward or backward waits for), and
         optimizer_steps. Disjoint parts; the difference of two readings times an interval."""
         return self._c.wall_clock_breakdown()
 

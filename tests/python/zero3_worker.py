@@ -102,12 +102,18 @@ def check_memory(rank, dp):
     return "peak gathered %d of %d bytes" % (mem["gathered_parameters_peak"], whole)
 
 
-def check_eval(rank, dp):
-    model = Gpt(vocab=VOCAB, block_size=BLOCK, n_layer=4, n_head=2, n_embd=EMBD, seed=3)
+def trained_gpt(rank, dp, layers):
+    """The example GPT at ZeRO-3 after one step on batch 0; returns (model, engine, x, y)."""
+    model = Gpt(vocab=VOCAB, block_size=BLOCK, n_layer=layers, n_head=2, n_embd=EMBD, seed=3)
     engine = tessera.initialize(model=model, config=config())
     x, y = batch(0, dp)
     engine.backward(engine(mine(x, rank), mine(y, rank)))
     engine.step()
+    return model, engine, x, y
+
+
+def check_eval(rank, dp):
+    model, engine, x, y = trained_gpt(rank, dp, 4)
     with torch.no_grad():
         engine(mine(x, rank), mine(y, rank))
     assert engine.memory_report()["gathered_parameters"] == 0, engine.memory_report()
@@ -118,11 +124,7 @@ def check_eval(rank, dp):
 
 
 def check_gathered(rank, dp):
-    model = Gpt(vocab=VOCAB, block_size=BLOCK, n_layer=2, n_head=2, n_embd=EMBD, seed=3)
-    engine = tessera.initialize(model=model, config=config())
-    x, y = batch(0, dp)
-    engine.backward(engine(mine(x, rank), mine(y, rank)))
-    engine.step()
+    model, engine, x, y = trained_gpt(rank, dp, 2)
     weight = model.transformer.h[0].attn.c_attn.weight
     with tessera.zero.GatheredParameters(model.parameters()):
         norm = weight.norm().item()
