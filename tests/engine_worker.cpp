@@ -30,6 +30,8 @@
 //                        stage3_prefetch_bucket_size (800: about one unit of the MLP). With --units at stage 3 the worker checks
 //                        that nothing stays gathered after a step and that the most gathered at
 //                        once is below the whole model.
+//   --init               each layer is partitioned as soon as it is built (zero/partitioned_init.h):
+//                        the engine builds its buffers from the chunks; no rank holds the model.
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
 //                        (Engine::unit) in its forward; the last micro-step's unit events must be
 //                        forward 0, 1, 2 then backward 2, 1, 0, each unit's counts one per micro-step.
@@ -71,6 +73,7 @@
 #include "engine/progress.h"  // peak_rss_bytes
 #include "optim/lr_schedule.h"
 #include "parallel/parallel_context.h"
+#include "zero/partitioned_init.h"
 
 using namespace tessera;
 
@@ -86,6 +89,7 @@ struct Args {
   int hidden = 0;
   bool memory_sweep = false;
   bool units = false;
+  bool init = false;  // --init: built under PartitionedInit (zero.Init), layer by layer
   bool rss = false;
   bool allreduce = false;
   std::string comm_dtype;  // empty: the key is left out
@@ -324,13 +328,23 @@ int run(const Args& a) {
   const int dp = ctx->data().size(), rank = ctx->data().rank();
   Config config = load_config(config_text(a), ctx->world_size());
   Mlp model(a.seed_by_rank ? 42 + rank : 42, a.hidden, a.unused_off_rank0);
-  Engine engine(config, *ctx, describe(model, a.units));
+  ModelDescription description = describe(model, a.units);
+  if (a.init) {  // as a model built under zero.Init would be: one layer at a time, then the engine
+    PartitionedInit init(ctx->data());
+    for (size_t first = 0; first < model.params.size(); first += 2)
+      init.partition({model.params.begin() + first, model.params.begin() + std::min(first + 2, model.params.size())});
+    if (model.params[0].storage().nbytes() > size_t(model.params[0].element_size()) || init.held_parameters() != int64_t(model.params.size()))
+      throw std::runtime_error("zero.Init: a partitioned parameter still holds its bytes");
+    init.take_shards(description);
+  }
+  Engine engine(config, *ctx, std::move(description));
   Reference reference(a);
   auto schedule = config.scheduler ? make_lr_schedule(config.scheduler->type, config.scheduler->params, base_lr(a))
                                    : make_lr_schedule("", {}, base_lr(a));
 
   // Right after construction every rank holds rank 0's parameters (the engine broadcasts them).
-  for (size_t i = 0; i < model.params.size(); ++i)
+  // (Built partitioned, they hold none: the comparison with the reference after training shows it.)
+  for (size_t i = 0; i < model.params.size() && !a.init; ++i)
     if (!at::equal(model.params[i].detach().to(at::kFloat), reference.model.params[i].detach().to(at::kFloat)) &&
         a.dtype == "fp32")
       throw std::runtime_error("parameter " + std::to_string(i) + " differs from rank 0's after construction");
@@ -580,6 +594,7 @@ int main(int argc, char** argv) {
     else if (k == "--hidden") a.hidden = std::stoi(next());
     else if (k == "--memory-sweep") a.memory_sweep = true;
     else if (k == "--units") a.units = true;
+    else if (k == "--init") a.init = true;
     else if (k == "--rss") a.rss = true;
     else if (k == "--allreduce") a.allreduce = true;
     else if (k == "--comm-dtype") a.comm_dtype = next();

@@ -1,4 +1,4 @@
-// ZeRO stage 3 (zero/partitioned_parameters.h) against the single-process reference of
+// ZeRO stage 3 (zero/partitioned_parameters.h, zero/partitioned_init.h) against the single-process reference of
 // tests/engine_worker.cpp: partitioned parameters gathered unit by unit, on 1, 2 and 4 ranks, with
 // accumulation, clipping, every optimizer, bf16, persistent parameters, prefetch on and off, a
 // parameter one rank does not use, a backward that throws, and a model that reports no units. With
@@ -79,4 +79,13 @@ TEST_CASE("ZeRO-3 with a model that reports no units trains whole and says so") 
   auto r = train(2, {"--steps", "3"});
   check_ok(r);
   CHECK(contains(r.output, "reported none of its units"));
+}
+
+TEST_CASE("ZeRO-3 of a model built partitioned layer by layer (zero.Init) equals a single-process run") {
+  // Each rank builds from its own seed: the chunks must be rank 0's values.
+  for (int ranks : {1, 2, 4}) {
+    INFO("ranks " << ranks);
+    check_ok(train(ranks, {"--units", "--init", "--seed-by-rank", "--steps", "4", "--bucket", "300"}));
+  }
+  check_ok(train(2, {"--units", "--init", "--persist", "30", "--dtype", "bf16", "--steps", "3"}));
 }

@@ -29,6 +29,9 @@ struct ParamGroup {
   std::string name;
   std::vector<std::string> param_names;  // optional, one per parameter: named in errors
   std::vector<bool> tensor_sharded;      // optional, one per parameter (default: replicated)
+  // optional, one per parameter: its values as this rank's chunk (zero/partitioned_init.h) when it
+  // was partitioned at construction and holds no bytes itself; undefined where it is whole
+  std::vector<at::Tensor> shards;
 };
 
 // How errors and unit listings name parameter i of a group: its given name, else its place.

@@ -19,6 +19,12 @@ size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t
 
 }  // namespace
 
+void release_storage(const at::Tensor& buffer) {
+  c10::StorageImpl* s = buffer.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
+
 // The storage behind a slot's buffer (and every parameter view of it) gets or loses its bytes; the
 // tensors keep their sizes. Freed bytes go to a pool of buffers by size (a transformer's blocks
 // have the same sizes, so the next unit reuses them: no page faults, and the C library's heap
@@ -51,8 +57,9 @@ void PartitionedParameters::free_storage(const at::Tensor& t) {
 }
 
 PartitionedParameters::PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups,
-                                             UnitTracker& units, const PartitionedOptions& options)
-    : comm_(gather), units_(units), options_(options) {
+                                             UnitTracker& units, const PartitionedOptions& options,
+                                             bool start_released)
+    : comm_(gather), units_(units), options_(options), partitioned_mode_(start_released) {
   for (ZeroGroup* g : groups) {
     if (!g->partitioned) continue;
     for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
@@ -67,8 +74,13 @@ PartitionedParameters::PartitionedParameters(Communicator& gather, const std::ve
       slot.bucket = static_cast<int>(b);
       slot.owner = k.key;
       slot.numel = k.numel;
+      if (start_released) {
+        slot.state = State::Released;
+        for (auto& [param, view] : slot.params) param.set_data(released_value_.expand(param.sizes()));
+      } else {
+        live_numel_ += k.numel;
+      }
       slots_.push_back(std::move(slot));
-      live_numel_ += k.numel;
     }
   }
   peak_live_numel_ = live_numel_;

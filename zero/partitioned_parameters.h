@@ -30,6 +30,7 @@
 //
 // Until the model reports its first unit, every slot stays gathered (the model is whole after
 // construction); a model that never reports units trains with whole parameters (the engine warns).
+// A model built partitioned starts released, every slot gathered by its first use.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -54,12 +55,16 @@ struct PartitionedOptions {
   int64_t max_reuse_distance = 1'000'000'000; // stage3_max_reuse_distance
 };
 
+// Frees the bytes behind `buffer`'s storage; tensors viewing it keep their sizes.
+void release_storage(const at::Tensor& buffer);
+
 class PartitionedParameters final : public UnitListener {
  public:
-  // `groups`: every group of the engine (only partitioned ones are acted on); their `gathered`
-  // buffers must exist, whole, with the model's tensors pointing into them.
+  // `groups`: every group of the engine (only partitioned ones are acted on); the model's tensors
+  // point into their `gathered` buffers, which hold the whole values, or (start_released: a model
+  // built partitioned, zero/partitioned_init.h) hold no bytes yet.
   PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups, UnitTracker& units,
-                        const PartitionedOptions& options);
+                        const PartitionedOptions& options, bool start_released = false);
   ~PartitionedParameters() override;
 
   void on_unit_event(int unit, UnitEvent event) override;

@@ -116,6 +116,17 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   }
   if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
   plan_ = plan_buffers(input);
+  // A model built under PartitionedInit: its parameters hold no bytes, their values are chunks,
+  // taken out of the description here and freed bucket by bucket as the buffers are filled.
+  std::unordered_map<const void*, at::Tensor> chunks;
+  for (ParamGroup& g : model.groups) {
+    for (size_t i = 0; i < g.shards.size() && i < g.params.size(); ++i)
+      if (g.shards[i].defined()) chunks[g.params[i].unsafeGetTensorImpl()] = std::move(g.shards[i]);
+    g.shards.clear();
+  }
+  const bool born_partitioned = !chunks.empty();
+  if (born_partitioned && options.stage == 3 && !units)
+    throw std::invalid_argument("tessera: a model built under zero.Init needs its units reported (zero/model.h)");
   std::vector<int64_t> pools;
   for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
   reductions_.set_staging_pools(std::move(pools));
@@ -134,27 +145,38 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->partitioned = planned.partitioned;
     const FlatLayout& L = g->layout;
     g->compute = at::empty({planned.compute_numel}, f32.dtype(options.compute_dtype));
-    if (g->partitioned)  // stage 3: each bucket's whole buffer, gathered around its unit's use
-      for (const FlatBucket& k : L.buckets) g->gathered.push_back(at::empty({k.numel}, f32.dtype(options.compute_dtype)));
+    if (g->partitioned) g->gathered.resize(L.buckets.size());
     if (planned.master_numel) g->master = at::empty({planned.master_numel}, f32);
-    std::vector<at::Tensor> params;
-    for (int i : spec.members) params.push_back(spec.source->params[i]);
-    fill_from_model(*g, params, rank);
-
-    // The model's tensors become views into the compute buffer (same objects, new storage), or at
-    // stage 3 into their bucket's gathered buffer.
+    std::vector<at::Tensor> params, shards;
+    for (int i : spec.members) {
+      params.push_back(spec.source->params[i]);
+      auto chunk = chunks.find(spec.source->params[i].unsafeGetTensorImpl());
+      shards.push_back(chunk != chunks.end() ? std::move(chunk->second) : at::Tensor());
+      if (chunk != chunks.end()) chunks.erase(chunk);
+    }
+    g->params.resize(params.size());
+    g->unit_of.assign(params.size(), -1);
     const int group_index = static_cast<int>(groups_.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor p = params[i];
-      const FlatParam& fp = L.params[i];
-      const FlatBucket& k = L.buckets[fp.bucket];
-      at::Tensor flat = g->partitioned ? g->gathered[fp.bucket].narrow(0, fp.offset - k.offset, fp.numel)
-                                       : g->compute.narrow(0, fp.offset, fp.numel);
-      p.set_data(flat.view(p.sizes()));
-      torch::autograd::impl::set_post_acc_grad_hooks(
-          p, std::make_unique<GradReadyHook>(this, group_index, static_cast<int>(i)));
-      g->params.push_back(p);
-      g->unit_of.push_back(units_ ? units_->owner_of(p) : -1);
+    for (size_t b = 0; b < L.buckets.size(); ++b) {
+      const FlatBucket& k = L.buckets[b];
+      // Stage 3: the bucket's whole buffer, gathered around its unit's use.
+      if (g->partitioned) g->gathered[b] = at::empty({k.numel}, f32.dtype(options.compute_dtype));
+      fill_bucket(*g, static_cast<int>(b), params, shards, rank);
+      // The model's tensors become views into the compute buffer (same objects, new storage), or
+      // at stage 3 into their bucket's gathered buffer.
+      for (int i : k.params) {
+        at::Tensor p = params[i];
+        const FlatParam& fp = L.params[i];
+        at::Tensor flat = g->partitioned ? g->gathered[b].narrow(0, fp.offset - k.offset, fp.numel)
+                                         : g->compute.narrow(0, fp.offset, fp.numel);
+        p.set_data(flat.view(p.sizes()));
+        torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<GradReadyHook>(this, group_index, i));
+        g->params[i] = p;
+        g->unit_of[i] = units_ ? units_->owner_of(p) : -1;
+      }
+      // A model built partitioned is never whole here either: the bucket's bytes go at once.
+      if (g->partitioned && born_partitioned) release_storage(g->gathered[b]);
+      for (int i : k.params) shards[i] = at::Tensor();
     }
     g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
     g->staging.resize(L.buckets.size());
@@ -235,44 +257,88 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     }
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
-    if (units_) partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned);
+    if (units_)
+      partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned,
+                                                             /*start_released=*/born_partitioned);
   }
 }
 
-// Fills the compute buffer and the fp32 master shard from the model's tensors AS DATA-PARALLEL
-// RANK 0 HOLDS THEM, as DDP and DeepSpeed do at construction: ranks that initialized their model
-// differently (another seed) start from identical parameters. The values travel in fp32 (the
-// master shard is exact, not rounded through the compute dtype), one broadcast per piece of at
-// most 2^24 elements of each bucket: no per-parameter collectives, and a transient of at most
-// 64 MiB on top of the model's tensors, the compute buffer and the master shard.
-void ZeroOptimizer::fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>& params, int rank) {
+// Fills bucket b of the compute buffer (or its gathered buffer at stage 3) and the fp32 master
+// shard from the model's tensors AS DATA-PARALLEL RANK 0 HOLDS THEM, as DDP and DeepSpeed do at
+// construction: ranks that initialized their model differently (another seed) start from
+// identical parameters. The values travel in fp32 (the master shard is exact, not rounded through
+// the compute dtype) in pieces of at most 2^24 elements: one broadcast per piece of the bucket's
+// whole tensors, one allgather per run of its partitioned ones (their chunks, zero/partitioned_init.h);
+// no per-parameter collectives, and a transient of at most 64 MiB on top of the model's tensors,
+// the compute buffer and the master shard.
+void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tensor>& params,
+                                const std::vector<at::Tensor>& shards, int rank) {
   constexpr int64_t kPiece = int64_t(1) << 24;
   const FlatLayout& L = g.layout;
-  const bool broadcast = data_.size() > 1;
-  for (size_t b = 0; b < L.buckets.size(); ++b) {
-    const FlatBucket& k = L.buckets[b];
-    // The whole bucket: in the compute buffer, or (stage 3) its gathered buffer.
-    at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
+  const FlatBucket& k = L.buckets[b];
+  const int ranks = data_.size();
+  at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
+  // Bucket elements [begin, begin + values.numel()) are known: into the bucket and this rank's
+  // chunk of it, [rank·shard, (rank+1)·shard), in the master shard and (stage 3) the compute shard.
+  auto place = [&](int64_t begin, const at::Tensor& values) {
+    const int64_t end = begin + values.numel();
+    whole.narrow(0, begin, end - begin).copy_(values);
+    if (!g.mixed() && !g.partitioned) return;
+    const int64_t lo = std::max(begin, rank * k.shard), hi = std::min(end, (rank + 1) * k.shard);
+    if (lo >= hi) return;
+    const int64_t local = k.shard_offset + lo - rank * k.shard;
+    if (g.mixed()) g.master.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+    if (g.partitioned) g.compute.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+  };
+  auto offset_in_bucket = [&](int p) { return L.params[p].offset - k.offset; };
+  std::vector<int> whole_params, chunked;
+  for (int p : k.params) (shards[p].defined() ? chunked : whole_params).push_back(p);
+
+  // Whole tensors (and the padding, zeros): rank 0's, broadcast piece by piece.
+  if (!whole_params.empty() || chunked.empty())
     for (int64_t begin = 0; begin < k.numel; begin += kPiece) {
-      const int64_t end = std::min(k.numel, begin + kPiece);  // [begin, end) of the bucket
-      at::Tensor values = at::zeros({end - begin}, data_.options(at::kFloat));  // padding stays 0
-      for (int p : k.params) {
-        const int64_t p_begin = L.params[p].offset - k.offset, p_end = p_begin + L.params[p].numel;
+      const int64_t end = std::min(k.numel, begin + kPiece);
+      at::Tensor values = at::zeros({end - begin}, data_.options(at::kFloat));
+      for (int p : whole_params) {
+        const int64_t p_begin = offset_in_bucket(p), p_end = p_begin + L.params[p].numel;
         const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
-        if (lo >= hi) continue;
-        values.narrow(0, lo - begin, hi - lo).copy_(params[p].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+        if (lo < hi)
+          values.narrow(0, lo - begin, hi - lo).copy_(params[p].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
       }
-      if (broadcast) data_.broadcast(values, 0);
-      whole.narrow(0, begin, end - begin).copy_(values);
-      if (!g.mixed() && !g.partitioned) continue;
-      // This rank's chunk of the bucket is [rank·shard, (rank+1)·shard): its part inside this piece
-      // goes to the master shard and (stage 3) the compute shard.
-      const int64_t lo = std::max(begin, rank * k.shard), hi = std::min(end, (rank + 1) * k.shard);
-      if (lo >= hi) continue;
-      const int64_t local = k.shard_offset + lo - rank * k.shard;
-      if (g.mixed()) g.master.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
-      if (g.partitioned) g.compute.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+      if (ranks > 1) data_.broadcast(values, 0);
+      place(begin, values);
     }
+  else {  // the padding (zeros in every copy)
+    whole.zero_();
+    if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).zero_();
+    if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).zero_();
+  }
+
+  // Partitioned tensors: every rank's chunks of a run of them in one allgather, each parameter
+  // then rank 0's chunk, rank 1's, ... cut to its size.
+  for (size_t first = 0; first < chunked.size();) {
+    size_t last = first;
+    int64_t per_rank = 0;
+    while (last < chunked.size() && (last == first || (per_rank + shards[chunked[last]].numel()) * ranks <= kPiece))
+      per_rank += shards[chunked[last++]].numel();
+    at::Tensor all = at::empty({ranks * per_rank}, data_.options(at::kFloat));
+    at::Tensor mine = all.narrow(0, rank * per_rank, per_rank);
+    int64_t offset = 0;
+    for (size_t i = first; i < last; ++i) {
+      const at::Tensor& chunk = shards[chunked[i]];
+      mine.narrow(0, offset, chunk.numel()).copy_(chunk.reshape({-1}));
+      offset += chunk.numel();
+    }
+    if (ranks > 1) data_.all_gather(mine, all);
+    at::Tensor grid = all.view({ranks, per_rank});
+    offset = 0;
+    for (size_t i = first; i < last; ++i) {
+      const int p = chunked[i];
+      const int64_t c = shards[p].numel();
+      place(offset_in_bucket(p), grid.narrow(1, offset, c).reshape({-1}).narrow(0, 0, L.params[p].numel));
+      offset += c;
+    }
+    first = last;
   }
 }
 

@@ -128,7 +128,8 @@ class ZeroOptimizer final : public UnitListener {
   void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;
-  void fill_from_model(ZeroGroup& g, const std::vector<at::Tensor>& params, int rank);
+  void fill_bucket(ZeroGroup& g, int bucket, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& shards,
+                   int rank);
 
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();
