@@ -6,6 +6,8 @@
 #include <c10/core/UndefinedTensorImpl.h>
 
 #include <cmath>
+
+#include "csrc/heap_trim.h"
 #include <stdexcept>
 
 namespace tessera {
@@ -62,6 +64,11 @@ void PartitionedInit::partition(const std::vector<at::Tensor>& all) {
     entries_.emplace(p.unsafeGetTensorImpl(), std::move(e));
     offset += n;
   }
+  // What the piece was built in goes back to the OS now: glibc keeps freed heap memory, and with
+  // its default (moving) mmap threshold building layer after layer grows the heap past the whole
+  // model (measured: 16 layers of 4 MiB on 2 ranks, peak +92 MiB without this, +44 with it).
+  flat = at::Tensor();
+  release_free_heap();
 }
 
 bool PartitionedInit::holds(const at::Tensor& param) const {

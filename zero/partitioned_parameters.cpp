@@ -2,12 +2,15 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/StorageImpl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -265,6 +268,7 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
     }
     case UnitEvent::BackwardBegin: {
       if (!order_known_) {  // the first backward: the forward before it is the order
+        check_order_across_ranks();
         order_known_ = true;
         backward_cursor_ = order_.size();
       }
@@ -286,6 +290,38 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
       break;
     }
   }
+}
+
+// Every rank must have run the same units in the same order: the gathers pair up across ranks by
+// their order, so a rank whose control flow departs (a branch on its rank or its data) would
+// exchange one unit's values for another's. One small allgather each time an order is recorded:
+// (length, FNV-1a hash of the unit sequence) per rank. Every rank sees every rank's pair, so all
+// of them raise together rather than some going on into mismatched collectives.
+void PartitionedParameters::check_order_across_ranks() {
+  if (comm_.size() == 1) return;
+  uint64_t hash = 1469598103934665603ull;
+  for (int u : order_) hash = (hash ^ static_cast<uint64_t>(u + 1)) * 1099511628211ull;
+  at::Tensor all = at::zeros({2 * comm_.size()}, comm_.options(at::kLong));
+  at::Tensor mine = all.narrow(0, 2 * comm_.rank(), 2);
+  mine[0] = static_cast<int64_t>(order_.size());
+  mine[1] = static_cast<int64_t>(hash);
+  comm_.all_gather(mine, all);
+  const int64_t* v = all.data_ptr<int64_t>();
+  std::string ranks;
+  bool same = true;
+  for (int r = 0; r < comm_.size(); ++r) {
+    same = same && v[2 * r] == v[0] && v[2 * r + 1] == v[1];
+    char digest[32];
+    std::snprintf(digest, sizeof digest, "%04llx", static_cast<unsigned long long>(v[2 * r + 1]) & 0xffff);
+    ranks += (r ? ", " : "") + std::to_string(r) + ": " + std::to_string(v[2 * r]) + " units, order hash " + digest;
+  }
+  if (same) return;
+  std::string mine_names;
+  for (size_t i = 0; i < order_.size(); ++i) mine_names += (i ? ", " : "") + units_.unit(order_[i]).name;
+  throw std::runtime_error("tessera: ZeRO-3: the units ran in different orders on the data-parallel ranks (by rank: " +
+                           ranks + "); this rank (" + std::to_string(comm_.rank()) + ") ran " + mine_names +
+                           ". Every rank must run the same units in the same order each step: the parameter gathers "
+                           "pair up across ranks by their order (a branch on the rank or on the data breaks it).");
 }
 
 void PartitionedParameters::fetch(const at::Tensor& param) {

@@ -25,6 +25,7 @@
 //                     owner's backward ends); then prefetch into the room made
 // The order of units is recorded during the first forward; a forward that departs from it is
 // re-recorded (with a warning on the first departure) and prefetches nothing until it is known.
+// Each recorded order is checked to be the same on every data-parallel rank (an error otherwise).
 // Prefetch is bounded by stage3_prefetch_bucket_size elements in flight and, with what is gathered,
 // by stage3_max_live_parameters.
 //
@@ -112,6 +113,7 @@ class PartitionedParameters final : public UnitListener {
   void prefetch_after(size_t position, bool backward);
   bool used_by_open_unit(int slot, int except) const;
   int64_t reuse_distance(int slot, size_t position) const;
+  void check_order_across_ranks();  // throws, on every rank, when the recorded orders differ
 
   Communicator& comm_;
   UnitTracker& units_;

@@ -13,6 +13,7 @@ linear 128->10 (421,642 parameters), He initialization, output layer N(0, 0.01).
 Nothing here knows about tessera: activations follow the parameters' dtype, which the engine sets
 (bf16 under "bf16": {"enabled": true}); losses are computed in fp32.
 """
+import contextlib
 import math
 
 import torch
@@ -59,9 +60,12 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab=256, block_size=128, n_layer=4, n_head=4, n_embd=128, seed=1234, device="cpu"):
+    def __init__(self, vocab=256, block_size=128, n_layer=4, n_head=4, n_embd=128, seed=1234, device="cpu",
+                 gathered=None):
         """device: where the parameters are made and drawn (a GPU draws other numbers than the CPU
-        from the same seed, so only the CPU matches the C++ model)."""
+        from the same seed, so only the CPU matches the C++ model). gathered: for a model built
+        partitioned (tessera.zero.Init, deepspeed.zero.Init), a function of one parameter giving the
+        context in which it may be written, e.g. lambda p: tessera.zero.GatheredParameters(p, modifier_rank=0)."""
         super().__init__()
         self.block_size = block_size
         with torch.device(device):
@@ -73,15 +77,17 @@ class Gpt(nn.Module):
             ))
         gen = torch.Generator(device=device).manual_seed(seed)
         residual_std = 0.02 / math.sqrt(2.0 * n_layer)
+        whole = gathered or (lambda p: contextlib.nullcontext())
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if p.dim() >= 2:
                     std = residual_std if name.endswith("c_proj.weight") else 0.02
-                    p.copy_(torch.normal(0.0, std, tuple(p.shape), generator=gen, device=p.device))
-                elif name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-                    p.fill_(1.0)
+                    values = torch.normal(0.0, std, tuple(p.shape), generator=gen, device=gen.device)
+                    with whole(p):
+                        p.copy_(values)
                 else:
-                    p.zero_()
+                    with whole(p):
+                        p.fill_(1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
 
     def forward(self, idx, targets=None):
         """Logits [B, T, vocab], or the mean cross-entropy (fp32) when targets are given."""

@@ -26,6 +26,7 @@
 #include "engine/estimator/estimator.h"
 #include "engine/progress.h"
 #include "parallel/parallel_context.h"
+#include "zero/partitioned_init.h"
 
 namespace py = pybind11;
 using namespace tessera;
@@ -57,6 +58,12 @@ struct EngineHandle {
       if (slot && static_cast<const void*>(slot.get()) == hook) slot.reset();
     }
   }
+};
+
+// tessera.zero.Init's C++ half (zero/partitioned_init.h), with the context its communicator lives in.
+struct InitHandle {
+  std::shared_ptr<ParallelContext> context;
+  std::unique_ptr<PartitionedInit> init;
 };
 
 ReduceOp reduce_op(const std::string& op) {
@@ -141,7 +148,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("tensor", [](const ConfigHandle& c) { return c.layout.tensor; })
       .def_property_readonly("pipe", [](const ConfigHandle& c) { return c.layout.pipe; })
       .def_property_readonly("data", [](const ConfigHandle& c) { return c.layout.data; })
-      .def_property_readonly("world_size", [](const ConfigHandle& c) { return c.layout.world_size; });
+      .def_property_readonly("world_size", [](const ConfigHandle& c) { return c.layout.world_size; })
+      .def_property_readonly("zero_stage", [](const ConfigHandle& c) { return c.config.zero_optimization.stage; });
 
   m.def(
       "load_config",
@@ -207,16 +215,37 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("tensor"), py::arg("src") = 0, py::arg("group") = "world");
 
+  py::class_<InitHandle, std::shared_ptr<InitHandle>>(m, "PartitionedInit")
+      .def(py::init([](std::shared_ptr<ParallelContext> context) {
+             if (!context) throw std::invalid_argument("tessera: no parallel context");
+             auto h = std::make_shared<InitHandle>();
+             h->context = context;
+             h->init = std::make_unique<PartitionedInit>(context->data());
+             return h;
+           }),
+           py::arg("context"))
+      .def("partition", [](InitHandle& h, const std::vector<at::Tensor>& params) { blocking([&] { h.init->partition(params); }); })
+      .def("gather", [](InitHandle& h, const std::vector<at::Tensor>& params) { blocking([&] { h.init->gather(params); }); })
+      .def("release", [](InitHandle& h, const std::vector<at::Tensor>& params, int root) {
+        blocking([&] { h.init->release(params, root); });
+      }, py::arg("params"), py::arg("root") = -1)
+      .def("holds", [](const InitHandle& h, const at::Tensor& p) { return h.init->holds(p); })
+      .def_property_readonly("held_bytes", [](const InitHandle& h) { return h.init->held_bytes(); })
+      .def_property_readonly("held_parameters", [](const InitHandle& h) { return h.init->held_parameters(); });
+
   py::class_<EngineHandle>(m, "Engine")
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
                        const std::vector<std::tuple<std::vector<at::Tensor>, std::optional<double>,
                                                     std::optional<double>, std::string, std::vector<std::string>>>& groups,
-                       const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units) {
+                       const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units,
+                       const std::vector<std::shared_ptr<InitHandle>>& inits) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");
              ModelDescription model;
              for (const auto& [params, lr, weight_decay, name, names] : groups)
-               model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, {}});
+               model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, {}, {}});
              for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
+             for (const auto& init : inits)  // a model built under tessera.zero.Init: its chunks
+               if (init) init->init->take_shards(model);
              auto e = std::make_unique<EngineHandle>();
              e->context = context;
              std::vector<at::Tensor> params;
@@ -229,7 +258,8 @@ PYBIND11_MODULE(_C, m) {
                e->hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
              return e;
            }),
-           py::arg("config"), py::arg("context"), py::arg("groups"), py::arg("units"))
+           py::arg("config"), py::arg("context"), py::arg("groups"), py::arg("units"),
+           py::arg("inits") = std::vector<std::shared_ptr<InitHandle>>{})
       .def(
           "backward",
           [](EngineHandle& e, const at::Tensor& loss) { blocking([&] { e.engine->backward(loss); }); },

@@ -193,7 +193,21 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)
     cgroups = [g + ([names.get(id(p), "") for p in g[0]],) for g in groups]
-    cengine = _C.Engine(cfg, context, cgroups, unit_spec)
+    # A model built under tessera.zero.Init: the engine builds its buffers from the chunks.
+    inits = {}
+    for name, p in model.named_parameters():
+        init = getattr(p, "_tessera_init", None)
+        if init is None or not init.holds(p):
+            continue
+        if id(p) not in trainable:
+            raise ValueError("tessera.initialize: %s was partitioned by tessera.zero.Init but is not among the "
+                             "parameters the engine trains, so it would never be whole again; give it to the engine "
+                             "(model_parameters) or build it outside zero.Init" % name)
+        inits[id(init)] = init
+    cengine = _C.Engine(cfg, context, cgroups, unit_spec, list(inits.values()))
+    for p in trainable.values():
+        if getattr(p, "_tessera_init", None) is not None:
+            del p._tessera_init  # the engine owns its values now (GatheredParameters goes through it)
     return Engine(model, cengine, groups, unit_modules)
 
 

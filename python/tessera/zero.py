@@ -11,10 +11,20 @@ Read elsewhere, a released parameter is NaN (in its shape); gather them for a wh
             model.head.weight.normal_()   # rank 0's values reach every rank's shard when the block ends
 
 At stages 0-2 (or for tensors no engine partitions) GatheredParameters does nothing.
+
+Building a model too large for one rank: zero.Init partitions each module's parameters as soon as
+the module is built (DeepSpeed's zero.Init), so no rank ever holds the whole model:
+
+    with tessera.zero.Init(config=cfg):
+        model = MyModel()          # each rank keeps 1/N of every parameter
+    engine = tessera.initialize(model=model, config=cfg)
 """
+import functools
 import weakref
 
 import torch
+
+from . import _C, comm
 
 # Partitioned parameter (by id) -> the engine that owns it (a weak reference).
 _owners = {}
@@ -45,28 +55,183 @@ def _engines_of(params):
 
 class GatheredParameters:
     """Every parameter of the engines that own `params` is whole inside the block (DeepSpeed's
-    zero.GatheredParameters; all of an engine's parameters are gathered, not only those named).
+    zero.GatheredParameters; all of an engine's parameters are gathered, not only those named),
+    and so are those of `params` built under zero.Init and not handed to an engine yet (only
+    those: custom initialization one parameter or module at a time).
     modifier_rank: the data-parallel rank whose changes to the parameters count; when the block
     ends, its values are broadcast and become every rank's shards and fp32 master copy (None: the
     parameters are only read). Collective: every rank of the data group enters the block."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
-        self._engines = _engines_of(params) if enabled else []
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        params = list(params) if enabled and params is not None else []
+        self._engines = _engines_of(params)
         self._modifier_rank = modifier_rank
+        self._built = {}  # id(init) -> (its C++ half, [parameters it holds])
+        for p in params:
+            init = getattr(p, "_tessera_init", None)
+            if init is not None and init.holds(p):
+                self._built.setdefault(id(init), (init, []))[1].append(p)
 
     def __enter__(self):
+        for init, params in self._built.values():
+            init.gather(params)
         for engine in self._engines:
             engine._c.gather_all_parameters()
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        modify = self._modifier_rank is not None and exc_type is None
+        for init, params in self._built.values():
+            init.release(params, int(self._modifier_rank) if modify else -1)
         for engine in self._engines:
             try:
-                if self._modifier_rank is not None and exc_type is None:
+                if modify:
                     with torch.no_grad():
                         engine._c.write_back_parameters(self._modifier_rank)
             finally:
                 engine._c.release_all_parameters()
+        return False
+
+
+def _module_classes():
+    """torch.nn.Module and every subclass defined so far."""
+    seen, stack = set(), [torch.nn.Module]
+    while stack:
+        cls = stack.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                stack.append(sub)
+    return seen
+
+
+class Init:
+    """Builds a model partitioned across the data-parallel ranks (DeepSpeed's zero.Init).
+
+    Inside the block, when a module's __init__ returns, its trainable parameters that are not
+    partitioned yet are: rank 0's values are broadcast (one collective per module), each rank keeps
+    its 1/N chunk of each, and the parameter keeps its shape, dtype and requires_grad but holds no
+    bytes (it reads as NaN). Peak memory while building is the chunks plus one module.
+    tessera.initialize() then builds the engine's buffers from the chunks, bucket by bucket.
+
+    config (or config_dict_or_path): the config tessera.initialize() will get; the block joins the
+    process groups for its parallel degrees. With zero_optimization.stage other than 3, or
+    enabled=False, the block does nothing. dtype: parameters are converted to it before they are
+    partitioned. module: partition an already built module instead of using a `with` block.
+    Custom initialization after a module is built (a root's __init__ writing into its children's
+    weights) goes through GatheredParameters(param, modifier_rank=0), as with DeepSpeed.
+    Frozen parameters (requires_grad False) and buffers stay whole. Every rank builds the model.
+    """
+
+    _active = None  # the Init whose block is open (blocks nest: the outermost one partitions)
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None):
+        if config is not None and config_dict_or_path is not None:
+            raise ValueError("tessera.zero.Init: give config or config_dict_or_path, not both")
+        if config is None:
+            config = config_dict_or_path
+        if data_parallel_group is not None or mpu is not None:
+            raise ValueError("tessera.zero.Init: data_parallel_group= and mpu= are not supported: the process groups "
+                             "come from the config's parallel degrees, as tessera.initialize() makes them")
+        if remote_device not in (None, "none"):
+            raise ValueError("tessera.zero.Init: remote_device=%r is not supported: parameters are partitioned on the "
+                             "device they are built on (offload is set in the config's zero_optimization)"
+                             % (remote_device,))
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError("tessera.zero.Init: dtype must be a floating-point torch.dtype, got %r" % (dtype,))
+        self._dtype = dtype
+        self._cinit = None
+        self._wrapped = {}  # class -> its own __init__
+        self._entered = False
+        if not enabled:
+            return
+        if config is None:
+            raise TypeError("tessera.zero.Init: missing config (a path, JSON text or a dict: the one tessera.initialize() "
+                            "gets)")
+        from .engine import _config_text  # engine imports this module
+        cfg, _ = _C.load_config(_config_text(config), comm.get_world_size())
+        if cfg.zero_stage != 3:
+            return
+        context = comm._get_context("auto", cfg.tensor, cfg.pipe)
+        self._cinit = _C.PartitionedInit(context)
+        if module is not None:
+            if not isinstance(module, torch.nn.Module):
+                raise TypeError("tessera.zero.Init: module must be a torch.nn.Module")
+            self._partition(module)
+
+    def _partition(self, module):
+        params = [p for p in module.parameters() if p.requires_grad and getattr(p, "_tessera_init", None) is None]
+        if not params:
+            return
+        if self._dtype is not None:
+            for p in params:
+                if p.dtype != self._dtype:
+                    p.data = p.data.to(self._dtype)
+        self._cinit.partition(params)
+        for p in params:
+            p._tessera_init = self._cinit
+
+    def _wrap(self, cls):
+        original = cls.__dict__.get("__init__")
+        if original is None or cls in self._wrapped:
+            return
+        init = self
+
+        @functools.wraps(original)
+        def __init__(module, *args, **kwargs):
+            # Only the most derived class's __init__ partitions: a subclass may still write into the
+            # parameters its base made.
+            outermost = "_tessera_building" not in module.__dict__
+            if outermost:
+                module.__dict__["_tessera_building"] = True
+            try:
+                original(module, *args, **kwargs)
+            finally:
+                if outermost:
+                    module.__dict__.pop("_tessera_building", None)
+            if outermost and Init._active is init:
+                init._partition(module)
+
+        cls.__init__ = __init__
+        self._wrapped[cls] = original
+
+    def __enter__(self):
+        if self._cinit is None or Init._active is not None:
+            return self
+        Init._active = self
+        self._entered = True
+        for cls in _module_classes():
+            if cls is not torch.nn.Module:
+                self._wrap(cls)
+        # Classes defined inside the block are wrapped when they are defined.
+        self._own_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        init, previous = self, self._own_init_subclass
+
+        def __init_subclass__(cls, **kwargs):
+            if previous is not None:
+                previous.__get__(None, cls)(**kwargs)
+            else:
+                super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+            init._wrap(cls)
+
+        torch.nn.Module.__init_subclass__ = classmethod(__init_subclass__)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self._entered:
+            return False
+        for cls, original in self._wrapped.items():
+            cls.__init__ = original
+        self._wrapped.clear()
+        if self._own_init_subclass is not None:
+            torch.nn.Module.__init_subclass__ = self._own_init_subclass
+        else:
+            del torch.nn.Module.__init_subclass__
+        Init._active = None
+        self._entered = False
         return False
 
 
@@ -130,4 +295,4 @@ def _restore(installed):
         m._parameters = original
 
 
-__all__ = ["GatheredParameters"]
+__all__ = ["GatheredParameters", "Init"]

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import check, launch
 
-CHECKS = ["memory", "eval", "gathered", "twice", "reorder"]
+CHECKS = ["memory", "eval", "gathered", "twice", "reorder", "order", "init"]
 
 
 @pytest.fixture(scope="module")
@@ -22,3 +22,10 @@ def test_zero3(run, name):
 
 def test_zero3_reorder_is_reported(run):
     assert "recording the order again" in run.stderr + run.stdout
+
+
+def test_zero3_init_memory():
+    """Alone in its processes: the peak RSS of building the model is measured."""
+    result = check(launch(2, ["tests/python/zero3_worker.py", "init_memory"]))
+    assert "ok init_memory" in result.stdout, result.stdout + result.stderr
+    print(result.stdout)

@@ -13,6 +13,13 @@ a wrong gradient visible and last-bit differences small) built on every rank.
                into every rank's shard and the optimizer continues from it; state_dict() copies.
   twice        a unit called twice in one forward (a block applied twice), against torch.
   reorder      two blocks that swap their order on odd steps (the order is recorded again), against torch.
+  order        the two blocks run in different orders on the two ranks: every rank raises, naming it.
+  init         the example GPT built under tessera.zero.Init (each rank from another seed; its custom
+               initialization through GatheredParameters(modifier_rank=0)) holds no parameter bytes
+               after construction, 1/N of them as chunks, and trains as torch does from rank 0's model.
+  init_memory  (alone in its process) a 128 MiB stack of linear layers built under zero.Init raises
+               the peak RSS by its chunks plus a few layers, not by the model; built without it, by
+               the whole model.
 """
 import os
 import sys
@@ -69,8 +76,8 @@ def flat(model):
     return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
 
 
-def train_against_reference(make, steps, rank, dp, args_of=lambda step: (), **zero):
-    model, ref = make(), Reference(make())
+def train_against_reference(make, steps, rank, dp, args_of=lambda step: (), make_model=None, **zero):
+    model, ref = (make_model or make)(), Reference(make())
     engine = tessera.initialize(model=model, config=config(**zero))
     for step in range(steps):
         x, y = batch(step, dp)
@@ -191,6 +198,86 @@ def check_twice(rank, dp):
 def check_reorder(rank, dp):
     train_against_reference(Swapping, 4, rank, dp, args_of=lambda step: (step % 2 == 1,))
     return ""
+
+
+def check_order(rank, dp):
+    engine = tessera.initialize(model=Swapping(), config=config())
+    x, y = batch(0, dp)
+    try:
+        engine.backward(engine(mine(x, rank), mine(y, rank), rank == 1))
+    except Exception as e:  # noqa: BLE001
+        ran = "blocks.1, blocks.0" if rank == 1 else "blocks.0, blocks.1"
+        assert "different orders" in str(e) and ran in str(e), e
+        return str(e).split(";")[0]
+    raise AssertionError("rank %d: units in different orders on the ranks went unnoticed" % rank)
+
+
+def check_init(rank, dp):
+    gpt = dict(vocab=VOCAB, block_size=BLOCK, n_layer=4, n_head=2, n_embd=EMBD)
+
+    def built_partitioned():
+        with tessera.zero.Init(config=config()) as init:
+            model = Gpt(seed=3 + rank, gathered=lambda p: tessera.zero.GatheredParameters(p, modifier_rank=0), **gpt)
+        whole = sum(p.numel() * p.element_size() for p in model.parameters())
+        for name, p in model.named_parameters():
+            assert p.untyped_storage().nbytes() <= p.element_size() and torch.isnan(p).all(), name
+        held = init._cinit.held_bytes
+        assert whole / dp <= held <= whole / dp + 64 * 4 * dp, (held, whole)
+        return model
+
+    train_against_reference(lambda: Gpt(seed=3, **gpt), 3, rank, dp, make_model=built_partitioned)
+    return ""
+
+
+def _rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def _construction_peak_mib(build):
+    """(the model, how far building it raised the process's peak RSS above its RSS before, MiB)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak (VmHWM) to the current RSS
+    before = _rss_kib("VmRSS")
+    model = build()
+    return model, (_rss_kib("VmHWM") - before) / 1024.0
+
+
+class Stack(nn.Module):
+    def __init__(self, layers, width):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(layers))
+
+    def forward(self, x, targets):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return F.mse_loss(x, targets)
+
+
+def check_init_memory(rank, dp):
+    layers, width = 32, 1024
+    whole_mib = layers * width * width * 4 / 2**20
+    cfg = config(reduce_bucket_size=width * width)
+    init = tessera.zero.Init(config=cfg)  # joins the process groups before the measurement
+
+    def partitioned():
+        with init:
+            return Stack(layers, width)
+
+    model, grew = _construction_peak_mib(partitioned)
+    limit = whole_mib / dp + 6 * width * width * 4 / 2**20  # the chunks + a few layers in flight
+    assert grew < limit, "building under zero.Init raised the peak by %.0f MiB (limit %.0f)" % (grew, limit)
+    engine = tessera.initialize(model=model, config=cfg)
+    x, y = torch.randn(MICRO, width), torch.randn(MICRO, width)
+    engine.backward(engine(x, y))
+    engine.step()
+    assert engine.memory_report()["parameters"] <= whole_mib * 2**20 / dp + 4096, engine.memory_report()
+    _, grew_whole = _construction_peak_mib(lambda: Stack(layers, width))
+    assert grew_whole >= 0.9 * whole_mib, grew_whole  # the measurement sees a whole model
+    return "peak +%.0f MiB under zero.Init, +%.0f MiB without, model %.0f MiB" % (grew, grew_whole, whole_mib)
 
 
 def main():
