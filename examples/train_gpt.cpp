@@ -21,6 +21,7 @@
 #include <ATen/ops/full.h>
 
 #include <cstdio>
+#include <optional>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -78,7 +79,10 @@ int run(int argc, char** argv) {
   const double weight_decay = config.optimizer ? config.optimizer->params.weight_decay : 0.0;
 
   FortunesCorpus corpus;
-  Gpt model(GptConfig{}, args.seed);
+  // ZeRO-3: the model is built partitioned (DeepSpeed's zero.Init): no rank ever holds all of it.
+  std::optional<PartitionedInit> init;
+  if (config.zero_optimization.stage == 3) init.emplace(ctx->data());
+  Gpt model(GptConfig{}, args.seed, init ? &*init : nullptr);
   const int64_t seq_len = model.config().block_size;
   if (leader) {
     const GptConfig& g = model.config();
@@ -93,7 +97,9 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
 
-  Engine engine(config, *ctx, model.param_groups(weight_decay));
+  ModelDescription description = model.param_groups(weight_decay);
+  if (init) init->take_shards(description);  // the engine builds its buffers from the chunks
+  Engine engine(config, *ctx, std::move(description));
   model.attach(&engine);  // the forward reports its units (embedding, blocks, head) to the engine
 
   double last_loss = 0;

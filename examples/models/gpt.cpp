@@ -37,7 +37,7 @@ int64_t Gpt::add(const std::string& name, at::Tensor value) {
   return static_cast<int64_t>(params_.size()) - 1;
 }
 
-Gpt::Gpt(GptConfig config, uint64_t seed) : config_(config) {
+Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init) : config_(config) {
   const GptConfig& c = config_;
   if (c.vocab < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1)
     throw std::invalid_argument("GptConfig: every size must be >= 1");
@@ -55,6 +55,13 @@ Gpt::Gpt(GptConfig config, uint64_t seed) : config_(config) {
   const int64_t C = c.n_embd;
   wte_ = add("transformer.wte.weight", normal({c.vocab, C}, std_dev));
   wpe_ = add("transformer.wpe.weight", normal({c.block_size, C}, std_dev));
+  // Under PartitionedInit each piece is partitioned once drawn (the draws stay in the same order).
+  size_t built = 0;
+  auto partition_new = [&] {
+    if (init) init->partition(std::vector<at::Tensor>(params_.begin() + built, params_.end()));
+    built = params_.size();
+  };
+  partition_new();
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "transformer.h." + std::to_string(l) + ".";
     block_.push_back(add(p + "ln_1.weight", ones({C})));
@@ -69,9 +76,11 @@ Gpt::Gpt(GptConfig config, uint64_t seed) : config_(config) {
     add(p + "mlp.c_fc.bias", zeros({4 * C}));
     add(p + "mlp.c_proj.weight", normal({C, 4 * C}, residual_std));
     add(p + "mlp.c_proj.bias", zeros({C}));
+    partition_new();
   }
   ln_f_ = add("transformer.ln_f.weight", ones({C}));
   add("transformer.ln_f.bias", zeros({C}));
+  partition_new();
 }
 
 int64_t Gpt::num_parameters() const {

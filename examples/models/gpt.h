@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/engine.h"  // ModelDescription
+#include "zero/partitioned_init.h"
 
 namespace tessera::examples {
 
@@ -38,7 +39,9 @@ class Gpt {
   // Deterministic initialization from `seed` (GPT-2's): linear and embedding weights N(0, 0.02),
   // the residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2·n_layer)), biases 0,
   // LayerNorm weight 1 and bias 0. Every rank building with the same seed gets the same model.
-  Gpt(GptConfig config, uint64_t seed);
+  // With `init` (ZeRO-3, zero/partitioned_init.h) the embeddings, each block and the final norm are
+  // partitioned as soon as they are drawn: no rank holds the whole model (the same values).
+  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr);
 
   const GptConfig& config() const { return config_; }
   // The parameters, in a fixed order; leaf tensors with requires_grad. The engine may replace them.

@@ -61,7 +61,10 @@ def main():
 
     torch.manual_seed(args.seed)
     corpus = FortunesCorpus(args.fortunes)
-    model = Gpt(seed=args.seed)
+    # At ZeRO-3 the model is built partitioned (each rank keeps 1/N of every layer as it is made; the
+    # custom initialization writes through GatheredParameters); at stages 0-2 Init does nothing.
+    with tessera.zero.Init(config=args.config):
+        model = Gpt(seed=args.seed, gathered=lambda p: tessera.zero.GatheredParameters(p, modifier_rank=0))
     # Weight decay on matrices only; the decay group's value comes from the config.
     groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "name": "decay"},
               {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0, "name": "no_decay"}]
