@@ -19,6 +19,8 @@ The same model, data and optimizer for every --impl:
   tessera    tessera.initialize with ZeRO --stage, reduce/allgather bucket --bucket, overlap_comm
   deepspeed  deepspeed.initialize with ZeRO --stage, the same bucket sizes and overlap_comm (its
              own AdamW: the CPU accelerator's fused Adam op), Gloo
+  fsdp2      torch's fully_shard on each block and the root (ZeRO-3's peer; reshard after forward),
+             torch.optim.AdamW (foreach), clip_grad_norm_, Gloo
 
 The first --warmup steps are not timed. Rank 0 prints one JSON line: samples_per_s, step_ms,
 peak_rss_bytes (each rank's ru_maxrss: the whole process), final_loss (the last step's loss
@@ -172,7 +174,48 @@ class DeepSpeed(EngineCalls, TorchDistributedGather):
         self.dist.barrier()
 
 
-IMPLS = {"ddp": Ddp, "tessera": Tessera, "deepspeed": DeepSpeed}
+class Fsdp2(TorchDistributedGather):
+    """PyTorch FSDP2 (torch.distributed.fsdp.fully_shard) on the CPU over Gloo: each block is sharded
+    and resharded after its forward, then the root (embeddings, final norm; the tied head reads the
+    embedding in the root's forward). torch.optim.AdamW (foreach) on the DTensor shards."""
+
+    def __init__(self, model, args):
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        self.dist = dist
+        dist.init_process_group("gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh("cpu", (self.world,))
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh)
+        self.module = model
+        self.params, self.clip = list(model.parameters()), args.clip
+        self.optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=tuple(args.betas),
+                                           eps=args.eps, foreach=True)
+        self.describe = {"fsdp2": "fully_shard per block, then the root", "adamw": "foreach"}
+
+    def forward(self, x, y):
+        return self.module(x, y)
+
+    def backward(self, loss):
+        loss.backward()  # FSDP2's reduce-scatters are waited for by the end of backward
+
+    def step(self):
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def close(self):
+        del self.module, self.optimizer
+        gc.collect()
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+IMPLS = {"ddp": Ddp, "tessera": Tessera, "deepspeed": DeepSpeed, "fsdp2": Fsdp2}
 
 
 def main():
@@ -250,7 +293,7 @@ def main():
     rss = [r[0] for r in rows]
     if rank == 0:
         samples = args.micro * world * timed
-        name = args.impl if args.impl == "ddp" else "%s-zero%d" % (args.impl, args.stage)
+        name = args.impl if args.impl in ("ddp", "fsdp2") else "%s-zero%d" % (args.impl, args.stage)
         result = {
             "impl": name, "ranks": world, "parameters": parameters, "layers": args.layers, "embd": args.embd,
             "micro_batch": args.micro, "steps": timed, "warmup_steps": args.warmup,

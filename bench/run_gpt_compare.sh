@@ -16,7 +16,7 @@
 # stage, rss_saving_vs_previous_stage against the theory: 4Ψ bytes from stage 0 to 1 and 2Ψ from 1
 # to 2 for fp32 Adam on 2 ranks), then a Markdown table per size.
 #   REDUCE_BUCKET  reduce/allgather bucket in elements (default 2.5e5; DDP's bucket_cap_mb alike)
-#   IMPLS          the implementations, e.g. "tessera:2 tessera:3 deepspeed:3" (default: ddp,
+#   IMPLS          the implementations, e.g. "tessera:2 tessera:3 deepspeed:3 fsdp2" (default: ddp,
 #                  tessera:0/1/2, deepspeed:1/2; every stage listed needs the one before it for
 #                  the RSS saving, and deepspeed:S for the ratio to DeepSpeed)
 #   ZeRO-3 runs (tessera:3, deepspeed:3) set stage3_max_live_parameters, _max_reuse_distance and
@@ -47,8 +47,8 @@ for size in $sizes; do
   esac
   for round in $(seq 1 "$rounds"); do
     for impl in "${impls[@]}"; do
-      name=${impl%%:*} stage=0 tag=ddp
-      [ "$name" != ddp ] && stage=${impl#*:} tag=$name$stage
+      name=${impl%%:*} stage=0 tag=$name
+      [ "$name" != ddp ] && [ "$name" != fsdp2 ] && stage=${impl#*:} tag=$name$stage
       py=$python; [ "$name" = deepspeed ] && py=$ds_python
       log="$out/$size.$tag.$round.log"
       echo "$size round $round/$rounds: $tag" >&2
@@ -62,7 +62,7 @@ done
 "$python" - "$out" "$rounds" "$sizes" "${impls[*]}" <<'PY'
 import json, statistics, sys
 d, rounds, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-names = [i if i == "ddp" else i.replace(":", "") for i in sys.argv[4].split()]
+names = [i.replace(":", "") for i in sys.argv[4].split()]
 MiB = 2**20
 
 def result(path):
@@ -85,6 +85,8 @@ for size in sizes:
             row["ratio_vs_ddp"] = round(row["samples_per_s"] / base, 3)
         if n.startswith("tessera") and n != "tessera0":
             stage = int(n[-1])
+            if stage == 3 and "fsdp2" in med:
+                row["ratio_vs_fsdp2"] = round(row["samples_per_s"] / med["fsdp2"]["samples_per_s"], 3)
             if f"deepspeed{stage}" in med:
                 row["ratio_vs_deepspeed"] = round(row["samples_per_s"] / med[f"deepspeed{stage}"]["samples_per_s"], 3)
             if f"tessera{stage - 1}" in med:
@@ -95,15 +97,15 @@ for size in sizes:
         print(json.dumps(row))
     print(f"\n{size}: {psi / 1e6:.1f}M parameters, micro {med[names[0]]['micro_batch']} × 128, 2 ranks, "
           f"medians of {rounds} rounds\n")
-    print("| implementation | samples/s | vs DDP | vs DeepSpeed | vs stage before | peak RSS, largest rank (MiB) | "
+    print("| implementation | samples/s | vs DDP | vs DeepSpeed | vs FSDP2 | vs stage before | peak RSS, largest rank (MiB) | "
           "saving vs stage before / theory | forward | backward | step | samples/s by round |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     fmt = lambda row, key: "%.2f" % row[key] if key in row else ""  # noqa: E731
     for row in rows:
         t = row["time_per_step_ms"]
-        print("| %s | %.2f | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %s |" % (
+        print("| %s | %.2f | %s | %s | %s | %s | %s | %s | %.1f | %.1f | %.1f | %s |" % (
             row["impl"], row["samples_per_s"], fmt(row, "ratio_vs_ddp"), fmt(row, "ratio_vs_deepspeed"),
-            fmt(row, "ratio_vs_previous_stage"),
+            fmt(row, "ratio_vs_fsdp2"), fmt(row, "ratio_vs_previous_stage"),
             "%d (%s)" % (row["median_peak_rss_bytes"] / MiB, " ".join("%d" % (b / MiB) for b in row["rounds_peak_rss_max_bytes"])),
             "%.2f" % row["rss_saving_vs_previous_stage"] if "rss_saving_vs_previous_stage" in row else "",
             t["forward_ms"], t["backward_ms"], t["step_ms"], " ".join("%.2f" % s for s in row["rounds_samples_per_s"])))
