@@ -44,7 +44,7 @@
 // (tests/test_estimator.cpp compares them with the memory estimator). --rss skips the reference
 // too: it trains --steps steps at the given stage and dtype and prints every rank's peak resident
 // set size and the engine's memory report (tests/test_memory.cpp compares the peaks across stages,
-// one process per stage).
+// one process per stage). Both memory modes are in tests/engine_worker_memory.cpp.
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_sgd.h>
@@ -73,96 +73,22 @@
 #include "engine/progress.h"  // peak_rss_bytes
 #include "optim/lr_schedule.h"
 #include "parallel/parallel_context.h"
+#include "tests/engine_worker.h"
 #include "zero/partitioned_init.h"
 
 using namespace tessera;
+using namespace engine_worker;
 
-namespace {
+// ---- shared with the memory modes (tests/engine_worker.h) ---------------------------------------
 
-struct Args {
-  int stage = 0, mb = 2, gas = 1, steps = 5, bucket = 1000000;
-  int inject_inf_step = -1, throw_at_step = -1, drop_engine_step = -1;
-  bool seed_by_rank = false, unused_off_rank0 = false, strict_unused = false, onecycle = false;
-  std::string dtype = "fp32", optimizer = "adamw";
-  double clip = 0;
-  bool memory = false;
-  int hidden = 0;
-  bool memory_sweep = false;
-  bool units = false;
-  bool init = false;  // --init: built under PartitionedInit (zero.Init), layer by layer
-  bool rss = false;
-  bool allreduce = false;
-  std::string comm_dtype;  // empty: the key is left out
-  std::string grad_accum = "fp32";
-  int layers = 0;
-  // Stage 3: stage3_param_persistence_threshold, stage3_max_reuse_distance, stage3_prefetch_bucket_size.
-  int64_t persist = 0, reuse = 0, prefetch = 800;
-};
-
-// A two-layer MLP with a bias-free third layer: parameters of several shapes and sizes. With
-// `extra`, a sixth parameter (an output bias) that only some rows use: `extra_rows` masks them, and
-// a model that is not given the mask does not touch the parameter at all (no gradient).
-struct Mlp {
-  std::vector<at::Tensor> params;
-  explicit Mlp(uint64_t seed, int hidden = 0, bool extra = false) {
-    build(seed, hidden);
-    if (extra) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 7);
-      params.push_back((at::randn({8}, gen, at::kFloat) * 0.3).set_requires_grad(true));
-    }
-  }
-  void build(uint64_t seed, int hidden) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    auto make = [&](std::vector<int64_t> shape, double scale) {
-      return (at::randn(shape, gen, at::kFloat) * scale).set_requires_grad(true);
-    };
-    if (hidden > 0) {
-      const int64_t H = hidden;
-      const double s = 1.0 / std::sqrt(static_cast<double>(H));
-      params = {make({H, 16}, 0.25), make({H}, 0.1), make({H, H}, s), make({H}, 0.1), make({8, H}, s)};
-      return;
-    }
-    params = {make({32, 16}, 0.25), make({32}, 0.1), make({24, 32}, 0.18), make({24}, 0.1), make({8, 24}, 0.2)};
-  }
-  // `extra_rows`: [rows, 1] of 0/1 choosing the rows that add the extra bias (undefined: none do).
-  // `throw_in_backward`: the gradient of the first layer's output throws (after the later layers'
-  // parameters have their gradients).
-  // `engine`: when given, each layer is a unit whose forward runs inside engine->unit(i).
-  at::Tensor loss(const at::Tensor& x, const at::Tensor& y, const at::Tensor& extra_rows = {},
-                  bool throw_in_backward = false, Engine* engine = nullptr) const {
-    auto dtype = params[0].scalar_type();
-    auto enter = [&](int unit) { return engine ? std::optional<UnitScope>(engine->unit(unit)) : std::nullopt; };
-    auto leave = [](std::optional<UnitScope>& scope, at::Tensor t) { return scope ? scope->output(t) : t; };
-    at::Tensor h, out;
-    {
-      auto scope = enter(0);
-      h = leave(scope, at::tanh(at::linear(x.to(dtype), params[0], params[1])));
-    }
-    if (throw_in_backward)
-      h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("injected failure in backward"); });
-    {
-      auto scope = enter(1);
-      h = leave(scope, at::tanh(at::linear(h, params[2], params[3])));
-    }
-    {
-      auto scope = enter(2);
-      out = at::linear(h, params[4]);
-      if (extra_rows.defined()) out = out + params[5] * extra_rows.to(dtype);
-      out = leave(scope, out);
-    }
-    return at::mse_loss(out.to(at::kFloat), y);
-  }
-};
-
-// The global batch of one optimizer step: G = mb·gas·dp rows, the same on every rank.
-std::pair<at::Tensor, at::Tensor> global_batch(int64_t rows, int step) {
+std::pair<at::Tensor, at::Tensor> engine_worker::global_batch(int64_t rows, int step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
   at::Tensor x = at::randn({rows, 16}, gen, at::kFloat);
   at::Tensor y = at::randn({rows, 8}, gen, at::kFloat) * 0.5;
   return {x, y};
 }
 
-std::string config_text(const Args& a) {
+std::string engine_worker::config_text(const Args& a) {
   std::string opt;
   if (a.optimizer == "sgd")
     opt = R"({"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "nesterov": true, "weight_decay": 0.01}})";
@@ -196,6 +122,27 @@ std::string config_text(const Args& a) {
                 (long long)a.persist, (long long)a.reuse, (long long)a.prefetch, scheduler);
   return buf;
 }
+
+ModelDescription engine_worker::describe(Mlp& model, bool units) {
+  ModelDescription d;
+  if (units) {
+    d.units = {{"layer1", {model.params[0], model.params[1]}}, {"layer2", {model.params[2], model.params[3]}},
+               {"head", {model.params[4]}}};
+    if (model.params.size() > 5) d.units[2].params.push_back(model.params[5]);
+  }
+  d.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights",
+                      {"layer1.weight", "layer2.weight", "layer3.weight"}});
+  std::vector<at::Tensor> biases = {model.params[1], model.params[3]};
+  std::vector<std::string> names = {"layer1.bias", "layer2.bias"};
+  if (model.params.size() > 5) {
+    biases.push_back(model.params[5]);
+    names.push_back("extra.bias");
+  }
+  d.groups.push_back({biases, std::nullopt, std::nullopt, "biases", names});
+  return d;
+}
+
+namespace {
 
 // The rows of a global batch of `rows` that belong to data-parallel rank 0 (row i is in micro-step
 // i / (mb·dp), on rank (i / mb) mod dp): they alone use the extra bias with --unused-off-rank0.
@@ -286,24 +233,6 @@ double base_lr(const Args& a) {
   return 0.01;
 }
 
-ModelDescription describe(Mlp& model, bool units = false) {
-  ModelDescription d;
-  if (units) {
-    d.units = {{"layer1", {model.params[0], model.params[1]}}, {"layer2", {model.params[2], model.params[3]}},
-               {"head", {model.params[4]}}};
-    if (model.params.size() > 5) d.units[2].params.push_back(model.params[5]);
-  }
-  d.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights",
-                      {"layer1.weight", "layer2.weight", "layer3.weight"}});
-  std::vector<at::Tensor> biases = {model.params[1], model.params[3]};
-  std::vector<std::string> names = {"layer1.bias", "layer2.bias"};
-  if (model.params.size() > 5) {
-    biases.push_back(model.params[5]);
-    names.push_back("extra.bias");
-  }
-  d.groups.push_back({biases, std::nullopt, std::nullopt, "biases", names});
-  return d;
-}
 
 // The last micro-step's events, in order, and one forward and one backward per unit per micro-step.
 void check_unit_events(Engine& engine, int64_t micro_steps, int rank) {
@@ -468,108 +397,6 @@ int run(const Args& a) {
     std::printf("engine %s: max |dparam| %.3g, mean |dparam| %.3g, max |dloss| %.3g, max |dnorm|/norm %.3g\n",
                 verdict, max_param_diff, mean_param_diff, max_loss_diff, max_norm_diff);
     if (std::string(verdict) != "ok") return 1;
-  }
-  return 0;
-}
-
-// --memory-sweep: the engine's memory for each ZeRO stage and dtype, on a fresh model each (stage 3
-// with every parameter partitioned: --persist 0).
-int memory_sweep(Args a) {
-  auto ctx = ParallelContext::from_environment(ParallelOptions{});
-  const int dp = ctx->data().size(), rank = ctx->data().rank();
-  for (int stage : {0, 1, 2, 3}) {
-    for (const char* dtype : {"fp32", "bf16"}) {
-      a.stage = stage;
-      a.dtype = dtype;
-      Config config = load_config(config_text(a), ctx->world_size());
-      Mlp model(42, a.hidden);
-      Engine engine(config, *ctx, describe(model));
-      for (int step = 0; step < a.steps * a.gas; ++step) {
-        auto [x, y] = global_batch(int64_t(a.mb) * dp, step);
-        engine.backward(model.loss(x.narrow(0, int64_t(rank) * a.mb, a.mb), y.narrow(0, int64_t(rank) * a.mb, a.mb)));
-        engine.step();
-      }
-      MemoryReport m = engine.memory();
-      if (rank == 0)
-        std::printf("memory stage %d dtype %s: params %lld master %lld grads %lld states %lld buckets %lld\n", stage,
-                    dtype, (long long)m.parameters, (long long)m.master_parameters, (long long)m.gradients,
-                    (long long)m.optimizer_states, (long long)m.buckets);
-    }
-  }
-  return 0;
-}
-
-// A deep MLP for --rss: 16 -> H, `layers` × (H -> H, tanh), H -> 8; many parameters of moderate
-// size, as a transformer has (no single one dominates the buckets or autograd's transients).
-struct DeepMlp {
-  std::vector<at::Tensor> params;
-  DeepMlp(int hidden, int layers) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
-    auto make = [&](std::vector<int64_t> shape, double scale) {
-      return (at::randn(shape, gen, at::kFloat) * scale).set_requires_grad(true);
-    };
-    const double s = 1.0 / std::sqrt(static_cast<double>(hidden));
-    params = {make({hidden, 16}, 0.25), make({hidden}, 0.1)};
-    for (int l = 0; l < layers; ++l) {
-      params.push_back(make({hidden, hidden}, s));
-      params.push_back(make({hidden}, 0.1));
-    }
-    params.push_back(make({8, hidden}, s));
-  }
-  at::Tensor loss(const at::Tensor& x, const at::Tensor& y) const {
-    const auto dtype = params[0].scalar_type();
-    at::Tensor h = x.to(dtype);
-    for (size_t i = 0; i + 1 < params.size(); i += 2) h = at::tanh(at::linear(h, params[i], params[i + 1]));
-    return at::mse_loss(at::linear(h, params.back()).to(at::kFloat), y);
-  }
-  ModelDescription describe() {
-    ModelDescription d;
-    ParamGroup weights, biases;
-    weights.name = "weights";
-    biases.name = "biases";
-    for (const auto& p : params) (p.dim() >= 2 ? weights : biases).params.push_back(p);
-    d.groups = {weights, biases};
-    return d;
-  }
-};
-
-// --rss: the process's peak memory after training (no reference model: only the engine's buffers,
-// the model's activations and the runtime). With --layers L the model is DeepMlp(--hidden, L).
-int peak_rss(const Args& a) {
-  auto ctx = ParallelContext::from_environment(ParallelOptions{});
-  const int dp = ctx->data().size(), rank = ctx->data().rank();
-  Config config = load_config(config_text(a), ctx->world_size());
-  std::optional<Mlp> mlp;
-  std::optional<DeepMlp> deep;
-  if (a.layers > 0) deep.emplace(a.hidden, a.layers);
-  else mlp.emplace(42, a.hidden);
-  // Where the peak happens: the high-water mark after each phase of the first steps (rank 0).
-  std::string phases;
-  auto mark = [&](const char* what) {
-    if (rank == 0) phases += std::string(" ") + what + " " + std::to_string(peak_rss_bytes() >> 20);
-  };
-  mark("start");
-  Engine engine(config, *ctx, deep ? deep->describe() : describe(*mlp));
-  mark("built");
-  for (int step = 0; step < a.steps * a.gas; ++step) {
-    auto [x, y] = global_batch(int64_t(a.mb) * dp, step);
-    at::Tensor xs = x.narrow(0, int64_t(rank) * a.mb, a.mb), ys = y.narrow(0, int64_t(rank) * a.mb, a.mb);
-    engine.backward(deep ? deep->loss(xs, ys) : mlp->loss(xs, ys));
-    if (step < 2) mark("backward");
-    engine.step();
-    if (step < 2) mark("step");
-  }
-  if (rank == 0) std::printf("peak rss by phase (MiB):%s\n", phases.c_str());
-  const MemoryReport m = engine.memory();
-  at::Tensor rss = at::full({1}, peak_rss_bytes(), at::kLong);
-  at::Tensor all = at::empty({dp}, at::kLong);
-  ctx->data().all_gather(rss, all);
-  if (rank == 0) {
-    std::printf("peak rss stage %d dtype %s:", a.stage, a.dtype.c_str());
-    for (int r = 0; r < dp; ++r) std::printf(" %lld", (long long)all[r].item<int64_t>());
-    std::printf("\nmemory stage %d dtype %s: params %lld master %lld grads %lld states %lld buckets %lld\n", a.stage,
-                a.dtype.c_str(), (long long)m.parameters, (long long)m.master_parameters, (long long)m.gradients,
-                (long long)m.optimizer_states, (long long)m.buckets);
   }
   return 0;
 }
