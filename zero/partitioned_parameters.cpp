@@ -31,7 +31,8 @@ void release_storage(const at::Tensor& buffer) {
 // The storage behind a slot's buffer (and every parameter view of it) gets or loses its bytes; the
 // tensors keep their sizes. Freed bytes go to a pool of buffers by size (a transformer's blocks
 // have the same sizes, so the next unit reuses them: no page faults, and the C library's heap
-// does not grow with every gather), up to stage3_max_live_parameters; past it they are freed.
+// does not grow with every gather) while pooled and gathered bytes together stay within
+// stage3_max_live_parameters; past it they are freed.
 void PartitionedParameters::allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t bytes = bytes_of(t);
@@ -53,8 +54,10 @@ void PartitionedParameters::free_storage(const at::Tensor& t) {
   at::DataPtr old = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
   s->set_nbytes(0);
   if (!old.get()) return;
+  // Pooled and gathered bytes together stay within stage3_max_live_parameters (live_numel_ still
+  // counts this buffer): a pool on top of a full window would double the parameters' footprint.
   const int64_t cap = options_.max_live_numel * t.element_size();
-  if (pooled_bytes_ + static_cast<int64_t>(bytes) > cap) return;  // `old` frees it
+  if (pooled_bytes_ + live_numel_ * t.element_size() > cap) return;  // `old` frees it
   pooled_bytes_ += static_cast<int64_t>(bytes);
   pool_[bytes].push_back(std::move(old));
 }

@@ -96,6 +96,18 @@ def test_two_ranks_zero3_gpt_with_tied_head_matches_torch_and_zero2(two_ranks):
         assert (zero3["params"][step] - zero2["params"][step]).abs().max().item() <= 1e-6, step
 
 
+FOUR_RANK_CASES = [case(3, dp=4), case(3, dp=4, **GPT)]
+
+
+def test_four_ranks_zero3_match_torch(tmp_path):
+    """ZeRO-3 on 4 ranks: TinyNet and the GPT with its tied head, each rank holding a quarter."""
+    out = tmp_path / "four_ranks.pt"
+    check(launch(4, ["tests/python/parity_worker.py", write_cases(tmp_path, FOUR_RANK_CASES), str(out)]))
+    got = torch.load(out)
+    compare(got[0], FOUR_RANK_CASES[0])
+    compare(got[1], FOUR_RANK_CASES[1], param_tol=GPT_PARAM_TOL)
+
+
 @pytest.mark.parametrize("index", [3, 6], ids=["zero2", "zero3"])
 def test_two_ranks_bf16_close_to_torch_fp32(two_ranks, index):
     got, c = two_ranks[index], TWO_RANK_CASES[index]
