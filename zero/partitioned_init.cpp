@@ -76,11 +76,11 @@ bool PartitionedInit::holds(const at::Tensor& param) const {
   return it != entries_.end() && !it->second.param.expired();
 }
 
-std::vector<PartitionedInit::Entry*> PartitionedInit::entries_of(const std::vector<at::Tensor>& params, bool gathered) {
+std::vector<PartitionedInit::Entry*> PartitionedInit::entries_of(const std::vector<at::Tensor>& params) {
   std::vector<Entry*> out;
   for (const at::Tensor& p : params) {
     auto it = entries_.find(p.unsafeGetTensorImpl());
-    if (it == entries_.end() || it->second.gathered != gathered) continue;
+    if (it == entries_.end()) continue;
     bool twice = false;
     for (Entry* e : out) twice = twice || e == &it->second;
     if (!twice) out.push_back(&it->second);
@@ -91,7 +91,9 @@ std::vector<PartitionedInit::Entry*> PartitionedInit::entries_of(const std::vect
 // Every rank contributes its chunks of the parameters, one allgather for all of them; parameter
 // i's values are then rank 0's chunk, rank 1's, ... cut to its size.
 void PartitionedInit::gather(const std::vector<at::Tensor>& params) {
-  const std::vector<Entry*> entries = entries_of(params, /*gathered=*/false);
+  std::vector<Entry*> entries;
+  for (Entry* e : entries_of(params))
+    if (e->gathered++ == 0) entries.push_back(e);
   if (entries.empty()) return;
   const int ranks = data_.size(), rank = data_.rank();
   int64_t per_rank = 0;
@@ -111,13 +113,14 @@ void PartitionedInit::gather(const std::vector<at::Tensor>& params) {
     const int64_t c = e->chunk.numel();
     at::Tensor whole = grid.narrow(1, offset, c).reshape({-1}).narrow(0, 0, p.numel());
     p.set_data(whole.to(p.scalar_type()).view(p.sizes()));
-    e->gathered = true;
     offset += c;
   }
 }
 
 void PartitionedInit::release(const std::vector<at::Tensor>& params, int root) {
-  const std::vector<Entry*> entries = entries_of(params, /*gathered=*/true);
+  std::vector<Entry*> entries;
+  for (Entry* e : entries_of(params))
+    if (e->gathered > 0) entries.push_back(e);
   if (entries.empty()) return;
   const int ranks = data_.size(), rank = data_.rank();
   if (root >= ranks || root < -1)
@@ -142,20 +145,24 @@ void PartitionedInit::release(const std::vector<at::Tensor>& params, int root) {
     }
   }
   for (Entry* e : entries) {
+    if (--e->gathered > 0) continue;  // an enclosing gather still holds it whole
     at::Tensor p(e->param.lock());
     p.set_data(released_placeholder(p.sizes(), p.options().requires_grad(false)));
-    e->gathered = false;
   }
 }
 
 void PartitionedInit::take_shards(ModelDescription& model) {
+  for (const ParamGroup& g : model.groups)
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      auto it = entries_.find(g.params[i].unsafeGetTensorImpl());
+      if (it != entries_.end() && it->second.gathered)
+        throw std::logic_error("tessera: " + param_name(g, i) +
+                               " is inside a GatheredParameters block; end the block before initializing the engine");
+    }
   for (ParamGroup& g : model.groups) {
     for (size_t i = 0; i < g.params.size(); ++i) {
       auto it = entries_.find(g.params[i].unsafeGetTensorImpl());
       if (it == entries_.end()) continue;
-      if (it->second.gathered)
-        throw std::logic_error("tessera: " + param_name(g, i) +
-                               " is inside a GatheredParameters block; end the block before initializing the engine");
       if (g.shards.size() < g.params.size()) g.shards.resize(g.params.size());
       g.shards[i] = std::move(it->second.chunk);
       entries_.erase(it);

@@ -39,14 +39,16 @@ class PartitionedInit {
   // Whether `param` was partitioned here and its chunk not taken yet.
   bool holds(const at::Tensor& param) const;
   // The chunks of `params` gathered: each parameter whole again (collective; those this object
-  // does not hold are skipped).
+  // does not hold are skipped). Gathers nest: a parameter stays whole until its last release.
   void gather(const std::vector<at::Tensor>& params);
-  // Each parameter of `params` gathered by gather() gives up its bytes again; with root >= 0 the
-  // values data-parallel rank `root` holds now become every rank's chunks (its modifications
-  // count, DeepSpeed's modifier_rank), otherwise the chunks stay as they were. Collective.
+  // Undoes one gather() of each parameter of `params`: with root >= 0 the values data-parallel
+  // rank `root` holds now become every rank's chunks (its modifications count, DeepSpeed's
+  // modifier_rank), otherwise the chunks stay as they were; a parameter whose last gather this
+  // undoes gives up its bytes again. Collective.
   void release(const std::vector<at::Tensor>& params, int root);
   // Moves the chunk of every parameter of `model` held here into its group's `shards` (the
-  // engine's input); they are not held here afterwards.
+  // engine's input); they are not held here afterwards. Throws, moving nothing, when one of them
+  // is gathered (inside a GatheredParameters block).
   void take_shards(ModelDescription& model);
   int64_t held_bytes() const;  // the chunks held now
   int64_t held_parameters() const;
@@ -56,9 +58,9 @@ class PartitionedInit {
     explicit Entry(const at::Tensor& p) : param(p.getIntrusivePtr()) {}
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;  // dropped parameters free their chunk
     at::Tensor chunk;
-    bool gathered = false;
+    int gathered = 0;  // open gather()s
   };
-  std::vector<Entry*> entries_of(const std::vector<at::Tensor>& params, bool gathered);
+  std::vector<Entry*> entries_of(const std::vector<at::Tensor>& params);
   void forget_dropped();
 
   Communicator& data_;

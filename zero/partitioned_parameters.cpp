@@ -38,6 +38,18 @@ void PartitionedParameters::allocate_storage(const at::Tensor& t) {
   const size_t bytes = bytes_of(t);
   if (s->nbytes() == bytes && s->data_ptr().get()) return;
   std::vector<at::DataPtr>& free = pool_[bytes];
+  // No buffer of this size pooled: pooled buffers of other sizes go first where keeping them would
+  // take pooled and gathered bytes past stage3_max_live_parameters.
+  const int64_t cap = options_.max_live_numel * t.element_size();
+  const int64_t live_bytes = live_numel_ * t.element_size();
+  for (auto it = pool_.begin(); free.empty() && it != pool_.end() && pooled_bytes_ + live_bytes + static_cast<int64_t>(bytes) > cap;) {
+    if (it->second.empty()) {
+      ++it;
+      continue;
+    }
+    it->second.pop_back();  // freed here
+    pooled_bytes_ -= static_cast<int64_t>(it->first);
+  }
   if (!free.empty()) {
     s->set_data_ptr_noswap(std::move(free.back()));
     free.pop_back();
@@ -227,6 +239,7 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
       }
       open_[u] = 1;
       open_stack_.push_back(u);
+      order_checked_ = false;
       // Where this forward is in the recorded order.
       if (order_known_ && (cursor_ >= order_.size() || order_[cursor_] != u) && !order_.empty() && order_[0] == u)
         cursor_ = 0;  // a new pass (the previous one ended, or stopped early)
@@ -270,8 +283,13 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
       break;
     }
     case UnitEvent::BackwardBegin: {
-      if (!order_known_) {  // the first backward: the forward before it is the order
+      // Every backward's first unit: the order its forward followed, on every rank alike (a rank
+      // whose forward departed re-records alone, so the check cannot wait for a re-recording).
+      if (!order_checked_) {
         check_order_across_ranks();
+        order_checked_ = true;
+      }
+      if (!order_known_) {  // the first backward: the forward before it is the order
         order_known_ = true;
         backward_cursor_ = order_.size();
       }
@@ -302,13 +320,16 @@ void PartitionedParameters::on_unit_event(int u, UnitEvent event) {
 // of them raise together rather than some going on into mismatched collectives.
 void PartitionedParameters::check_order_across_ranks() {
   if (comm_.size() == 1) return;
+  // This pass's units: the recorded order up to where the pass is (all of it after a re-recording).
+  const size_t ran = std::min(cursor_, order_.size());
   uint64_t hash = 1469598103934665603ull;
-  for (int u : order_) hash = (hash ^ static_cast<uint64_t>(u + 1)) * 1099511628211ull;
+  for (size_t i = 0; i < ran; ++i) hash = (hash ^ static_cast<uint64_t>(order_[i] + 1)) * 1099511628211ull;
   at::Tensor all = at::zeros({2 * comm_.size()}, comm_.options(at::kLong));
   at::Tensor mine = all.narrow(0, 2 * comm_.rank(), 2);
-  mine[0] = static_cast<int64_t>(order_.size());
+  mine[0] = static_cast<int64_t>(ran);
   mine[1] = static_cast<int64_t>(hash);
   comm_.all_gather(mine, all);
+  all = all.cpu();  // NCCL: the pairs are on the device
   const int64_t* v = all.data_ptr<int64_t>();
   std::string ranks;
   bool same = true;
@@ -320,7 +341,7 @@ void PartitionedParameters::check_order_across_ranks() {
   }
   if (same) return;
   std::string mine_names;
-  for (size_t i = 0; i < order_.size(); ++i) mine_names += (i ? ", " : "") + units_.unit(order_[i]).name;
+  for (size_t i = 0; i < ran; ++i) mine_names += (i ? ", " : "") + units_.unit(order_[i]).name;
   throw std::runtime_error("tessera: ZeRO-3: the units ran in different orders on the data-parallel ranks (by rank: " +
                            ranks + "); this rank (" + std::to_string(comm_.rank()) + ") ran " + mine_names +
                            ". Every rank must run the same units in the same order each step: the parameter gathers "

@@ -25,7 +25,8 @@
 //                     owner's backward ends); then prefetch into the room made
 // The order of units is recorded during the first forward; a forward that departs from it is
 // re-recorded (with a warning on the first departure) and prefetches nothing until it is known.
-// Each recorded order is checked to be the same on every data-parallel rank (an error otherwise).
+// Each pass's order is checked to be the same on every data-parallel rank at the first unit of its
+// backward (one small allgather; an error on every rank otherwise).
 // Prefetch is bounded by stage3_prefetch_bucket_size elements in flight and, with what is gathered,
 // by stage3_max_live_parameters.
 //
@@ -131,6 +132,7 @@ class PartitionedParameters final : public UnitListener {
   // The recorded order of ForwardBegin events, and where this pass is in it.
   std::vector<int> order_;
   bool order_known_ = false, recording_ = true, warned_order_ = false;
+  bool order_checked_ = false;  // this pass's order was checked across ranks (at its first backward unit)
   size_t cursor_ = 0;          // forward: the next position expected
   size_t backward_cursor_ = 0; // backward: one past the position of the last unit begun
   int64_t live_numel_ = 0, peak_live_numel_ = 0, in_flight_prefetch_ = 0;

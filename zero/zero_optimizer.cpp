@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "parallel/parallel_context.h"
+#include "zero/partitioned_init.h"
 #include "zero/units.h"
 
 namespace tessera {
@@ -107,6 +108,16 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
                                     " (move the model there before initializing the engine)");
       if (!seen.insert(p.unsafeGetTensorImpl()).second)
         throw std::invalid_argument("tessera: a parameter appears twice in the model description (" + name + ")");
+      const at::Tensor* chunk = static_cast<size_t>(i) < spec.shards.size() && spec.shards[i].defined() ? &spec.shards[i] : nullptr;
+      if (chunk && chunk->numel() != init_chunk_numel(p.numel(), data_.size()))
+        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init into chunks of " +
+                                    std::to_string(chunk->numel()) + " elements, which is not 1/" +
+                                    std::to_string(data_.size()) + " of it: zero.Init and the engine must see the "
+                                    "same data-parallel degree (the same config)");
+      if (!chunk && p.numel() > 1 && static_cast<int64_t>(p.storage().nbytes()) < p.numel() * p.element_size())
+        throw std::invalid_argument("tessera: " + name + " holds no values of its own (a released ZeRO-3 parameter "
+                                    "of another engine, or one partitioned by zero.Init whose chunks were not handed "
+                                    "to this engine: a failed initialize consumes them; build the model again)");
       numels.push_back(p.numel());
       if (specs[gi].partitioned) keys.push_back(units->owner_of(p));
     }
@@ -316,13 +327,35 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
 
   // Partitioned tensors: every rank's chunks of a run of them in one allgather, each parameter
   // then rank 0's chunk, rank 1's, ... cut to its size.
+  const int me = data_.rank();  // the allgather's slot (not the shard rank: 0 for all at stage 0)
+  const int64_t piece_per_rank = std::max<int64_t>(1, kPiece / ranks);
   for (size_t first = 0; first < chunked.size();) {
     size_t last = first;
     int64_t per_rank = 0;
-    while (last < chunked.size() && (last == first || (per_rank + shards[chunked[last]].numel()) * ranks <= kPiece))
+    while (last < chunked.size() && (last == first || per_rank + shards[chunked[last]].numel() <= piece_per_rank))
       per_rank += shards[chunked[last++]].numel();
+    if (per_rank > piece_per_rank) {
+      // One parameter larger than a piece: its chunks travel piece by piece, rank r's piece k being
+      // elements [r·c + k·P, ...) of the parameter.
+      const int p = chunked[first];
+      const at::Tensor chunk = shards[p].reshape({-1});
+      const int64_t c = chunk.numel(), n = L.params[p].numel;
+      for (int64_t from = 0; from < c; from += piece_per_rank) {
+        const int64_t len = std::min(piece_per_rank, c - from);
+        at::Tensor all = at::empty({ranks * len}, data_.options(at::kFloat));
+        at::Tensor mine = all.narrow(0, me * len, len);
+        mine.copy_(chunk.narrow(0, from, len));
+        if (ranks > 1) data_.all_gather(mine, all);
+        for (int r = 0; r < ranks; ++r) {
+          const int64_t at = r * c + from, count = std::min(len, n - at);
+          if (count > 0) place(offset_in_bucket(p) + at, all.narrow(0, r * len, count));
+        }
+      }
+      first = last;
+      continue;
+    }
     at::Tensor all = at::empty({ranks * per_rank}, data_.options(at::kFloat));
-    at::Tensor mine = all.narrow(0, rank * per_rank, per_rank);
+    at::Tensor mine = all.narrow(0, me * per_rank, per_rank);
     int64_t offset = 0;
     for (size_t i = first; i < last; ++i) {
       const at::Tensor& chunk = shards[chunked[i]];
