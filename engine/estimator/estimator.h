@@ -155,7 +155,7 @@ struct ActivationDetail {
   std::string formula;            // the per-layer formula used, in words
 };
 
-// What an option costs in speed (the search's cost model, option_cost in engine/estimator/estimator.cpp):
+// What an option costs in speed (the search's cost model, option_cost in engine/estimator/estimator_cost.cpp):
 // seconds per training sample on one GPU at the option's micro-batch, term by term, with no
 // overlap between the terms. A ranking device, not a throughput prediction.
 struct OptionCost {

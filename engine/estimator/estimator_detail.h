@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,5 +65,8 @@ Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s,
 std::string fmt(const char* format, double x);  // snprintf of one number
 std::string count_str(int64_t n);               // 6738415616 -> "6.74B"
 void check_setup(const TrainingSetup& s, int world);  // throws std::invalid_argument
+// The search's cost model (engine/estimator/estimator_cost.cpp): seconds per sample on one GPU.
+OptionCost option_cost(const Hardware& hw, const std::optional<TransformerShape>& shape, int world, const TrainingSetup& s,
+                       int64_t params_per_gpu);
 
 }  // namespace tessera::estimator_detail
