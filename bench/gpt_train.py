@@ -174,10 +174,11 @@ class DeepSpeed(EngineCalls, TorchDistributedGather):
         self.dist.barrier()
 
 
-class Fsdp2(TorchDistributedGather):
+class Fsdp2(Ddp):
     """PyTorch FSDP2 (torch.distributed.fsdp.fully_shard) on the CPU over Gloo: each block is sharded
     and resharded after its forward, then the root (embeddings, final norm; the tied head reads the
-    embedding in the root's forward). torch.optim.AdamW (foreach) on the DTensor shards."""
+    embedding in the root's forward). torch.optim.AdamW (foreach) on the DTensor shards; forward,
+    backward (FSDP2's reduce-scatters are waited for by its end), step and close as DDP's."""
 
     def __init__(self, model, args):
         import torch.distributed as dist
@@ -195,24 +196,6 @@ class Fsdp2(TorchDistributedGather):
         self.optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=tuple(args.betas),
                                            eps=args.eps, foreach=True)
         self.describe = {"fsdp2": "fully_shard per block, then the root", "adamw": "foreach"}
-
-    def forward(self, x, y):
-        return self.module(x, y)
-
-    def backward(self, loss):
-        loss.backward()  # FSDP2's reduce-scatters are waited for by the end of backward
-
-    def step(self):
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-
-    def close(self):
-        del self.module, self.optimizer
-        gc.collect()
-        self.dist.barrier()
-        self.dist.destroy_process_group()
 
 
 IMPLS = {"ddp": Ddp, "tessera": Tessera, "deepspeed": DeepSpeed, "fsdp2": Fsdp2}

@@ -23,7 +23,7 @@
 #   _prefetch_bucket_size to two whole blocks (a block is 0.79M elements small, 7.08M large: 1.6e6
 #   and 1.5e7; LIVE_SMALL, LIVE_LARGE), for both: DeepSpeed's defaults (1e9) release nothing in
 #   models this size. (1.4e7, used before, is just under two large blocks: the next block could
-#   not be prefetched whole, and tessera waited 145 ms a step for gathers instead of 20–90.)
+#   not be prefetched whole, and tessera waited 155 ms a step for gathers instead of 20–90.)
 #   KEEP_LOGS=1    keep the runs' logs (their folder is printed on stderr)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -22,10 +22,11 @@ size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t
 
 }  // namespace
 
-void release_storage(const at::Tensor& buffer) {
+at::DataPtr release_storage(const at::Tensor& buffer) {
   c10::StorageImpl* s = buffer.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  at::DataPtr old = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
   s->set_nbytes(0);
+  return old;
 }
 
 // The storage behind a slot's buffer (and every parameter view of it) gets or loses its bytes; the
@@ -61,10 +62,8 @@ void PartitionedParameters::allocate_storage(const at::Tensor& t) {
 }
 
 void PartitionedParameters::free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = s->nbytes();
-  at::DataPtr old = s->set_data_ptr(at::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
+  const size_t bytes = t.storage().nbytes();
+  at::DataPtr old = release_storage(t);
   if (!old.get()) return;
   // Pooled and gathered bytes together stay within stage3_max_live_parameters (live_numel_ still
   // counts this buffer): a pool on top of a full window would double the parameters' footprint.

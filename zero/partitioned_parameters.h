@@ -39,7 +39,6 @@
 #include <c10/core/Allocator.h>
 
 #include <cstdint>
-#include <deque>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -57,8 +56,9 @@ struct PartitionedOptions {
   int64_t max_reuse_distance = 1'000'000'000; // stage3_max_reuse_distance
 };
 
-// Frees the bytes behind `buffer`'s storage; tensors viewing it keep their sizes.
-void release_storage(const at::Tensor& buffer);
+// Takes the bytes behind `buffer`'s storage (returned: dropping them frees them); tensors viewing it
+// keep their sizes.
+at::DataPtr release_storage(const at::Tensor& buffer);
 
 class PartitionedParameters final : public UnitListener {
  public:
@@ -131,7 +131,7 @@ class PartitionedParameters final : public UnitListener {
   int gather_all_depth_ = 0;
   // The recorded order of ForwardBegin events, and where this pass is in it.
   std::vector<int> order_;
-  bool order_known_ = false, recording_ = true, warned_order_ = false;
+  bool order_known_ = false, warned_order_ = false;
   bool order_checked_ = false;  // this pass's order was checked across ranks (at its first backward unit)
   size_t cursor_ = 0;          // forward: the next position expected
   size_t backward_cursor_ = 0; // backward: one past the position of the last unit begun

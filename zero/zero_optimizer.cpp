@@ -496,17 +496,14 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   // nothing, steps whole (this also writes the compute copy of this rank's chunks).
   for (auto& g : groups_)
     if (!stage_->gathers() || !g->optimizer->elementwise()) g->optimizer->step(in[g->index], g->segments);
-  if (!stage_->gathers()) {
-    if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
-    return;
-  }
   // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
   // on the backend's thread while the optimizer updates the next one.
-  for (const auto& [group, bucket] : gather_order_) {
-    ZeroGroup& g = *groups_[group];
-    if (g.optimizer->elementwise()) g.optimizer->step(in[group], {g.segments[bucket]});
-    if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
-  }
+  if (stage_->gathers())
+    for (const auto& [group, bucket] : gather_order_) {
+      ZeroGroup& g = *groups_[group];
+      if (g.optimizer->elementwise()) g.optimizer->step(in[group], {g.segments[bucket]});
+      if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
+    }
   if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
 }
 

@@ -155,7 +155,9 @@ class Init:
         cfg, _ = _C.load_config(_config_text(config), comm.get_world_size())
         if cfg.zero_stage != 3:
             return
-        context = comm._get_context("auto", cfg.tensor, cfg.pipe)
+        # The backend initialize() will ask for: Gloo for a model built on the CPU, else NCCL where a GPU is.
+        backend = "gloo" if torch.get_default_device().type == "cpu" else "auto"
+        context = comm._get_context(backend, cfg.tensor, cfg.pipe)
         self._cinit = _C.PartitionedInit(context)
         if module is not None:
             if not isinstance(module, torch.nn.Module):
