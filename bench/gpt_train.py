@@ -230,6 +230,11 @@ def main():
     if args.steps <= args.warmup:
         sys.exit("--steps must exceed --warmup")
 
+    if args.impl == "tessera":
+        # As a training script does: tessera is imported before the model is built, so the model's
+        # tensors already come from its CPU allocator (csrc/cpu_block_cache.h).
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import tessera  # noqa: F401
     corpus = FortunesCorpus(args.fortunes)
     model = Gpt(n_layer=args.layers, n_head=args.heads, n_embd=args.embd, seed=args.seed)
     parameters = sum(p.numel() for p in model.parameters())

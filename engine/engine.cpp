@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "csrc/cpu_block_cache.h"
 #include "csrc/cpu_features.h"
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
@@ -111,6 +112,9 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
                 cpu_bf16_missing().c_str());
   if (printer) std::fflush(stdout);
   gradient_accumulation_steps_ = *config_.gradient_accumulation_steps;
+  // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
+  // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
+  if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();
   zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_), parallel_, model, &units_);
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);
   schedule_ = config_.scheduler ? make_lr_schedule(config_.scheduler->type, config_.scheduler->params,
@@ -118,7 +122,12 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
                                 : make_lr_schedule("", {}, config_.optimizer->params.lr);
   progress_ = std::make_unique<ProgressMeter>(config_.steps_per_print, config_.wall_clock_breakdown,
                                               parallel_.rank() == 0, grid.data);
-  if (parallel_.data().device().is_cpu()) heap_trimmer_ = HeapTrimmer::from_environment();
+  if (parallel_.data().device().is_cpu()) {
+    heap_trimmer_ = HeapTrimmer::from_environment();
+    // The model's own tensors, now copied into the flat buffers, were glibc's: hand their pages
+    // back before the first step counts them in its peak.
+    if (heap_trimmer_->bound_bytes() >= 0) release_free_heap();
+  }
   last_step_end_ = Clock::now();
 }
 

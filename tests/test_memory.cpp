@@ -5,11 +5,10 @@
 // the engine's counters: a transient buffer anywhere (a receive chunk, a clone before an allgather,
 // a backend's copy) shows up here.
 //
-// glibc's mmap threshold is fixed for the workers (MALLOC_MMAP_THRESHOLD_): with its default
-// dynamic threshold the heap keeps the high-water mark of freed transients (autograd's gradients,
-// activations), which differs by rank by up to ~90 MB at this size and would hide what the engine
-// holds. (The engine leaves glibc's default alone: the fixed threshold costs ~30% throughput in
-// page faults, docs/benchmarks.md.)
+// The workers run tessera's large-block allocator with no cache (TESSERA_CPU_BLOCK_CACHE_MIB=0,
+// csrc/cpu_block_cache.h), installed before the model is built: every block of 1 MiB or more is
+// unmapped when freed, so the peak is what was live, not what glibc's heap or the cache kept (both
+// differ by rank and run). Measured within 4–9 MiB of the accounting on every rank.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -18,6 +17,12 @@
 #include <regex>
 #include <vector>
 
+#include <ATen/ops/full.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <thread>
+
+#include "csrc/cpu_block_cache.h"
 #include "csrc/heap_trim.h"
 #include "subprocess.h"
 #include "zero/buffer_plan.h"
@@ -57,7 +62,7 @@ std::vector<int64_t> peak_rss(int stage, const std::string& dtype) {
        std::to_string(tessera::testing::free_port()), "--timeout", "60", "--", TESSERA_ENGINE_WORKER_PATH, "--rss",
        "--stage", std::to_string(stage), "--dtype", dtype, "--hidden", std::to_string(kHidden), "--layers",
        std::to_string(kLayers), "--mb", "2", "--steps", "3", "--bucket", std::to_string(kBucket)},
-      {{"MALLOC_MMAP_THRESHOLD_", "131072"}}, 240);
+      {{"TESSERA_CPU_BLOCK_CACHE_MIB", "0"}}, 240);
   INFO(r.output);
   REQUIRE(r.status == 0);
   std::smatch m;
@@ -155,4 +160,89 @@ TEST_CASE("heap trimmer: glibc hands freed heap pages back") {
   std::free(blocks.back());
   INFO("resident before " << before / 1024 << " KiB, after " << after / 1024 << " KiB");
   CHECK(after < before - (20 << 20));  // most of the ~50 MiB freed went back
+}
+
+// ---- the large-block cache (csrc/cpu_block_cache.h) ------------------------------------------------
+
+TEST_CASE("block cache: small requests pass through - a freed block serves the next request of about its size") {
+  tessera::CpuBlockCache cache(c10::GetDefaultCPUAllocator(), 1 << 20, 8 << 20);
+  { c10::DataPtr small = cache.allocate(1000); }
+  CHECK(cache.stats().misses == 0);
+  void* first = nullptr;
+  {
+    c10::DataPtr a = cache.allocate(3 << 20);
+    first = a.get();
+    std::memset(a.get(), 7, 3 << 20);
+    CHECK(cache.stats().mapped_bytes == 3 << 20);
+  }
+  CHECK(cache.stats().cached_bytes == 3 << 20);
+  {
+    c10::DataPtr b = cache.allocate((3 << 20) - 100000);  // within 1/8: reused
+    CHECK(b.get() == first);
+    CHECK(static_cast<unsigned char*>(b.get())[0] == 7);
+    c10::DataPtr c = cache.allocate(2 << 20);  // more than 1/8 smaller than anything cached: mapped
+    CHECK(c.get() != first);
+  }
+  const tessera::CpuBlockCacheStats s = cache.stats();
+  CHECK(s.hits == 1);
+  CHECK(s.misses == 2);
+  CHECK(s.mapped_bytes == 0);
+  CHECK(s.cached_bytes == 5 << 20);
+  // The raw API (ATen's scratch buffers) frees either size class.
+  REQUIRE(cache.raw_deleter() != nullptr);
+  void* raw_large = cache.raw_allocate(3 << 20);
+  void* raw_small = cache.raw_allocate(100);
+  CHECK(cache.stats().hits == 2);
+  cache.raw_deallocate(raw_small);
+  cache.raw_deallocate(raw_large);
+  CHECK(cache.stats().mapped_bytes == 0);
+}
+
+TEST_CASE("block cache: the cache stays within its capacity - oldest blocks unmapped first") {
+  tessera::CpuBlockCache cache(c10::GetDefaultCPUAllocator(), 1 << 20, 8 << 20);
+  std::vector<c10::DataPtr> blocks;
+  for (int i = 0; i < 5; ++i) blocks.push_back(cache.allocate(2 << 20));
+  blocks.clear();  // frees in order: the first four fill the cache, the fifth evicts the oldest
+  tessera::CpuBlockCacheStats s = cache.stats();
+  CHECK(s.cached_bytes == 8 << 20);
+  CHECK(s.evictions == 1);
+  c10::DataPtr again = cache.allocate(2 << 20);
+  CHECK(cache.stats().hits == 1);
+  { c10::DataPtr too_big = cache.allocate(16 << 20); }  // larger than the capacity: unmapped at once
+  CHECK(cache.stats().cached_bytes == 6 << 20);
+  cache.release_cached();
+  CHECK(cache.stats().cached_bytes == 0);
+}
+
+TEST_CASE("block cache: an evicted block leaves the resident set - a cached one stays") {
+  tessera::CpuBlockCache cache(c10::GetDefaultCPUAllocator(), 1 << 20, 64 << 20);
+  const int64_t base = resident_set_bytes();
+  {
+    c10::DataPtr a = cache.allocate(48 << 20);
+    std::memset(a.get(), 1, 48 << 20);
+    CHECK(resident_set_bytes() > base + (40 << 20));
+  }
+  CHECK(resident_set_bytes() > base + (40 << 20));  // cached
+  cache.release_cached();
+  CHECK(resident_set_bytes() < base + (8 << 20));
+}
+
+TEST_CASE("block cache: installed as PyTorch's CPU allocator - tensors from many threads") {
+  tessera::CpuBlockCache* cache = tessera::CpuBlockCache::install_from_environment();
+  REQUIRE(cache != nullptr);
+  CHECK(tessera::CpuBlockCache::install_from_environment() == cache);
+  CHECK(c10::GetCPUAllocator() == cache);
+  const int64_t misses = cache->stats().misses, hits = cache->stats().hits;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([] {
+      for (int i = 0; i < 50; ++i) {
+        at::Tensor x = at::full({1 << 18}, float(i));  // 1 MiB
+        if (x[7].item<float>() != float(i)) throw std::runtime_error("wrong value");
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  const tessera::CpuBlockCacheStats s = cache->stats();
+  CHECK(s.misses + s.hits - misses - hits == 200);
+  CHECK(s.hits - hits >= 150);  // after the first round each thread reuses a cached block
 }

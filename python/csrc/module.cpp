@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "csrc/cpu_block_cache.h"
 #include "csrc/cpu_features.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
@@ -121,6 +122,25 @@ py::dict rendezvous_dict(const RendezvousInfo& i) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "tessera's C++ engine (use the `tessera` package, not this module)";
   m.attr("torch_version") = TESSERA_TORCH_VERSION;  // the torch this module was built against
+  // Large CPU blocks from mappings and a bounded cache from the first import on, so that a model
+  // built after `import tessera` leaves no freed heap behind (csrc/cpu_block_cache.h).
+  tessera::CpuBlockCache::install_from_environment();
+  m.def("cpu_block_cache_stats", [] {
+    py::dict d;
+    if (const tessera::CpuBlockCache* c = tessera::CpuBlockCache::installed()) {
+      const tessera::CpuBlockCacheStats s = c->stats();
+      d["capacity_bytes"] = c->capacity_bytes();
+      d["hits"] = s.hits;
+      d["misses"] = s.misses;
+      d["evictions"] = s.evictions;
+      d["cached_bytes"] = s.cached_bytes;
+      d["mapped_bytes"] = s.mapped_bytes;
+    }
+    return d;
+  }, "The large-block CPU allocator's counters (empty when TESSERA_CPU_BLOCK_CACHE_MIB < 0).");
+  m.def("cpu_block_cache_release", [] {
+    if (tessera::CpuBlockCache* c = tessera::CpuBlockCache::installed()) c->release_cached();
+  }, "Unmaps the large blocks the CPU allocator keeps cached (blocks in use stay).");
 
   // Errors. ConfigError carries every error of the config, each with its JSON path.
   py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
