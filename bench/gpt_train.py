@@ -71,7 +71,17 @@ def engine_config(args):
     if args.stage == 3 and args.live:  # ZeRO-3's limits (elements), the same for tessera and DeepSpeed
         for key in ("stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size"):
             zero[key] = int(args.live)
-    return {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
+    if args.offload != "none":  # optimizer offload, the same section for tessera and DeepSpeed
+        zero["offload_optimizer"] = {"device": args.offload}
+        if args.offload == "nvme":
+            zero["offload_optimizer"].update({"nvme_path": args.nvme_path, "buffer_count": 4,
+                                              "pipeline_read": True, "pipeline_write": True})
+            zero["sub_group_size"] = int(args.sub_group)
+    extra = {}
+    if args.offload == "nvme":
+        extra["aio"] = {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
+                        "single_submit": False, "overlap_events": True}
+    return {**extra,"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
             "steps_per_print": 10**9, "gradient_clipping": args.clip,
             "optimizer": {"type": "AdamW", "params": adamw_params(args)}, "zero_optimization": zero}
 
@@ -215,6 +225,10 @@ def main():
     ap.add_argument("--live", type=float, default=0,
                     help="ZeRO-3: stage3_max_live_parameters, _max_reuse_distance and _prefetch_bucket_size "
                          "(elements; 0: DeepSpeed's defaults, which release nothing below ~1B parameters)")
+    ap.add_argument("--offload", choices=["none", "cpu", "nvme"], default="none",
+                    help="zero_optimization.offload_optimizer.device (tessera, deepspeed)")
+    ap.add_argument("--nvme-path", default="/tmp", help="offload_optimizer.nvme_path (a rank-private file per group)")
+    ap.add_argument("--sub-group", type=float, default=1e7, help="sub_group_size: the NVMe step's tile, in elements")
     ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -271,6 +285,9 @@ def main():
             rss_trace.append(resident_mib())
     seconds = time.perf_counter() - start
     timed = args.steps - args.warmup
+    if args.impl == "tessera" and args.offload == "nvme":  # bytes through the swap files per step (mean)
+        m = impl.engine.memory_report()
+        impl.swapped = round((m["offload_read_bytes"] + m["offload_written_bytes"]) / args.steps)
     inner = None
     if breakdown:
         end = breakdown()
@@ -299,6 +316,10 @@ def main():
         if args.malloc_trim:
             result["malloc_trim"] = True
         result.update(impl.describe)
+        if args.offload != "none":
+            result["offload"] = args.offload
+        if getattr(impl, "swapped", None):
+            result["swapped_bytes_per_step"] = impl.swapped
         print(json.dumps(result), flush=True)
     impl.close()
     # torch 2.11 sometimes aborts at interpreter exit after DDP ("terminate called without an

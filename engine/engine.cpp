@@ -36,7 +36,7 @@ std::unordered_map<const void*, std::string> parameter_names(const ModelDescript
 }
 
 // What ZeRO takes from the config.
-ZeroOptions zero_options(const Config& c) {
+ZeroOptions zero_options(const Config& c, int rank) {
   ZeroOptions o;
   o.stage = c.zero_optimization.stage;
   o.overlap_allgather = c.zero_optimization.overlap_comm.value_or(false);
@@ -54,6 +54,20 @@ ZeroOptions zero_options(const Config& c) {
   o.partitioned.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.partitioned.max_live_numel = z.stage3_max_live_parameters;
   o.partitioned.max_reuse_distance = z.stage3_max_reuse_distance;
+  if (z.offload_optimizer.device == "nvme") {
+    OptimizerSwapOptions nvme;
+    nvme.path = z.offload_optimizer.nvme_path;
+    nvme.tile_numel = z.sub_group_size;
+    nvme.buffer_count = z.offload_optimizer.buffer_count;
+    nvme.pipeline_read = z.offload_optimizer.pipeline_read;
+    nvme.pipeline_write = z.offload_optimizer.pipeline_write;
+    nvme.aio.block_size = c.aio.block_size;
+    nvme.aio.queue_depth = c.aio.queue_depth;
+    nvme.aio.intra_op_parallelism = c.aio.intra_op_parallelism;
+    nvme.aio.single_submit = c.aio.single_submit;
+    nvme.rank = rank;
+    o.nvme_optimizer = nvme;
+  }
   return o;
 }
 }  // namespace
@@ -115,7 +129,14 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
   // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
   // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
   if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();
-  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_), parallel_, model, &units_);
+  // Optimizer offload runs on CPU ranks (where "cpu" is where the states live already); the GPU's
+  // host path (pinned buffers, copies overlapped with the CPU step) is not built yet.
+  const std::string& offload = config_.zero_optimization.offload_optimizer.device;
+  if (offload != "none" && !parallel_.data().device().is_cpu())
+    throw ConfigError("tessera: zero_optimization.offload_optimizer.device: \"" + offload +
+                      "\" runs on CPU ranks only so far, not on " + parallel_.data().device().str() +
+                      "; use \"none\" there");
+  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank()), parallel_, model, &units_);
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);
   schedule_ = config_.scheduler ? make_lr_schedule(config_.scheduler->type, config_.scheduler->params,
                                                    config_.optimizer->params.lr)

@@ -42,8 +42,6 @@ class Adam final : public FlatOptimizer {
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
     const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
-    const double bc1 = p_.bias_correction ? 1 - std::pow(beta1, double(in.step)) : 1.0;
-    const double bc2 = p_.bias_correction ? 1 - std::pow(beta2, double(in.step)) : 1.0;
     if (device_adam_applies(segments, exp_avg_, p_.bias_correction)) {
       DeviceAdamStep k;
       k.lr = in.lr, k.beta1 = beta1, k.beta2 = beta2, k.eps = p_.eps, k.weight_decay = in.weight_decay;
@@ -51,9 +49,19 @@ class Adam final : public FlatOptimizer {
       device_adam_step(k, segments, exp_avg_, exp_avg_sq_, step_count_, inverse_grad_scale_);
       return;
     }
+    step_with_state(in, segments, {exp_avg_, exp_avg_sq_}, 0);
+  }
+
+  int state_arrays() const override { return 2; }
+  void step_with_state(const StepInputs& in, const std::vector<ShardSegment>& segments,
+                       const std::vector<at::Tensor>& state, int64_t state_offset) override {
+    const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
+    const double bc1 = p_.bias_correction ? 1 - std::pow(beta1, double(in.step)) : 1.0;
+    const double bc2 = p_.bias_correction ? 1 - std::pow(beta2, double(in.step)) : 1.0;
     for (const auto& s : segments) {
       const int64_t n = s.params.numel();
-      at::Tensor m = exp_avg_.narrow(0, s.local_offset, n), v = exp_avg_sq_.narrow(0, s.local_offset, n);
+      at::Tensor m = state.at(0).narrow(0, s.local_offset - state_offset, n);
+      at::Tensor v = state.at(1).narrow(0, s.local_offset - state_offset, n);
       if (cpu_kernel_applies(s)) {
         AdamParams k;
         k.lr = float(in.lr), k.beta1 = float(beta1), k.beta2 = float(beta2), k.eps = float(p_.eps);
@@ -93,13 +101,21 @@ class Sgd final : public FlatOptimizer {
     if (p_.momentum != 0) momentum_buffer_ = at::zeros({n}, o);
   }
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
+    step_with_state(in, segments, momentum_buffer_.defined() ? std::vector<at::Tensor>{momentum_buffer_}
+                                                             : std::vector<at::Tensor>{}, 0);
+  }
+  int state_arrays() const override { return p_.momentum != 0 ? 1 : 0; }
+  void step_with_state(const StepInputs& in, const std::vector<ShardSegment>& segments,
+                       const std::vector<at::Tensor>& state, int64_t state_offset) override {
     const double mu = in.beta1.value_or(p_.momentum);
     for (const auto& s : segments) {
       at::Tensor d = s.grads.to(at::kFloat) * in.grad_scale;
       if (in.weight_decay != 0) d.add_(s.params, in.weight_decay);
-      if (momentum_buffer_.defined()) {
-        at::Tensor b = momentum_buffer_.narrow(0, s.local_offset, s.params.numel());
-        if (!started_) b.copy_(d);  // torch: the first buffer is the gradient itself
+      if (p_.momentum != 0) {
+        at::Tensor b = state.at(0).narrow(0, s.local_offset - state_offset, s.params.numel());
+        // torch: the first buffer is the gradient itself. `step` counts applied steps, so this is
+        // the buffer's first step however the state is held (a flag here would flip after one tile).
+        if (in.step <= 1) b.copy_(d);
         else b.mul_(mu).add_(d, 1 - p_.dampening);
         if (p_.nesterov) d.add_(b, mu);
         else d = b;
@@ -107,7 +123,6 @@ class Sgd final : public FlatOptimizer {
       s.params.add_(d, -in.lr);
       write_compute_copy(s);
     }
-    started_ = true;
   }
   int64_t state_bytes() const override { return momentum_buffer_.defined() ? momentum_buffer_.nbytes() : 0; }
   const char* name() const override { return "SGD"; }
@@ -115,7 +130,6 @@ class Sgd final : public FlatOptimizer {
  private:
   OptimizerHyperparams p_;
   at::Tensor momentum_buffer_;
-  bool started_ = false;
 };
 
 class Lamb final : public FlatOptimizer {
@@ -192,6 +206,11 @@ class Lamb final : public FlatOptimizer {
 };
 
 }  // namespace
+
+void FlatOptimizer::step_with_state(const StepInputs&, const std::vector<ShardSegment>&, const std::vector<at::Tensor>&,
+                                    int64_t) {
+  throw std::logic_error(std::string("tessera: ") + name() + " does not step with external state (not elementwise)");
+}
 
 std::unique_ptr<FlatOptimizer> make_flat_optimizer(const std::string& t, const OptimizerHyperparams& params, int64_t shard_numel,
                                                    const at::TensorOptions& options, LambContext lamb) {

@@ -41,6 +41,14 @@ class FlatOptimizer {
   // Whether step() on a subset of the segments equals the part of a step on all of them (Adam,
   // SGD: elementwise); LAMB's trust ratios need every segment at once.
   virtual bool elementwise() const { return true; }
+  // Elementwise optimizers keep their state as fp32 arrays laid out like the shard (Adam: m, v;
+  // SGD with momentum: the buffer). step_with_state() steps `segments` with those arrays given by
+  // the caller instead of its own, each covering shard elements [state_offset, state_offset + n):
+  // NVMe offload streams the state through memory a tile at a time (offload/optimizer_swapper.h),
+  // and builds the optimizer with no state of its own (shard_numel 0).
+  virtual int state_arrays() const { return 0; }
+  virtual void step_with_state(const StepInputs& in, const std::vector<ShardSegment>& segments,
+                               const std::vector<at::Tensor>& state, int64_t state_offset);
   virtual const char* name() const = 0;
 };
 

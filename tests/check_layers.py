@@ -3,7 +3,7 @@
 
 The layers, bottom up (docs/architecture.md):
 
-    csrc -> parallel -> optim -> zero -> engine/config -> engine (launch, estimator, the Engine)
+    csrc -> parallel -> optim -> offload -> zero -> engine/config -> engine (launch, estimator, the Engine)
          -> engine/cli -> python/csrc
 
 A file may include headers of its own part and of parts strictly below it; parts on the same level
@@ -23,13 +23,14 @@ PARTS = [
     ("csrc/", 0, "csrc"),
     ("parallel/", 1, "parallel"),
     ("optim/", 2, "optim"),
-    ("zero/", 3, "zero"),
-    ("engine/config/", 4, "engine/config"),
-    ("engine/launch/", 5, "engine/launch"),
-    ("engine/estimator/", 5, "engine/estimator"),
-    ("engine/", 5, "engine"),
-    ("engine/cli/", 6, "engine/cli"),
-    ("python/csrc/", 7, "python"),
+    ("offload/", 3, "offload"),
+    ("zero/", 4, "zero"),
+    ("engine/config/", 5, "engine/config"),
+    ("engine/launch/", 6, "engine/launch"),
+    ("engine/estimator/", 6, "engine/estimator"),
+    ("engine/", 6, "engine"),
+    ("engine/cli/", 7, "engine/cli"),
+    ("python/csrc/", 8, "python"),
 ]
 OUTSIDE = ("examples/", "tests/", "bench/")  # programs built on the library
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')

@@ -30,6 +30,12 @@
 //                        stage3_prefetch_bucket_size (800: about one unit of the MLP). With --units at stage 3 the worker checks
 //                        that nothing stays gathered after a step and that the most gathered at
 //                        once is below the whole model.
+//   --offload cpu|nvme   offload_optimizer.device, with --nvme-path DIR, --tile N (sub_group_size),
+//                        --buffers N (buffer_count) and --pipeline (pipeline_read and _write).
+//   --fill-nvme          after construction rank 0 fills the disk under --nvme-path (the first
+//                        step's write must then fail naming its file).
+//   --dump FILE          rank 0 writes every step's mean loss (double) and the final parameters'
+//                        bytes to FILE, for byte-for-byte comparisons between runs.
 //   --init               each layer is partitioned as soon as it is built (zero/partitioned_init.h):
 //                        the engine builds its buffers from the chunks; no rank holds the model.
 //   --units              the model is three units (layer1, layer2, head) and enters each one's scope
@@ -104,7 +110,14 @@ std::string engine_worker::config_text(const Args& a) {
   const char* scheduler = a.onecycle ? R"(, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01,
       "cycle_max_lr": 0.05, "cycle_first_step_size": 2, "cycle_momentum": true, "cycle_min_mom": 0.8,
       "cycle_max_mom": 0.99}})" : "";
-  char buf[2048];
+  std::string offload;
+  if (a.offload != "none") {
+    offload = ", \"sub_group_size\": " + std::to_string(a.tile) + ", \"offload_optimizer\": {\"device\": \"" +
+              a.offload + "\", \"nvme_path\": \"" + a.nvme_path + "\", \"buffer_count\": " +
+              std::to_string(a.buffers) + ", \"pipeline_read\": " + (a.pipeline ? "true" : "false") +
+              ", \"pipeline_write\": " + (a.pipeline ? "true" : "false") + "}";
+  }
+  char buf[2560];
   std::snprintf(buf, sizeof(buf),
                 R"({"train_micro_batch_size_per_gpu": %d, "gradient_accumulation_steps": %d, "optimizer": %s,
                     %s"data_types": {"grad_accum_dtype": "%s"},
@@ -113,13 +126,13 @@ std::string engine_worker::config_text(const Args& a) {
                     "zero_optimization": {"stage": %d, "reduce_bucket_size": %d, "allgather_bucket_size": %d,
                                           "ignore_unused_parameters": %s, "overlap_comm": %s,
                                           "reduce_scatter": %s, "stage3_param_persistence_threshold": %lld,
-                                          "stage3_max_reuse_distance": %lld, "stage3_prefetch_bucket_size": %lld}%s})",
+                                          "stage3_max_reuse_distance": %lld, "stage3_prefetch_bucket_size": %lld%s}%s})",
                 a.mb, a.gas, opt.c_str(),
                 a.comm_dtype.empty() ? "" : ("\"communication_data_type\": \"" + a.comm_dtype + "\", ").c_str(),
                 a.grad_accum.c_str(), a.clip, a.dtype == "bf16" ? "true" : "false",
                 a.dtype == "fp16" ? "true" : "false", a.stage, a.bucket, a.bucket,
                 a.strict_unused ? "false" : "true", a.units ? "true" : "false", a.allreduce ? "false" : "true",
-                (long long)a.persist, (long long)a.reuse, (long long)a.prefetch, scheduler);
+                (long long)a.persist, (long long)a.reuse, (long long)a.prefetch, offload.c_str(), scheduler);
   return buf;
 }
 
@@ -267,6 +280,17 @@ int run(const Args& a) {
     init.take_shards(description);
   }
   Engine engine(config, *ctx, std::move(description));
+  if (a.fill_nvme) {  // once every rank has built its engine
+    at::Tensor built = at::zeros({1});
+    ctx->data().all_reduce(built);
+  }
+  if (a.fill_nvme && rank == 0) {  // another job takes the disk's free space: the next write fails
+    std::FILE* f = std::fopen((a.nvme_path + "/filler").c_str(), "wb");
+    std::vector<char> block(1 << 16, 1);
+    while (f && std::fwrite(block.data(), 1, block.size(), f) == block.size() && std::fflush(f) == 0) {
+    }
+    if (f) std::fclose(f);
+  }
   Reference reference(a);
   auto schedule = config.scheduler ? make_lr_schedule(config.scheduler->type, config.scheduler->params, base_lr(a))
                                    : make_lr_schedule("", {}, base_lr(a));
@@ -279,6 +303,7 @@ int run(const Args& a) {
       throw std::runtime_error("parameter " + std::to_string(i) + " differs from rank 0's after construction");
 
   double max_loss_diff = 0, max_norm_diff = 0;
+  std::vector<double> losses;  // for --dump
   int applied = 0;
   const int64_t rows = int64_t(a.mb) * a.gas * dp;
   for (int step = 0; step < a.steps; ++step) {
@@ -318,6 +343,7 @@ int run(const Args& a) {
     }
     at::Tensor mean = at::full({1}, engine_loss, at::kDouble);
     ctx->data().all_reduce(mean, ReduceOp::Avg);
+    losses.push_back(mean.item<double>());
     const double lr_now = schedule->lr_at(applied);
     const double ref_loss = reference.step(x, y, skip, lr_now, extra_rows);
     if (step == a.throw_at_step) continue;  // neither trained on it
@@ -361,6 +387,16 @@ int run(const Args& a) {
     count += diff.numel();
   }
   const double mean_param_diff = sum_param_diff / double(count);
+  if (!a.dump.empty() && rank == 0) {  // byte for byte: offload must not change the arithmetic
+    std::FILE* f = std::fopen(a.dump.c_str(), "wb");
+    if (!f) throw std::runtime_error("cannot write " + a.dump);
+    std::fwrite(losses.data(), sizeof(double), losses.size(), f);
+    for (const auto& p : model.params) {
+      at::Tensor bytes = p.detach().contiguous();
+      std::fwrite(bytes.data_ptr(), 1, bytes.nbytes(), f);
+    }
+    std::fclose(f);
+  }
   // Every rank must hold the same parameters after the allgather.
   for (auto& p : model.params) {
     at::Tensor mine = p.detach().to(at::kFloat).contiguous(), top = mine.clone();
@@ -430,6 +466,13 @@ int main(int argc, char** argv) {
     else if (k == "--persist") a.persist = std::stoll(next());
     else if (k == "--reuse") a.reuse = std::stoll(next());
     else if (k == "--prefetch") a.prefetch = std::stoll(next());
+    else if (k == "--offload") a.offload = next();
+    else if (k == "--nvme-path") a.nvme_path = next();
+    else if (k == "--tile") a.tile = std::stoll(next());
+    else if (k == "--pipeline") a.pipeline = true;
+    else if (k == "--buffers") a.buffers = std::stoi(next());
+    else if (k == "--dump") a.dump = next();
+    else if (k == "--fill-nvme") a.fill_nvme = true;
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;
     else if (k == "--strict-unused") a.strict_unused = true;

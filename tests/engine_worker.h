@@ -40,6 +40,14 @@ struct Args {
   int layers = 0;
   // Stage 3: stage3_param_persistence_threshold, stage3_max_reuse_distance, stage3_prefetch_bucket_size.
   int64_t persist = 0, reuse = 0, prefetch = 800;
+  // Optimizer offload: --offload cpu|nvme, --nvme-path DIR, --tile N (sub_group_size), --pipeline
+  // (pipeline_read and pipeline_write), --buffers N (buffer_count).
+  std::string offload = "none", nvme_path;
+  int64_t tile = 1000000000;
+  bool pipeline = false;
+  int buffers = 4;
+  bool fill_nvme = false;  // --fill-nvme: after construction rank 0 fills the nvme_path's disk
+  std::string dump;  // --dump FILE: rank 0 writes every step's loss and the final parameters' bytes
 };
 
 // A two-layer MLP with a bias-free third layer: parameters of several shapes and sizes. With

@@ -63,6 +63,10 @@ struct MemoryReport {
   int64_t gathered_parameters_peak = 0;
   int64_t gathered_parameters = 0;  // held now
   int64_t gathered_pool = 0;        // released buffers kept for the next gathers (≤ max_live)
+  // NVMe optimizer offload: the bytes of optimizer state (and fp32 master) in this rank's files,
+  // not in memory and not in total(); optimizer_states then counts only the tile buffers.
+  int64_t offloaded_optimizer_bytes = 0;
+  int64_t offload_read_bytes = 0, offload_written_bytes = 0;  // swapped so far (cumulative)
   int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
 };
 

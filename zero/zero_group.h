@@ -23,7 +23,8 @@ struct ZeroGroup {
   bool partitioned = false;        // stage 3: `compute` is this rank's shard; the model's tensors
                                    // are views into per-bucket buffers gathered around each use
   at::Tensor compute;              // flat, compute dtype: what the model reads (or the shard)
-  at::Tensor master;               // fp32 local shard (mixed precision only)
+  at::Tensor master;               // fp32 local shard (mixed precision only; empty when in a file)
+  bool master_on_file = false;     // NVMe optimizer offload moved the fp32 master shard to its file
   at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stages 2–3)
   std::vector<at::Tensor> staging; // stages 2–3: a bucket's gradients while it fills
   std::vector<at::Tensor> gathered;  // stage 3, per bucket: its whole buffer (storage only while gathered)
@@ -33,7 +34,7 @@ struct ZeroGroup {
   std::unique_ptr<FlatOptimizer> optimizer;
   double lr_scale = 1;
   double weight_decay = 0;
-  bool mixed() const { return master.defined(); }
+  bool mixed() const { return master.defined() || master_on_file; }
 };
 
 }  // namespace tessera

@@ -221,11 +221,18 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
         if (data_sum) data_sum->all_reduce(t);
         if (tensor_sum) tensor_sum->all_reduce(t);
       };
-    g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, L.shard_numel, f32, std::move(lamb));
+    // With NVMe offload the state lives in files (swapper_, below), not in the optimizer.
+    g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
+                                       f32, std::move(lamb));
+    if (options.nvme_optimizer && !g->optimizer->elementwise())
+      throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
+                                  g->optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
+                                  "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
     g->lr_scale = spec.source->lr ? *spec.source->lr / base_lr : 1.0;
     g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
     groups_.push_back(std::move(g));
   }
+  if (options.nvme_optimizer) offload_optimizer_states(*options.nvme_optimizer);
   gathering_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
   if (units_) {
@@ -485,12 +492,46 @@ void ZeroOptimizer::abort_backward() {
   zero_grad();
 }
 
+// NVMe optimizer offload: every group's state (and fp32 master) moves to its file; the optimizer
+// keeps none, and the master's memory goes as soon as its values are written.
+void ZeroOptimizer::offload_optimizer_states(const OptimizerSwapOptions& options) {
+  swapper_ = std::make_unique<OptimizerSwapper>(options);
+  for (auto& g : groups_) swapper_->add_group(g->index, g->segments, g->optimizer->state_arrays(), g->master);
+  swapper_->create_files();
+  for (auto& g : groups_) {
+    if (!g->master.defined()) continue;
+    g->master = at::Tensor();
+    g->master_on_file = true;
+    for (ShardSegment& s : g->segments) s.params = at::Tensor();  // the views held the master alive
+  }
+}
+
 void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   std::vector<StepInputs> in(groups_.size(), inputs);
   for (auto& g : groups_) {
     in[g->index].lr = inputs.lr * g->lr_scale;
     in[g->index].weight_decay = g->weight_decay;
     in[g->index].grad_scale = grad_scale;
+  }
+  if (swapper_) {
+    // The state streams through tile buffers in the order the next forward reads the buckets;
+    // each bucket's allgather starts when its last tile is stepped, as below.
+    std::vector<std::pair<int, int>> order = gather_order_;
+    if (!stage_->gathers()) {
+      order.clear();
+      for (auto& g : groups_)
+        for (size_t b = 0; b < g->segments.size(); ++b) order.emplace_back(g->index, static_cast<int>(b));
+    }
+    swapper_->step(
+        order,
+        [&](int group, const ShardSegment& tile, const std::vector<at::Tensor>& state) {
+          groups_[group]->optimizer->step_with_state(in[group], {tile}, state, tile.local_offset);
+        },
+        [&](int group, int bucket) {
+          if (stage_->gathers() && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
+        });
+    if (partitioned_) partitioned_->after_step();
+    return;
   }
   // A group whose optimizer needs all its buckets at once (LAMB), or a stage that gathers
   // nothing, steps whole (this also writes the compute copy of this rank's chunks).
@@ -551,7 +592,8 @@ void ZeroOptimizer::write_back_parameters(int root) {
       if (data_.size() > 1) data_.broadcast(whole, root);
       at::Tensor mine = whole.narrow(0, rank * k.shard, k.shard);
       if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).copy_(mine);
-      if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).copy_(mine);
+      if (g.master_on_file) swapper_->write_master(g.index, static_cast<int>(b), mine);
+      else if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).copy_(mine);
     }
   }
 }
@@ -564,9 +606,15 @@ MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   for (const auto& g : groups_) {
     m.parameters += g->compute.nbytes();
-    if (g->mixed()) m.master_parameters += g->master.nbytes();
+    if (g->master.defined()) m.master_parameters += g->master.nbytes();
     m.gradients += g->grads.nbytes();
     m.optimizer_states += g->optimizer->state_bytes();
+  }
+  if (swapper_) {
+    m.optimizer_states += swapper_->resident_bytes();  // the tile buffers
+    m.offloaded_optimizer_bytes = swapper_->file_bytes();
+    m.offload_read_bytes = swapper_->bytes_read();
+    m.offload_written_bytes = swapper_->bytes_written();
   }
   if (partitioned_ && !groups_.empty()) {
     const int64_t element = groups_.front()->compute.element_size();

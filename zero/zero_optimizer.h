@@ -19,11 +19,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <deque>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "offload/optimizer_swapper.h"
 #include "optim/grad_norm.h"
 #include "optim/options.h"
 #include "zero/buffer_plan.h"
@@ -61,6 +63,9 @@ struct ZeroOptions {
   // (stage3_param_persistence_threshold), and the gathers' bounds (zero/partitioned_parameters.h).
   int64_t persistence_threshold = 100'000;
   PartitionedOptions partitioned;
+  // offload_optimizer.device "nvme": the optimizer states (and the fp32 master with mixed
+  // precision) in files, streamed through tile buffers at each step (offload/optimizer_swapper.h).
+  std::optional<OptimizerSwapOptions> nvme_optimizer;
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
@@ -133,6 +138,7 @@ class ZeroOptimizer final : public UnitListener {
 
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();
+  void offload_optimizer_states(const OptimizerSwapOptions& options);
 
   struct Gather {
     int group, bucket;
@@ -159,6 +165,7 @@ class ZeroOptimizer final : public UnitListener {
   std::vector<std::pair<int, int>> launch_order_;  // (group, bucket)
   size_t next_launch_ = 0;
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
+  std::unique_ptr<OptimizerSwapper> swapper_;           // NVMe optimizer offload, else null
 };
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 #include "csrc/aio/async_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -53,18 +54,35 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 AlignedBuffer::~AlignedBuffer() { std::free(data_); }
 
 AioFile AioFile::create(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  const bool existed = ::access(path.c_str(), F_OK) == 0;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int e = errno;
     throw std::runtime_error("tessera: cannot create " + path + " for direct I/O: " + std::strerror(e) +
                              (e == EINVAL ? " (the filesystem does not support O_DIRECT)" : ""));
   }
-  return AioFile(fd, path);
+  // One owner at a time: a live process's file is never truncated under it; a killed run's is.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    throw std::runtime_error("tessera: " + path + " is in use by another process (locked); give each job its own "
+                             "directory");
+  }
+  if (::ftruncate(fd, 0) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw std::runtime_error("tessera: cannot truncate " + path + ": " + std::strerror(e));
+  }
+  AioFile file(fd, path);
+  file.replaced_stale_ = existed;
+  return file;
 }
-AioFile::AioFile(AioFile&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+AioFile::AioFile(AioFile&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)), replaced_stale_(o.replaced_stale_) {
+  o.fd_ = -1;
+}
 AioFile& AioFile::operator=(AioFile&& o) noexcept {
   std::swap(fd_, o.fd_);
   std::swap(path_, o.path_);
+  std::swap(replaced_stale_, o.replaced_stale_);
   return *this;
 }
 AioFile::~AioFile() {

@@ -56,10 +56,11 @@ class AlignedBuffer {
   int64_t capacity_ = 0;
 };
 
-// A file open for direct I/O; closed (and, when owned, removed) on destruction.
+// A swap file open for direct I/O, locked (flock) while open; closed and removed on destruction.
 class AioFile {
  public:
-  // Creates (or truncates) `path` with O_DIRECT; throws naming the path and the reason.
+  // Creates `path` with O_DIRECT, or takes over and truncates a file left by a killed run (never
+  // reading it); throws naming the path and the reason, also when a live process holds it.
   static AioFile create(const std::string& path);
   AioFile(AioFile&& other) noexcept;
   AioFile& operator=(AioFile&& other) noexcept;
@@ -67,11 +68,13 @@ class AioFile {
   ~AioFile();
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
+  bool replaced_stale() const { return replaced_stale_; }  // a file of that name was there
 
  private:
   AioFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
   std::string path_;
+  bool replaced_stale_ = false;
 };
 
 class AsyncIo {

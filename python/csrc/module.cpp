@@ -370,6 +370,9 @@ PYBIND11_MODULE(_C, m) {
         d["gathered_parameters"] = r.gathered_parameters;
         d["gathered_parameters_peak"] = r.gathered_parameters_peak;
         d["gathered_pool"] = r.gathered_pool;
+        d["offloaded_optimizer_bytes"] = r.offloaded_optimizer_bytes;
+        d["offload_read_bytes"] = r.offload_read_bytes;
+        d["offload_written_bytes"] = r.offload_written_bytes;
         return d;
       });
 
