@@ -74,7 +74,7 @@ def engine_config(args):
     if args.offload != "none":  # optimizer offload, the same section for tessera and DeepSpeed
         zero["offload_optimizer"] = {"device": args.offload}
         if args.offload == "nvme":
-            zero["offload_optimizer"].update({"nvme_path": args.nvme_path, "buffer_count": 4,
+            zero["offload_optimizer"].update({"nvme_path": args.nvme_path, "buffer_count": args.nvme_buffers,
                                               "pipeline_read": True, "pipeline_write": True})
             zero["sub_group_size"] = int(args.sub_group)
     extra = {}
@@ -228,6 +228,7 @@ def main():
     ap.add_argument("--offload", choices=["none", "cpu", "nvme"], default="none",
                     help="zero_optimization.offload_optimizer.device (tessera, deepspeed)")
     ap.add_argument("--nvme-path", default="/tmp", help="offload_optimizer.nvme_path (a rank-private file per group)")
+    ap.add_argument("--nvme-buffers", type=int, default=4, help="offload_optimizer.buffer_count")
     ap.add_argument("--sub-group", type=float, default=1e7, help="sub_group_size: the NVMe step's tile, in elements")
     ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
     ap.add_argument("--seed", type=int, default=1234)

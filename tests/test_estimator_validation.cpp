@@ -20,27 +20,31 @@ using namespace tessera;
 namespace {
 
 struct Measured {
-  int64_t params, master, grads, states, buckets;
+  int64_t params, master, grads, states, buckets, offloaded = 0;
   int64_t model_states() const { return params + master + grads + states; }
 };
 
 // tests/engine_worker.cpp --memory-sweep: ZeRO 0/1/2/3 x fp32/bf16, one Engine each; rank 0 prints.
-std::map<std::pair<int, std::string>, Measured> measure(int ranks, int hidden, int bucket) {
-  static int port = 29700;
+// `extra`: more worker arguments (NVMe offload: ZeRO 1-3 only, so 6 lines instead of 8).
+std::map<std::pair<int, std::string>, Measured> measure(int ranks, int hidden, int bucket,
+                                                       const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
-                                   "--master-port", std::to_string(port++), "--timeout", "60", "--",
+                                   "--master-port", std::to_string(tessera::testing::free_port()), "--timeout", "60", "--",
                                    TESSERA_ENGINE_WORKER_PATH, "--memory-sweep", "--steps", "1", "--mb", "2",
                                    "--hidden", std::to_string(hidden), "--bucket", std::to_string(bucket)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
   auto r = tessera::testing::run(argv, {}, 120);
   INFO(r.output);
   REQUIRE(r.status == 0);
   std::map<std::pair<int, std::string>, Measured> out;
-  std::regex line("memory stage (\\d) dtype (\\w+): params (\\d+) master (\\d+) grads (\\d+) states (\\d+) buckets (\\d+)");
+  std::regex line("memory stage (\\d) dtype (\\w+): params (\\d+) master (\\d+) grads (\\d+) states (\\d+) buckets (\\d+) "
+                  "offloaded (\\d+)");
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
     const auto& m = *it;
-    out[{std::stoi(m[1]), m[2]}] = {std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]), std::stoll(m[6]), std::stoll(m[7])};
+    out[{std::stoi(m[1]), m[2]}] = {std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]),
+                                    std::stoll(m[6]), std::stoll(m[7]), std::stoll(m[8])};
   }
-  REQUIRE(out.size() == 8);
+  REQUIRE(out.size() == (extra.empty() ? 8u : 6u));
   return out;
 }
 
@@ -111,4 +115,39 @@ TEST_CASE("validation: estimated model states within 5% of the engine's measured
     }
   }
   std::printf("validation: worst model-state error %.4f%%\n", 100 * worst);
+}
+
+TEST_CASE("validation: NVMe and CPU optimizer offload on CPU ranks - the estimate is the engine's buffers and files") {
+  testing::TempDir dir;
+  const int64_t tile = 100000;
+  for (int ranks : {1, 2}) {
+    for (const std::string device : {"nvme", "cpu"}) {
+      auto measured = measure(ranks, 1024, 1000000,
+                              {"--offload", device, "--nvme-path", dir.path, "--tile", std::to_string(tile), "--buffers", "3"});
+      for (int stage : {1, 2, 3}) {
+        for (std::string dtype : {"fp32", "bf16"}) {
+          const Measured& m = measured.at({stage, dtype});
+          EstimateInputs in = worker_model(ranks, 1024, 1000000, stage, dtype);
+          in.setup.offload_optimizer = device;
+          in.setup.sub_group_size = tile;
+          in.setup.optimizer_buffer_count = 3;
+          EstimateResult e = estimate(in);
+          INFO("ranks " << ranks << " " << device << " stage " << stage << " " << dtype);
+          std::printf("validation: ranks %d, offload %s, ZeRO-%d %s: measured in memory %lld (states %lld), in files %lld; "
+                      "estimated %lld (states %lld), on NVMe %lld\n",
+                      ranks, device.c_str(), stage, dtype.c_str(), (long long)m.model_states(), (long long)m.states,
+                      (long long)m.offloaded, (long long)e.per_gpu.model_states, (long long)e.per_gpu.bytes("optimizer states"),
+                      (long long)e.per_node_nvme.bytes("optimizer states"));
+          CHECK(e.per_gpu.bytes("parameters") == m.params);
+          CHECK(e.per_gpu.bytes("fp32 master weights") == m.master);
+          CHECK(e.per_gpu.bytes("gradients") == m.grads);
+          CHECK(e.per_gpu.bytes("optimizer states") == m.states);
+          CHECK(e.per_node_nvme.bytes("optimizer states") == ranks * m.offloaded);  // NVMe lines are per node
+          CHECK(e.validated);
+          if (device == "nvme") CHECK(m.states <= 3 * (4 * tile * 3 + 4096));
+          else CHECK(m.offloaded == 0);
+        }
+      }
+    }
+  }
 }

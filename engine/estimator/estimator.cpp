@@ -153,8 +153,8 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   Evaluation ev;
   const StageModel m = stage_model(r, s, stage);
   ev.params_per_gpu = m.params;
-  const States st = model_states(m, s, dp);
   const bool cpu_device = r.hw.device == "cpu";
+  const States st = model_states(m, s, dp, cpu_device);
   const int ranks = r.hw.gpus_per_node;
 
   // Activations of this stage.
@@ -263,8 +263,7 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   n.model_states = line_sum(n);
   finish(n, 0, "", 0.0, 0, "", r.hw.nvme_capacity, true);  // no capacity given: no NVMe
 
-  ev.validated = s.zero_stage <= 3 && s.offload_optimizer == "none" && s.offload_param == "none" && s.tp == 1 &&
-                 s.pp == 1;
+  ev.validated = engine_runs(s, cpu_device);
   return ev;
 }
 

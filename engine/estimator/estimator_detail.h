@@ -49,7 +49,12 @@ struct States {
   // NVMe (per rank)
   int64_t n_params = 0, n_master = 0, n_grads = 0, n_optim = 0;
 };
-States model_states(const StageModel& m, const TrainingSetup& s, int dp);
+// `cpu_device`: ranks are CPU processes, where the engine runs optimizer offload itself (CPU:
+// states stay in host memory; NVMe: the engine's swap files and tile buffers), so those rows come
+// from the engine's planner; on GPUs offload is a design estimate.
+States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cpu_device = false);
+// Whether the engine runs this setup on these devices (the estimate is then validated against it).
+bool engine_runs(const TrainingSetup& s, bool cpu_device);
 std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s);
 
 // Activations (engine/estimator/estimator_activations.cpp): Korthikanti et al. 2022.

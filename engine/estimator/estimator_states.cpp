@@ -31,11 +31,18 @@ std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const Traini
 // Per rank, in bytes, by where they live.
 
 
-States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
+bool engine_runs(const TrainingSetup& s, bool cpu_device) {
+  const bool offload_runs = s.offload_optimizer == "none" || (cpu_device && s.zero_stage >= 1);
+  return s.zero_stage <= 3 && offload_runs && s.offload_param == "none" && s.tp == 1 && s.pp == 1;
+}
+
+States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cpu_device) {
   States st;
   const int c = compute_bytes(s), k = state_bytes_per_param(s);
   const bool mixed = mixed_precision(s);
-  const bool off_opt = s.offload_optimizer != "none", off_param = s.offload_param != "none";
+  // On CPU ranks optimizer offload is the engine's: "cpu" changes nothing, "nvme" is planned below.
+  const bool engine_offload = cpu_device && s.offload_optimizer != "none" && s.offload_param == "none";
+  const bool off_opt = s.offload_optimizer != "none" && !engine_offload, off_param = s.offload_param != "none";
   const auto groups = group_numels(m, s);
   const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
   const std::string dtype = s.precision;
@@ -96,6 +103,25 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp) {
                         part(s.zero_stage >= 2 ? dp : 1);
       st.optim = plan.state_bytes;
       st.optim_detail = state_name(s) + ", " + part(partitions);
+      if (engine_offload && s.offload_optimizer == "nvme") {
+        // The engine's swap files (offload/optimizer_swapper.h): the state, and the master with
+        // mixed precision, per tile of at most sub_group_size elements of each bucket's shard
+        // segment, each slot aligned to 4096; in memory only buffer_count slots.
+        const int arrays = k / 4 + (mixed ? 1 : 0);
+        int64_t file = 0, largest_slot = 0;
+        for (const GroupBuffers& g : plan.groups)
+          for (const FlatBucket& b : g.layout.buckets)
+            for (int64_t begin = 0; begin < b.shard; begin += s.sub_group_size) {
+              const int64_t slot = (4 * std::min(s.sub_group_size, b.shard - begin) * arrays + 4095) / 4096 * 4096;
+              file += slot;
+              largest_slot = std::max(largest_slot, slot);
+            }
+        st.n_optim = file;
+        st.optim = int64_t(std::max(1, s.optimizer_buffer_count)) * largest_slot;
+        st.optim_detail = std::to_string(s.optimizer_buffer_count) + " tile buffers of " + format_gib(largest_slot) +
+                          " (the state" + (mixed ? " and fp32 master" : "") + " is on NVMe)";
+        if (mixed) st.master = 0, st.master_detail.clear();
+      }
     } else {
       // Design (not in the engine yet): the optimizer runs on the host over this rank's shard;
       // stage 1 still accumulates the full fp32 gradient on the device until the boundary.
