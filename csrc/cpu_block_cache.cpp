@@ -50,7 +50,13 @@ CpuBlockCache::CpuBlockCache(c10::Allocator* small, int64_t threshold_bytes, int
   if (c10::DeleterFnPtr d = small_->raw_deleter()) g_small_raw_deleter = d;
 }
 
-CpuBlockCache::~CpuBlockCache() { release_cached(); }
+CpuBlockCache::~CpuBlockCache() {
+  release_cached();
+  // Blocks still in use outlive their cache: they are unmapped when freed, by free_large.
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (auto& [base, entry] : in_use())
+    if (entry.first == this) entry.first = nullptr;
+}
 
 c10::DeleterFnPtr CpuBlockCache::raw_deleter() const {
   return small_->raw_deleter() ? &CpuBlockCache::free_large : nullptr;
@@ -104,6 +110,10 @@ void CpuBlockCache::free_large(void* data) {
   }
   auto [owner, bytes] = it->second;
   in_use().erase(it);
+  if (!owner) {  // its cache is gone
+    munmap(data, bytes);
+    return;
+  }
   owner->give_back(data, Block{owner, bytes});
 }
 

@@ -39,6 +39,9 @@ int64_t OptimizerSwapper::add_group(int index, const std::vector<ShardSegment>& 
   if (index >= static_cast<int>(groups_.size())) groups_.resize(index + 1);
   auto g = std::make_unique<Group>();
   g->segments = segments;
+  // With the master in the file the segments' fp32 views would keep the whole master alive.
+  if (master.defined())
+    for (ShardSegment& seg : g->segments) seg.params = at::Tensor();
   g->state_arrays = state_arrays;
   g->master_on_file = master.defined();
   g->initial_master = master;
@@ -64,6 +67,7 @@ int64_t OptimizerSwapper::add_group(int index, const std::vector<ShardSegment>& 
 }
 
 void OptimizerSwapper::create_files() {
+  if (io_) throw std::logic_error("tessera: optimizer swapper: create_files called twice");
   const std::string& dir = options_.path;
   struct stat st {};
   if (dir.empty()) throw std::invalid_argument("tessera: zero_optimization.offload_optimizer.nvme_path is not set");
@@ -119,6 +123,7 @@ void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const
   for (const auto& [gi, s] : order) {
     const Group& g = group(gi);
     for (size_t t = 0; t < g.tiles[s].size(); ++t) tiles.push_back({gi, s, static_cast<int>(t)});
+    if (g.tiles[s].empty()) segment_done(gi, s);  // nothing of it on this rank (every rank alike)
   }
   const size_t buffers = buffers_.size();
   std::vector<AsyncIo::Ticket> reading(buffers, 0), writing(buffers, 0);
@@ -131,8 +136,10 @@ void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const
     if (g.fresh) std::memset(buffers_[b].data(), 0, static_cast<size_t>(slot_bytes(g, t.numel)));
     else reading[b] = io_->read(*g.file, buffers_[b].data(), slot_bytes(g, t.numel), t.file_offset);
   };
-  // Read ahead by up to buffers − 1 tiles (pipeline_read), or only the tile about to be stepped.
-  const size_t ahead = options_.pipeline_read ? buffers - 1 : 0;
+  // Read ahead by up to buffers − 1 tiles (pipeline_read), or only the tile about to be stepped;
+  // with write-behind one buffer fewer, or each read would wait for the write just issued.
+  const size_t spare = options_.pipeline_write ? 2 : 1;
+  const size_t ahead = options_.pipeline_read && buffers > spare ? buffers - spare : 0;
   size_t next_read = 0;
   try {
     for (size_t k = 0; k < tiles.size(); ++k) {

@@ -7,8 +7,8 @@
 // [state 0 | state 1 | ... | master], aligned to 4096 bytes for O_DIRECT. A step streams the tiles
 // through `buffer_count` tile buffers:
 //
-//     read tile k+1 .. k+B−1 (pipeline_read)   step tile k   write tile k (waited at once unless
-//                                                            pipeline_write)
+//     read tile k+1 .. k+B−1 (pipeline_read;   step tile k   write tile k (waited at once unless
+//     k+B−2 with pipeline_write)                              pipeline_write)
 //
 // so the optimizer state held in memory is B tiles, not the shard. Without a master in the file
 // (fp32 training) nothing is written before the first step, which starts from zeros (DeepSpeed's
@@ -60,6 +60,8 @@ class OptimizerSwapper {
   // tile as a segment (its params the master in the tile buffer when offloaded) and its state
   // arrays, which cover shard elements [tile.local_offset, + numel); `segment_done` is called when
   // a segment's last tile is stepped (its compute copy is then final: an allgather can start).
+  // A step that throws (a failed transfer) leaves the files in no defined state: the engine stops
+  // training, and the swapper must not be stepped again.
   using TileStep = std::function<void(int group, const ShardSegment& tile, const std::vector<at::Tensor>& state)>;
   void step(const std::vector<std::pair<int, int>>& order, const TileStep& step_tile,
             const std::function<void(int group, int segment)>& segment_done);

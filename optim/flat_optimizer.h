@@ -25,7 +25,8 @@
 namespace tessera {
 
 struct StepInputs {
-  int64_t step = 1;  // 1-based count of applied optimizer steps (bias correction)
+  int64_t step = 1;  // 1-based count of applied optimizer steps (Adam's bias correction; SGD starts
+                     // its momentum buffer from the gradient at step 1): callers must count it
   double lr = 0;
   double weight_decay = 0;
   double grad_scale = 1;              // gradients are multiplied by this (1/loss scale × clip coefficient)

@@ -231,31 +231,37 @@ TEST_CASE("NVMe offload replaces a stale swap file without reading it") {
 TEST_CASE("NVMe offload: peak RSS falls by at least 80% of the optimizer state it moves out (2 ranks - 50M params)") {
   // tests/engine_worker.cpp --rss: a 50M-parameter MLP at stage 2 on 2 ranks, large blocks unmapped
   // when freed (TESSERA_CPU_BLOCK_CACHE_MIB=0) so the peak is what was live (tests/test_memory.cpp).
+  // In bf16 the fp32 master moves out too.
   TempDir dir;
-  auto peak = [&](bool nvme) {
-    std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", "2", "--master-port",
-                                     std::to_string(tessera::testing::free_port()), "--timeout", "120", "--",
-                                     TESSERA_ENGINE_WORKER_PATH, "--rss", "--stage", "2", "--hidden", "1024",
-                                     "--layers", "48", "--mb", "2", "--steps", "3", "--bucket", "4000000"};
-    if (nvme) argv.insert(argv.end(), {"--offload", "nvme", "--nvme-path", dir.path, "--tile", "1000000", "--pipeline"});
-    auto r = tessera::testing::run(argv, {{"TESSERA_CPU_BLOCK_CACHE_MIB", "0"}}, 300);
-    INFO(r.output);
-    REQUIRE(r.status == 0);
-    std::smatch m;
-    REQUIRE(std::regex_search(r.output, m, std::regex("peak rss stage 2 dtype fp32: (\\d+) (\\d+)")));
-    std::smatch states;
-    REQUIRE(std::regex_search(r.output, states, std::regex("states (\\d+)")));
-    std::printf("%s: %s, %s\n", nvme ? "nvme" : "none", m[0].str().c_str(), states[0].str().c_str());
-    return std::vector<int64_t>{std::stoll(m[1]), std::stoll(m[2]), std::stoll(states[1])};
-  };
-  const std::vector<int64_t> plain = peak(false), nvme = peak(true);
-  const int64_t moved = plain[2] - nvme[2];  // the optimizer state no longer in memory
-  const int64_t tiles = 4 * tessera::aio_aligned(int64_t(1000000) * 4 * 2);
-  CHECK(nvme[2] <= tiles);  // the engine holds the tile buffers only
-  CHECK(moved >= plain[2] - tiles);
-  for (int rank = 0; rank < 2; ++rank) {
-    INFO("rank " << rank << ": peak " << plain[rank] << " -> " << nvme[rank] << " bytes, state moved out " << moved);
-    CHECK(plain[rank] - nvme[rank] >= 0.8 * double(moved));
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    auto peak = [&](bool nvme) {
+      std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", "2", "--master-port",
+                                       std::to_string(tessera::testing::free_port()), "--timeout", "120", "--",
+                                       TESSERA_ENGINE_WORKER_PATH, "--rss", "--stage", "2", "--dtype", dtype,
+                                       "--hidden", "1024", "--layers", "48", "--mb", "2", "--steps", "3",
+                                       "--bucket", "4000000"};
+      if (nvme) argv.insert(argv.end(), {"--offload", "nvme", "--nvme-path", dir.path, "--tile", "1000000", "--pipeline"});
+      auto r = tessera::testing::run(argv, {{"TESSERA_CPU_BLOCK_CACHE_MIB", "0"}}, 300);
+      INFO(r.output);
+      REQUIRE(r.status == 0);
+      std::smatch m, mem;
+      REQUIRE(std::regex_search(r.output, m, std::regex("peak rss stage 2 dtype \\w+: (\\d+) (\\d+)")));
+      REQUIRE(std::regex_search(r.output, mem, std::regex("master (\\d+) grads \\d+ states (\\d+)")));
+      std::printf("%s %s: %s, %s\n", dtype.c_str(), nvme ? "nvme" : "none", m[0].str().c_str(), mem[0].str().c_str());
+      // peak rank 0, peak rank 1, master + states in memory
+      return std::vector<int64_t>{std::stoll(m[1]), std::stoll(m[2]), std::stoll(mem[1]) + std::stoll(mem[2])};
+    };
+    const std::vector<int64_t> plain = peak(false), nvme = peak(true);
+    const int64_t moved = plain[2] - nvme[2];  // optimizer state (and master) no longer in memory
+    const int arrays = dtype == "fp32" ? 2 : 3;
+    const int64_t tiles = 4 * tessera::aio_aligned(int64_t(1000000) * 4 * arrays);
+    INFO(dtype);
+    CHECK(nvme[2] <= tiles);  // the engine holds the tile buffers only
+    CHECK(moved >= plain[2] - tiles);
+    for (int rank = 0; rank < 2; ++rank) {
+      INFO("rank " << rank << ": peak " << plain[rank] << " -> " << nvme[rank] << " bytes, moved out " << moved);
+      CHECK(plain[rank] - nvme[rank] >= 0.8 * double(moved));
+    }
+    CHECK(files_in(dir.path).empty());
   }
-  CHECK(files_in(dir.path).empty());
 }

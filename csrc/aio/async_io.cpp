@@ -87,8 +87,10 @@ AioFile& AioFile::operator=(AioFile&& o) noexcept {
 }
 AioFile::~AioFile() {
   if (fd_ < 0) return;
-  ::close(fd_);
+  // Removed while still locked: after close() another process could lock the same path and lose
+  // its file to this unlink.
   ::unlink(path_.c_str());  // swap space, never read by a later run
+  ::close(fd_);
 }
 
 // ---- the common part: tickets, blocks, errors --------------------------------------------------------
@@ -107,14 +109,7 @@ std::string describe_failure(const BlockIo& b, const std::string& path, int64_t 
 // backend moves blocks from `pending_` to the disk and calls finish() for each.
 class BlockQueueIo : public AsyncIo {
  public:
-  BlockQueueIo(const AioOptions& o, AioBackend kind) : options_(o), kind_(kind) {
-    if (options_.block_size <= 0 || options_.block_size % kAioAlignment)
-      throw std::invalid_argument("tessera: aio.block_size must be a positive multiple of 4096, not " +
-                                  std::to_string(options_.block_size));
-    if (options_.queue_depth < 1)
-      throw std::invalid_argument("tessera: aio.queue_depth must be at least 1, not " +
-                                  std::to_string(options_.queue_depth));
-  }
+  BlockQueueIo(const AioOptions& o, AioBackend kind) : options_(o), kind_(kind) {}
 
   Ticket read(const AioFile& f, void* buffer, int64_t bytes, int64_t offset) override {
     return enqueue(f, static_cast<char*>(buffer), bytes, offset, false);
@@ -125,9 +120,14 @@ class BlockQueueIo : public AsyncIo {
 
   void wait(Ticket ticket) override {
     std::unique_lock<std::mutex> lock(mutex_);
+    // Looked up again after every wake-up: enqueue() may rehash the map while the lock is free.
+    auto done = [&] {
+      auto it = tickets_.find(ticket);
+      return it == tickets_.end() || it->second.remaining == 0;
+    };
+    done_.wait(lock, done);
     auto it = tickets_.find(ticket);
-    if (it == tickets_.end()) return;  // already waited for
-    done_.wait(lock, [&] { return it->second.remaining == 0; });
+    if (it == tickets_.end()) return;  // already waited for (or by wait_all)
     const std::string error = it->second.error;
     tickets_.erase(it);
     if (!error.empty()) throw std::runtime_error(error);
@@ -256,8 +256,8 @@ class KernelQueueIo final : public BlockQueueIo {
   std::vector<std::thread> threads_;
 };
 
-// pread/pwrite on intra_op_parallelism threads (at least queue_depth blocks' worth of parallelism
-// is not needed: each thread keeps one block in the kernel at a time).
+// pread/pwrite on intra_op_parallelism threads, each with one block in the kernel at a time (so
+// intra_op_parallelism, not queue_depth, bounds what is in flight here).
 class ThreadPoolIo final : public BlockQueueIo {
  public:
   explicit ThreadPoolIo(const AioOptions& o) : BlockQueueIo(o, AioBackend::kThreads) {
@@ -300,6 +300,12 @@ class ThreadPoolIo final : public BlockQueueIo {
 }  // namespace
 
 std::unique_ptr<AsyncIo> AsyncIo::create(const AioOptions& options) {
+  if (options.block_size <= 0 || options.block_size % kAioAlignment)
+    throw std::invalid_argument("tessera: aio.block_size must be a positive multiple of 4096, not " +
+                                std::to_string(options.block_size));
+  if (options.queue_depth < 1 || options.queue_depth > 4096)
+    throw std::invalid_argument("tessera: aio.queue_depth must be between 1 and 4096, not " +
+                                std::to_string(options.queue_depth));
   std::optional<AioBackend> wanted = options.backend;
   if (!wanted) {
     if (const char* env = std::getenv("TESSERA_AIO_BACKEND"); env && *env) {

@@ -6,10 +6,11 @@
 // The backend is the first of these that works here, or the one TESSERA_AIO_BACKEND (io_uring,
 // libaio, threads) or AioOptions::backend names, so tests run all three on one machine.
 //
-// A transfer is cut into blocks of `block_size` bytes; at most `queue_depth` blocks are in flight.
+// A transfer is cut into blocks of `block_size` bytes; at most `queue_depth` blocks are in flight
+// (the thread backend: one per thread).
 // One I/O thread per engine keeps the queue full and reaps completions, so the caller computes while
 // the disk works, and waits only for the transfer it needs next (the tile pipeline of
-// offload/nvme_optimizer.h). DeepSpeed's `aio` keys mean the same here (docs/offload.md).
+// offload/optimizer_swapper.h). DeepSpeed's `aio` keys mean the same here (docs/offload.md).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,11 @@
 // io_uring through liburing: one ring of `depth` entries, used by the I/O thread alone.
 #include "csrc/aio/kernel_queue.h"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #if TESSERA_HAVE_LIBURING
 #include <liburing.h>
@@ -11,6 +15,13 @@ namespace tessera::aio {
 
 #if TESSERA_HAVE_LIBURING
 namespace {
+
+// The ring itself failed (not one transfer): the blocks in flight can no longer be accounted for,
+// and waiting on them would hang every rank, so the process stops with the reason.
+[[noreturn]] void fatal(const char* call, int error) {
+  std::fprintf(stderr, "tessera: asynchronous I/O failed: %s: %s\n", call, std::strerror(-error));
+  std::abort();
+}
 
 class IoUringQueue final : public KernelQueue {
  public:
@@ -29,9 +40,17 @@ class IoUringQueue final : public KernelQueue {
   }
 
   void submit() override {
-    int r;
-    do r = io_uring_submit(&ring_);
-    while (r == -EINTR || r == -EAGAIN);
+    // Until the kernel has taken every prepared entry (a submit may take only some). The run loop
+    // already counts them in flight, so one left behind would never complete.
+    for (int tries = 0; io_uring_sq_ready(&ring_) > 0;) {
+      const int r = io_uring_submit(&ring_);
+      if (r >= 0 || r == -EINTR) continue;
+      if ((r == -EAGAIN || r == -EBUSY) && ++tries < 1000) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      fatal("io_uring_submit", r);
+    }
   }
 
   void reap(std::vector<std::pair<BlockIo*, int64_t>>& completed) override {
@@ -39,6 +58,7 @@ class IoUringQueue final : public KernelQueue {
     int r;
     do r = io_uring_wait_cqe(&ring_, &cqe);
     while (r == -EINTR);
+    if (r < 0) fatal("io_uring_wait_cqe", r);
     while (r == 0 && cqe) {
       completed.emplace_back(static_cast<BlockIo*>(io_uring_cqe_get_data(cqe)), cqe->res);
       io_uring_cqe_seen(&ring_, cqe);

@@ -2,6 +2,8 @@
 #include "csrc/aio/kernel_queue.h"
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #if TESSERA_HAVE_LIBAIO
@@ -55,6 +57,10 @@ class LibaioQueue final : public KernelQueue {
     int n;
     do n = io_getevents(context_, 1, static_cast<long>(events_.size()), events_.data(), nullptr);
     while (n == -EINTR);
+    if (n < 0) {  // the context itself failed: blocks in flight can no longer be accounted for
+      std::fprintf(stderr, "tessera: asynchronous I/O failed: io_getevents: %s\n", std::strerror(-n));
+      std::abort();
+    }
     for (int i = 0; i < n; ++i) {
       iocb* c = events_[i].obj;
       // res holds the bytes transferred, or −errno in the same (unsigned long) field.
