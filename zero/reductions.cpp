@@ -37,6 +37,7 @@ at::Tensor Reductions::acquire_staging(int pool, int64_t numel) {
   } else {
     base = at::empty({std::max(numel, pool_numel_.at(pool))}, at::TensorOptions().dtype(at::kFloat).device(device_));
     staging_bytes_ += base.nbytes();
+    staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);
     ++allocated_[pool];
   }
   return base.narrow(0, 0, numel).zero_();
@@ -45,6 +46,14 @@ at::Tensor Reductions::acquire_staging(int pool, int64_t numel) {
 void Reductions::release_staging(int pool, const at::Tensor& staging) {
   // acquire_staging hands out a narrowed view: the whole buffer goes back to the free list.
   pools_.at(pool).push_back(staging._base().defined() ? at::Tensor(staging._base()) : staging);
+}
+
+void Reductions::free_staging() {
+  for (size_t pool = 0; pool < pools_.size(); ++pool) {
+    for (const at::Tensor& buffer : pools_[pool]) staging_bytes_ -= buffer.nbytes();
+    allocated_[pool] -= static_cast<int>(pools_[pool].size());
+    pools_[pool].clear();
+  }
 }
 
 }  // namespace tessera

@@ -50,7 +50,11 @@ class Reductions {
   at::Tensor acquire_staging(int pool, int64_t numel);  // zeroed, `numel` elements
   void release_staging(int pool, const at::Tensor& staging);
 
-  int64_t staging_bytes() const { return staging_bytes_; }  // every staging buffer allocated
+  // Hands every pooled buffer back to the allocator once a backward's reductions are done, so
+  // they do not sit under the next forward's activations (where a step's peak is); the next
+  // backward takes them again (from the CPU block cache, or CUDA's caching allocator).
+  void free_staging();
+  int64_t staging_bytes() const { return staging_peak_bytes_; }  // most staging held at once
 
  private:
   struct InFlight {
@@ -61,8 +65,9 @@ class Reductions {
   std::deque<InFlight> in_flight_;
   std::vector<std::vector<at::Tensor>> pools_;  // free buffers, per group
   std::vector<int64_t> pool_numel_;
-  std::vector<int> allocated_;  // buffers each pool has allocated
-  int64_t staging_bytes_ = 0;
+  std::vector<int> allocated_;  // buffers each pool holds (free or lent out)
+  int64_t staging_bytes_ = 0;       // held now
+  int64_t staging_peak_bytes_ = 0;
 };
 
 }  // namespace tessera

@@ -472,6 +472,7 @@ void ZeroOptimizer::end_backward() {
   reset_bucket_counters();
   if (units_) units_->end_backward();
   reductions_.wait_all();
+  reductions_.free_staging();
 }
 
 void ZeroOptimizer::abort_backward() {
