@@ -118,6 +118,17 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
   if (!refused.empty()) throw ConfigError("tessera: the engine cannot run this config:\n" + refused);
   const bool printer = parallel_.rank() == 0;
   if (printer && !ignored.empty()) std::printf("[tessera] config keys the engine ignores:\n%s", ignored.c_str());
+  // The model applies tensor parallelism (parallel/tensor_parallel/); one that marked no slice
+  // trains a whole copy on every tensor rank: correct, but nothing is split.
+  if (grid.tensor > 1) {
+    bool sliced = false;
+    for (const ParamGroup& g : model.groups)
+      for (bool s : g.tensor_sharded) sliced = sliced || s;
+    if (printer && !sliced)
+      std::printf("[tessera] warning: tensor_parallel.tp_size is %d but no parameter is marked tensor-sharded "
+                  "(ParamGroup::tensor_sharded): every tensor rank trains a whole copy of the model\n",
+                  grid.tensor);
+  }
   // bf16 on a CPU without bf16 arithmetic: every matmul converts through fp32, ~11x slower.
   if (printer && config_.bf16.enabled && parallel_.data().device().is_cpu() && !cpu_has_fast_bf16())
     std::printf("[tessera] note: bf16 is enabled but this CPU has %s: PyTorch emulates bf16 matmuls "

@@ -225,7 +225,13 @@ struct AioConfig {
 
 struct TensorParallelConfig {
   int tp_size = 1;
-  template <class V> void fields(V& v) { v.aliased("tp_size", "autotp_size", tp_size, at_least(1)); }
+  // tessera's key: Megatron-SP (activations outside the tensor-parallel layers split along the
+  // sequence), applied by the model (tessera.tensor_parallel.parallelize, the example GPT).
+  bool sequence_parallel = false;
+  template <class V> void fields(V& v) {
+    v.aliased("tp_size", "autotp_size", tp_size, at_least(1));
+    v("sequence_parallel", sequence_parallel);
+  }
 };
 
 struct PipelineConfig {

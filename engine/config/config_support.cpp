@@ -9,7 +9,8 @@
 // wall_clock_breakdown; zero_optimization.stage, reduce_bucket_size, overlap_comm,
 // reduce_scatter, ignore_unused_parameters (and, accepted as changing nothing here, with the reason
 // in docs/config.md: allgather_bucket_size, contiguous_gradients, allgather_partitions,
-// round_robin_gradients); tensor_parallel.tp_size and pipeline.stages (checked against the
+// round_robin_gradients); tensor_parallel.tp_size and .sequence_parallel (the model applies them:
+// parallel/tensor_parallel/); pipeline.stages (checked against the
 // parallel context); pipeline.micro_batches (must equal gradient_accumulation_steps);
 // unknown_keys (the parser); csv_monitor (the Python API writes the metrics).
 #include "engine/config/config_support.h"
@@ -43,7 +44,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"aio.use_gds", kError, "[false]", "GPUDirect Storage is not implemented: transfers go through host buffers", {}},
     {kOffloadParam, kError, R"(["none"])",
      "the engine keeps the parameters on the training device, without CPU or NVMe offload", {}},
-    {"tensor_parallel.tp_size", kError, "[1]", "the engine runs data parallelism only, without tensor parallelism", {}},
     {kPipeline, kError, "[1]", "the engine runs data parallelism only, without pipeline stages", {}},
     {kOptimizerType, kError, R"(["Adam", "AdamW", "SGD", "Lamb"])",
      "the engine builds Adam, AdamW, SGD and Lamb, not 1-bit Adam", {}},

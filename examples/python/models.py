@@ -25,15 +25,19 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head):
         super().__init__()
         self.n_head = n_head
+        self.head_dim = n_embd // n_head
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        heads = lambda t: t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # noqa: E731
+        # Sizes come from the projection's output, not from the config, so the same code runs with
+        # the heads split over tensor-parallel ranks (and the sequence gathered by c_attn).
+        qkv = self.c_attn(x)
+        B, T = qkv.shape[:2]
+        q, k, v = qkv.chunk(3, dim=2)
+        heads = lambda t: t.view(B, T, -1, self.head_dim).transpose(1, 2)  # noqa: E731
         y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class Mlp(nn.Module):

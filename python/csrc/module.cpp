@@ -27,6 +27,9 @@
 #include "engine/estimator/estimator.h"
 #include "engine/progress.h"
 #include "parallel/parallel_context.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/layers.h"
+#include "parallel/tensor_parallel/regions.h"
 #include "zero/partitioned_init.h"
 
 namespace py = pybind11;
@@ -169,7 +172,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("pipe", [](const ConfigHandle& c) { return c.layout.pipe; })
       .def_property_readonly("data", [](const ConfigHandle& c) { return c.layout.data; })
       .def_property_readonly("world_size", [](const ConfigHandle& c) { return c.layout.world_size; })
-      .def_property_readonly("zero_stage", [](const ConfigHandle& c) { return c.config.zero_optimization.stage; });
+      .def_property_readonly("zero_stage", [](const ConfigHandle& c) { return c.config.zero_optimization.stage; })
+      .def_property_readonly("sequence_parallel",
+                             [](const ConfigHandle& c) { return c.config.tensor_parallel.sequence_parallel; });
 
   m.def(
       "load_config",
@@ -256,13 +261,14 @@ PYBIND11_MODULE(_C, m) {
   py::class_<EngineHandle>(m, "Engine")
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
                        const std::vector<std::tuple<std::vector<at::Tensor>, std::optional<double>,
-                                                    std::optional<double>, std::string, std::vector<std::string>>>& groups,
+                                                    std::optional<double>, std::string, std::vector<std::string>,
+                                                    std::vector<bool>>>& groups,
                        const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units,
                        const std::vector<std::shared_ptr<InitHandle>>& inits) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");
              ModelDescription model;
-             for (const auto& [params, lr, weight_decay, name, names] : groups)
-               model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, {}, {}});
+             for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
+               model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
              for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
              for (const auto& init : inits)  // a model built under tessera.zero.Init: its chunks
                if (init) init->init->take_shards(model);
@@ -384,4 +390,60 @@ PYBIND11_MODULE(_C, m) {
       "estimate_json",
       [](const std::string& request) { return estimate_json(nlohmann::json::parse(request)).dump(); },
       py::arg("request"), "Memory estimate for a JSON request with `tessera estimate`'s flags as keys.");
+
+  // Tensor parallelism (parallel/tensor_parallel/) on the context's tensor group; autograd-aware:
+  // their backward runs the other side's collective. python/tessera/tensor_parallel.py wraps them.
+  py::module tp = m.def_submodule("tensor_parallel", "Megatron-LM's region crossings and layers");
+  using Region = at::Tensor (*)(const at::Tensor&, Communicator&);
+  using RegionAlong = at::Tensor (*)(const at::Tensor&, Communicator&, int64_t);
+  auto region = [&tp](const char* name, Region f) {
+    tp.def(name, [f](const at::Tensor& x, ParallelContext& c) {
+      at::Tensor y;
+      blocking([&] { y = f(x, c.tensor()); });
+      return y;
+    }, py::arg("x"), py::arg("context"));
+  };
+  auto region_along = [&tp](const char* name, RegionAlong f) {
+    tp.def(name, [f](const at::Tensor& x, ParallelContext& c, int64_t dim) {
+      at::Tensor y;
+      blocking([&] { y = f(x, c.tensor(), dim); });
+      return y;
+    }, py::arg("x"), py::arg("context"), py::arg("dim"));
+  };
+  region("copy_to_tensor_region", &copy_to_tensor_region);
+  region("reduce_from_tensor_region", &reduce_from_tensor_region);
+  region_along("gather_from_sequence_region", &gather_from_sequence_region);
+  region_along("reduce_scatter_to_sequence_region", &reduce_scatter_to_sequence_region);
+  region_along("scatter_to_sequence_region", &scatter_to_sequence_region);
+  region_along("gather_from_tensor_region", &gather_from_tensor_region);
+  auto bias_of = [](const std::optional<at::Tensor>& b) { return b ? *b : at::Tensor(); };
+  tp.def("column_parallel_linear",
+         [bias_of](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, ParallelContext& c,
+                   bool sequence_parallel, int64_t seq_dim, bool gather_output) {
+           at::Tensor y;
+           blocking([&] { y = column_parallel_linear(x, w, bias_of(b), c.tensor(), {sequence_parallel, seq_dim}, gather_output); });
+           return y;
+         });
+  tp.def("row_parallel_linear",
+         [bias_of](const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, ParallelContext& c,
+                   bool sequence_parallel, int64_t seq_dim) {
+           at::Tensor y;
+           blocking([&] { y = row_parallel_linear(x, w, bias_of(b), c.tensor(), {sequence_parallel, seq_dim}); });
+           return y;
+         });
+  tp.def("vocab_parallel_embedding",
+         [](const at::Tensor& ids, const at::Tensor& w, int64_t vocab_start, ParallelContext& c, bool sequence_parallel,
+            int64_t seq_dim) {
+           at::Tensor y;
+           blocking([&] { y = vocab_parallel_embedding(ids, w, vocab_start, c.tensor(), {sequence_parallel, seq_dim}); });
+           return y;
+         });
+  tp.def("vocab_parallel_cross_entropy",
+         [](const at::Tensor& logits, const at::Tensor& targets, ParallelContext& c, int64_t ignore_index) {
+           at::Tensor y;
+           blocking([&] { y = vocab_parallel_cross_entropy(logits, targets, c.tensor(), ignore_index); });
+           return y;
+         });
+  tp.def("slice", &tensor_parallel_slice, py::arg("whole"), py::arg("rank"), py::arg("ranks"), py::arg("dim"),
+         py::arg("fused") = 1, py::arg("what") = "a tensor");
 }

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import _C, comm, zero
+from . import _C, comm, tensor_parallel, zero
 from .monitor import JsonlMonitor
 
 __all__ = ["initialize", "Engine"]
@@ -179,9 +179,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
 
     text = _config_text(config)
-    groups = _param_groups(model, model_parameters)
     world_size = comm.get_world_size()
     cfg, warnings = _C.load_config(text, world_size)
+    if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
+        # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
+        # same objects, so model_parameters given by the caller still name them)
+        tensor_parallel.parallelize(model, tp_size=cfg.tensor, sequence_parallel=cfg.sequence_parallel)
+    groups = _param_groups(model, model_parameters)
     if comm.get_rank() == 0:
         for w in warnings:
             print("tessera: warning: %s" % w, file=sys.stderr, flush=True)
@@ -192,7 +196,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)
-    cgroups = [g + ([names.get(id(p), "") for p in g[0]],) for g in groups]
+    cgroups = [g + ([names.get(id(p), "") for p in g[0]], [hasattr(p, "_tessera_tensor_parallel") for p in g[0]])
+               for g in groups]
     # A model built under tessera.zero.Init: the engine builds its buffers from the chunks.
     inits = {}
     for name, p in model.named_parameters():

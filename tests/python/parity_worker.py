@@ -56,12 +56,12 @@ class TinyGpt(Gpt):
     """The example GPT, small: its LM head reads the embedding's weight in the root's forward,
     outside any unit (ZeRO-3 gathers it on access)."""
 
-    def __init__(self, seed):
-        super().__init__(vocab=VOCAB, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32, seed=seed)
+    def __init__(self, seed, n_head=2):
+        super().__init__(vocab=VOCAB, block_size=BLOCK, n_layer=2, n_head=n_head, n_embd=32, seed=seed)
 
 
 def make_model(case):
-    return TinyGpt(case["seed"]) if case.get("model") == "gpt" else TinyNet(case["seed"])
+    return TinyGpt(case["seed"], case.get("heads", 2)) if case.get("model") == "gpt" else TinyNet(case["seed"])
 
 
 def groups_of(model, case):
@@ -92,6 +92,8 @@ def config_of(case):
         "optimizer": {"type": "AdamW", "params": {"lr": case["lr"], "betas": [0.9, 0.95], "eps": 1e-8,
                                                   "weight_decay": case["weight_decay"]}},
         "gradient_clipping": case["clip"],
+        # tp > 1: tessera.initialize applies its automatic plan (tessera.tensor_parallel.auto_plan)
+        "tensor_parallel": {"tp_size": case.get("tp", 1), "sequence_parallel": case.get("sp", False)},
         "bf16": {"enabled": case.get("bf16", False)},
         # Small buckets: several per group, padded to the number of ranks.
         "zero_optimization": {"stage": case["stage"], "reduce_bucket_size": 300, "allgather_bucket_size": 300,
@@ -125,7 +127,10 @@ def tessera_run(case):
         losses.append(tessera.comm.all_reduce(t, "avg", "data").item())
         norms.append(engine.get_global_grad_norm())
         with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
-            params.append(flat(model))
+            if case.get("tp", 1) > 1:  # the tensor-parallel slices gathered into the single-device shapes
+                params.append(torch.cat([t.double().reshape(-1) for _, t in tessera.tensor_parallel.full_parameters(model)]))
+            else:
+                params.append(flat(model))
     assert engine.global_steps == case["steps"] and engine.micro_steps == case["steps"] * case["gas"]
     return {"losses": losses, "grad_norms": norms, "params": params, "lr": engine.get_lr(),
             "dtype": str(engine.compute_dtype)}

@@ -1,0 +1,142 @@
+#include "parallel/tensor_parallel/regions.h"
+
+#include <ATen/WrapDimUtils.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "parallel/communicator.h"
+
+namespace tessera {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The communicator travels through autograd's context as an integer: it outlives every graph
+// (the ParallelContext owns it for the whole job).
+int64_t handle_of(Communicator& c) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)); }
+Communicator& comm_of(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+}
+
+int64_t split_dim(const at::Tensor& x, Communicator& tensor, int64_t dim, const char* what) {
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  if (x.size(dim) % tensor.size() != 0)
+    throw std::invalid_argument(std::string("tessera: ") + what + ": dimension " + std::to_string(dim) + " of a tensor of shape " +
+                                c10::str(x.sizes()) + " (" + std::to_string(x.size(dim)) +
+                                ") does not divide evenly over the " + std::to_string(tensor.size()) +
+                                " ranks of the tensor group; make it a multiple of tensor_parallel.tp_size");
+  return dim;
+}
+
+// Each function: forward(ctx, x, comm, dim) and its backward, one collective on one side.
+struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {all_reduced(g[0], comm_of(ctx)), at::Tensor()};
+  }
+};
+
+struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
+    return all_reduced(x, *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm)));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return {g[0], at::Tensor()}; }
+};
+
+// Forward `Fwd`, backward `Bwd`, both along `dim`.
+template <at::Tensor (*Fwd)(const at::Tensor&, Communicator&, int64_t),
+          at::Tensor (*Bwd)(const at::Tensor&, Communicator&, int64_t)>
+struct AlongDim : torch::autograd::Function<AlongDim<Fwd, Bwd>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm, int64_t dim) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["dim"] = dim;
+    return Fwd(x, *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm)), dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {Bwd(g[0], comm_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor all_gather_along(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  const int n = tensor.size();
+  if (n == 1) return x;
+  at::Tensor mine = x.contiguous();
+  at::Tensor flat = at::empty({n * mine.numel()}, mine.options());
+  tensor.all_gather(mine.view(-1), flat);
+  std::vector<int64_t> parts_shape{n};
+  for (int64_t s : mine.sizes()) parts_shape.push_back(s);
+  std::vector<int64_t> whole = mine.sizes().vec();
+  whole[dim] *= n;
+  // [n, ..., s, ...] -> [..., n, s, ...] -> [..., n·s, ...]: rank r's slice lands at r·s.
+  return flat.view(parts_shape).movedim(0, dim).reshape(whole);
+}
+
+at::Tensor reduce_scatter_along(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  dim = split_dim(x, tensor, dim, "reduce-scatter along a dimension");
+  const int n = tensor.size();
+  if (n == 1) return x;
+  std::vector<int64_t> split = x.sizes().vec();
+  split[dim] /= n;
+  std::vector<int64_t> mine_shape = split;
+  split.insert(split.begin() + dim, n);
+  // [..., n·s, ...] -> [..., n, s, ...] -> [n, ..., s, ...], flat: rank r's slice is chunk r.
+  at::Tensor flat = x.reshape(split).movedim(dim, 0).contiguous().view(-1);
+  const int64_t chunk = flat.numel() / n;
+  at::Tensor mine = flat.narrow(0, tensor.rank() * chunk, chunk);
+  tensor.reduce_scatter(flat, mine);
+  return mine.clone().view(mine_shape);  // not a view holding the whole buffer alive
+}
+
+at::Tensor slice_along(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  dim = split_dim(x, tensor, dim, "splitting along a dimension");
+  const int64_t s = x.size(dim) / tensor.size();
+  return x.narrow(dim, tensor.rank() * s, s).clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor all_reduced(const at::Tensor& x, Communicator& tensor) {
+  if (tensor.size() == 1) return x;
+  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
+  tensor.all_reduce(out);
+  return out;
+}
+
+at::Tensor copy_to_tensor_region(const at::Tensor& x, Communicator& tensor) {
+  return tensor.size() == 1 ? x : CopyToRegion::apply(x, handle_of(tensor));
+}
+
+at::Tensor reduce_from_tensor_region(const at::Tensor& x, Communicator& tensor) {
+  return tensor.size() == 1 ? x : ReduceFromRegion::apply(x, handle_of(tensor));
+}
+
+at::Tensor gather_from_sequence_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  return tensor.size() == 1 ? x : AlongDim<all_gather_along, reduce_scatter_along>::apply(x, handle_of(tensor), dim);
+}
+
+at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  if (tensor.size() == 1) return x;
+  split_dim(x, tensor, dim, "reduce_scatter_to_sequence_region");
+  return AlongDim<reduce_scatter_along, all_gather_along>::apply(x, handle_of(tensor), dim);
+}
+
+at::Tensor scatter_to_sequence_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  if (tensor.size() == 1) return x;
+  split_dim(x, tensor, dim, "scatter_to_sequence_region");
+  return AlongDim<slice_along, all_gather_along>::apply(x, handle_of(tensor), dim);
+}
+
+at::Tensor gather_from_tensor_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
+  return tensor.size() == 1 ? x : AlongDim<all_gather_along, slice_along>::apply(x, handle_of(tensor), dim);
+}
+
+}  // namespace tessera
