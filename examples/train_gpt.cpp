@@ -82,7 +82,10 @@ int run(int argc, char** argv) {
   // ZeRO-3: the model is built partitioned (DeepSpeed's zero.Init): no rank ever holds all of it.
   std::optional<PartitionedInit> init;
   if (config.zero_optimization.stage == 3) init.emplace(ctx->data());
-  Gpt model(GptConfig{}, args.seed, init ? &*init : nullptr);
+  // tensor_parallel.tp_size > 1: the model is built split over the tensor group (each rank its slices).
+  GptTensorParallel tp;
+  if (ctx->tensor().size() > 1) tp = {&ctx->tensor(), config.tensor_parallel.sequence_parallel};
+  Gpt model(GptConfig{}, args.seed, init ? &*init : nullptr, tp);
   const int64_t seq_len = model.config().block_size;
   if (leader) {
     const GptConfig& g = model.config();

@@ -52,6 +52,26 @@ TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss 
   }
 }
 
+TEST_CASE("train_gpt: tensor parallelism (tp 2, with and without sequence parallelism; tp 2 x dp 2) reaches the 1-rank loss") {
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
+  INFO(one.output);
+  REQUIRE(one.status == 0);
+  const double reference = final_loss(one.output);
+  auto with_tp = [](std::string config, bool sp) {
+    return config.substr(0, config.size() - 1) + R"(, "tensor_parallel": {"tp_size": 2, "sequence_parallel": )" +
+           (sp ? "true" : "false") + "}}";
+  };
+  struct Run { int ranks, micro, stage; bool sp; };
+  for (Run r : {Run{2, 16, 1, false}, Run{2, 16, 2, true}, Run{4, 8, 2, true}, Run{4, 8, 3, true}}) {
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, with_tp(gpt_config(r.micro, r.stage), r.sp), 10,
+                           tessera::testing::free_port());
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK(contains(run.output, "tensor 2"));
+    CHECK(std::abs(final_loss(run.output) - reference) < 1e-4);
+  }
+}
+
 TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
   auto r = run_example(TESSERA_TRAIN_CNN_PATH, 2,
                        R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 10,

@@ -15,6 +15,11 @@
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
+
+#include "parallel/communicator.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/layers.h"
+#include "parallel/tensor_parallel/regions.h"
 #include <stdexcept>
 
 namespace tessera::examples {
@@ -30,14 +35,21 @@ constexpr double kLayerNormEps = 1e-5;
 
 }  // namespace
 
-int64_t Gpt::add(const std::string& name, at::Tensor value) {
+int64_t Gpt::add(const std::string& name, at::Tensor value, bool tensor_sharded) {
   value.set_requires_grad(true);
   params_.push_back(std::move(value));
   names_.push_back(name);
+  sharded_.push_back(tensor_sharded);
   return static_cast<int64_t>(params_.size()) - 1;
 }
 
-Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init) : config_(config) {
+int64_t Gpt::tp_ranks() const { return tp_.tensor ? tp_.tensor->size() : 1; }
+
+at::Tensor Gpt::replicated(const at::Tensor& w) const {
+  return tp_.sequence_parallel && tp_ranks() > 1 ? copy_to_tensor_region(w, *tp_.tensor) : w;
+}
+
+Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParallel tp) : config_(config), tp_(tp) {
   const GptConfig& c = config_;
   if (c.vocab < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1)
     throw std::invalid_argument("GptConfig: every size must be >= 1");
@@ -52,8 +64,17 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init) : config_(confi
   auto zeros = [](std::vector<int64_t> shape) { return at::zeros(shape, at::kFloat); };
   auto ones = [](std::vector<int64_t> shape) { return at::ones(shape, at::kFloat); };
 
-  const int64_t C = c.n_embd;
-  wte_ = add("transformer.wte.weight", normal({c.vocab, C}, std_dev));
+  const int64_t C = c.n_embd, t = tp_ranks(), rank = t > 1 ? tp_.tensor->rank() : 0;
+  if (t > 1 && (c.n_head % t != 0 || c.vocab % t != 0))
+    throw std::invalid_argument("GptConfig: tensor parallelism over " + std::to_string(t) + " ranks needs n_head (" +
+                                std::to_string(c.n_head) + ") and vocab (" + std::to_string(c.vocab) +
+                                ") to be multiples of tensor_parallel.tp_size");
+  // This rank's slice of a whole draw (the draws stay in the single-device order).
+  auto slice = [&](const at::Tensor& whole, int64_t dim, int64_t fused, const std::string& what) {
+    return t > 1 ? tensor_parallel_slice(whole, rank, t, dim, fused, what) : whole;
+  };
+  const bool split = t > 1;
+  wte_ = add("transformer.wte.weight", slice(normal({c.vocab, C}, std_dev), 0, 1, "transformer.wte.weight"), split);
   wpe_ = add("transformer.wpe.weight", normal({c.block_size, C}, std_dev));
   // Under PartitionedInit each piece is partitioned once drawn (the draws stay in the same order).
   size_t built = 0;
@@ -66,15 +87,15 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init) : config_(confi
     const std::string p = "transformer.h." + std::to_string(l) + ".";
     block_.push_back(add(p + "ln_1.weight", ones({C})));
     add(p + "ln_1.bias", zeros({C}));
-    add(p + "attn.c_attn.weight", normal({3 * C, C}, std_dev));
-    add(p + "attn.c_attn.bias", zeros({3 * C}));
-    add(p + "attn.c_proj.weight", normal({C, C}, residual_std));
+    add(p + "attn.c_attn.weight", slice(normal({3 * C, C}, std_dev), 0, 3, p + "attn.c_attn.weight"), split);
+    add(p + "attn.c_attn.bias", slice(zeros({3 * C}), 0, 3, p + "attn.c_attn.bias"), split);
+    add(p + "attn.c_proj.weight", slice(normal({C, C}, residual_std), 1, 1, p + "attn.c_proj.weight"), split);
     add(p + "attn.c_proj.bias", zeros({C}));
     add(p + "ln_2.weight", ones({C}));
     add(p + "ln_2.bias", zeros({C}));
-    add(p + "mlp.c_fc.weight", normal({4 * C, C}, std_dev));
-    add(p + "mlp.c_fc.bias", zeros({4 * C}));
-    add(p + "mlp.c_proj.weight", normal({C, 4 * C}, residual_std));
+    add(p + "mlp.c_fc.weight", slice(normal({4 * C, C}, std_dev), 0, 1, p + "mlp.c_fc.weight"), split);
+    add(p + "mlp.c_fc.bias", slice(zeros({4 * C}), 0, 1, p + "mlp.c_fc.bias"), split);
+    add(p + "mlp.c_proj.weight", slice(normal({C, 4 * C}, residual_std), 1, 1, p + "mlp.c_proj.weight"), split);
     add(p + "mlp.c_proj.bias", zeros({C}));
     partition_new();
   }
@@ -108,39 +129,60 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   auto mark = [](std::optional<UnitScope>& scope, const at::Tensor& t) { return scope ? scope->output(t) : t; };
 
   at::Tensor pos = at::arange(T, idx.options());
+  const int64_t t = tp_ranks();
+  Communicator* tensor = tp_.tensor;
+  const TensorParallelStyle style{tp_.sequence_parallel && t > 1, /*seq_dim=*/1};
+  // Without tensor parallelism these are plain linear layers (the region crossings are identities).
+  auto column = [&](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    return t > 1 ? column_parallel_linear(x, w, b, *tensor, style) : at::linear(x, w, b);
+  };
+  auto row = [&](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    return t > 1 ? row_parallel_linear(x, w, b, *tensor, style) : at::linear(x, w, b);
+  };
   at::Tensor x;
   {
     auto scope = enter(0);
-    x = mark(scope, at::embedding(p[wte_], idx).add(at::embedding(p[wpe_], pos)));  // [B, T, C], parameter dtype
+    at::Tensor tokens = t > 1 ? vocab_parallel_embedding(idx, p[wte_], tensor->rank() * p[wte_].size(0), *tensor)
+                              : at::embedding(p[wte_], idx);
+    x = tokens.add(at::embedding(p[wpe_], pos));  // [B, T, C], parameter dtype
+    if (style.sequence_parallel) x = scatter_to_sequence_region(x, *tensor, 1);  // [B, T/t, C]
+    x = mark(scope, x);
   }
   for (int64_t l = 0; l < c.n_layer; ++l) {
     auto scope = enter(1 + l);
     const at::Tensor* w = &p[block_[l]];
-    at::Tensor h = at::layer_norm(x, {C}, w[kLn1W], w[kLn1B], kLayerNormEps);
-    at::Tensor qkv = at::linear(h, w[kAttnW], w[kAttnB]);  // [B, T, 3C]
-    std::vector<at::Tensor> parts = qkv.split(C, 2);
-    auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // [B, H, T, D]
+    at::Tensor h = at::layer_norm(x, {C}, replicated(w[kLn1W]), replicated(w[kLn1B]), kLayerNormEps);
+    at::Tensor qkv = column(h, w[kAttnW], w[kAttnB]);  // [B, T, 3C/t]: this rank's heads
+    std::vector<at::Tensor> parts = qkv.chunk(3, 2);
+    auto heads = [&](const at::Tensor& u) { return u.view({B, T, H / t, D}).transpose(1, 2); };  // [B, H/t, T, D]
     at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                                     /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-    y = y.transpose(1, 2).reshape({B, T, C});
-    x = x.add(at::linear(y, w[kAttnProjW], w[kAttnProjB]));
-    h = at::layer_norm(x, {C}, w[kLn2W], w[kLn2B], kLayerNormEps);
-    h = at::gelu(at::linear(h, w[kFcW], w[kFcB]), "tanh");
-    x = mark(scope, x.add(at::linear(h, w[kMlpProjW], w[kMlpProjB])));
+    y = y.transpose(1, 2).reshape({B, T, C / t});
+    x = x.add(row(y, w[kAttnProjW], w[kAttnProjB]));
+    h = at::layer_norm(x, {C}, replicated(w[kLn2W]), replicated(w[kLn2B]), kLayerNormEps);
+    h = at::gelu(column(h, w[kFcW], w[kFcB]), "tanh");
+    x = mark(scope, x.add(row(h, w[kMlpProjW], w[kMlpProjB])));
   }
   auto scope = enter(1 + c.n_layer);
-  x = at::layer_norm(x, {C}, p[ln_f_], p[ln_f_ + 1], kLayerNormEps);
-  return mark(scope, at::linear(x, p[wte_]));  // tied LM head
+  x = at::layer_norm(x, {C}, replicated(p[ln_f_]), replicated(p[ln_f_ + 1]), kLayerNormEps);
+  if (style.sequence_parallel) x = gather_from_tensor_region(x, *tensor, 1);  // the whole sequence again
+  // Tied LM head: with tensor parallelism the logits of this rank's part of the vocabulary.
+  return mark(scope, t > 1 ? column_parallel_linear(x, p[wte_], {}, *tensor) : at::linear(x, p[wte_]));
 }
 
 at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
   at::Tensor logits = forward(idx);
+  if (tp_ranks() > 1) return vocab_parallel_cross_entropy(logits, targets, *tp_.tensor);
   at::Tensor t = targets.to(logits.device(), at::kLong).reshape({-1});
   return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
 }
 
 ModelDescription Gpt::param_groups(double weight_decay) const {
   ModelDescription model = decay_groups(params_, weight_decay);
+  for (ParamGroup& g : model.groups)  // which ones are tensor-parallel slices (their norm is summed over the group)
+    for (const at::Tensor& q : g.params)
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (params_[i].is_same(q)) g.tensor_sharded.push_back(sharded_[i]);
   model.units.push_back({"embedding", {params_[wte_], params_[wpe_]}});
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     ModelUnit block{"h." + std::to_string(l), {}};

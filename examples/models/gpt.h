@@ -24,6 +24,10 @@
 #include "engine/engine.h"  // ModelDescription
 #include "zero/partitioned_init.h"
 
+namespace tessera {
+class Communicator;
+}
+
 namespace tessera::examples {
 
 struct GptConfig {
@@ -34,6 +38,15 @@ struct GptConfig {
   int64_t n_embd = 128;
 };
 
+// Tensor parallelism (parallel/tensor_parallel/layers.h) over `tensor` (null or one rank: none):
+// the token embedding and the tied head split by vocabulary (vocab-parallel cross-entropy), each
+// block's c_attn (q|k|v blocks each split) and c_fc by rows, both c_proj by columns; with
+// `sequence_parallel`, activations between them split along the sequence.
+struct GptTensorParallel {
+  Communicator* tensor = nullptr;
+  bool sequence_parallel = false;
+};
+
 class Gpt {
  public:
   // Deterministic initialization from `seed` (GPT-2's): linear and embedding weights N(0, 0.02),
@@ -41,7 +54,9 @@ class Gpt {
   // LayerNorm weight 1 and bias 0. Every rank building with the same seed gets the same model.
   // With `init` (ZeRO-3, zero/partitioned_init.h) the embeddings, each block and the final norm are
   // partitioned as soon as they are drawn: no rank holds the whole model (the same values).
-  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr);
+  // With tensor parallelism each rank holds its slices of the same draws: the model equals the
+  // single-device one split (n_head, 4·n_embd and vocab must divide by the degree).
+  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr, GptTensorParallel tp = {});
 
   const GptConfig& config() const { return config_; }
   // The parameters, in a fixed order; leaf tensors with requires_grad. The engine may replace them.
@@ -55,7 +70,8 @@ class Gpt {
   // block, the head (see param_groups). nullptr detaches.
   void attach(Engine* engine) { engine_ = engine; }
 
-  // idx: int64 [B, T] with T <= block_size. Returns logits [B, T, vocab] in the parameters' dtype.
+  // idx: int64 [B, T] with T <= block_size. Returns logits [B, T, vocab] in the parameters' dtype
+  // (tensor-parallel: this rank's [B, T, vocab / t]).
   at::Tensor forward(const at::Tensor& idx);
   // Mean cross-entropy over B·T positions, fp32 scalar.
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
@@ -67,9 +83,13 @@ class Gpt {
   ModelDescription param_groups(double weight_decay) const;
 
  private:
-  int64_t add(const std::string& name, at::Tensor value);
+  int64_t add(const std::string& name, at::Tensor value, bool tensor_sharded = false);
+  int64_t tp_ranks() const;
+  at::Tensor replicated(const at::Tensor& w) const;  // under sequence parallelism: its gradient summed over the group
 
   GptConfig config_;
+  GptTensorParallel tp_;
+  std::vector<bool> sharded_;  // per parameter: a tensor-parallel slice
   Engine* engine_ = nullptr;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;

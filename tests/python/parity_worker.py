@@ -133,7 +133,8 @@ def tessera_run(case):
                 params.append(flat(model))
     assert engine.global_steps == case["steps"] and engine.micro_steps == case["steps"] * case["gas"]
     return {"losses": losses, "grad_norms": norms, "params": params, "lr": engine.get_lr(),
-            "dtype": str(engine.compute_dtype)}
+            "dtype": str(engine.compute_dtype),
+            "sliced": [n for n, p in model.named_parameters() if hasattr(p, "_tessera_tensor_parallel")]}
 
 
 def reference_run(case):
