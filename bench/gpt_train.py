@@ -81,6 +81,8 @@ def engine_config(args):
     if args.offload == "nvme":
         extra["aio"] = {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
                         "single_submit": False, "overlap_events": True}
+    if args.tp > 1:  # tessera's automatic plan (tessera.tensor_parallel.auto_plan)
+        extra["tensor_parallel"] = {"tp_size": args.tp, "sequence_parallel": args.sp}
     return {**extra,"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
             "steps_per_print": 10**9, "gradient_clipping": args.clip,
             "optimizer": {"type": "AdamW", "params": adamw_params(args)}, "zero_optimization": zero}
@@ -153,7 +155,18 @@ class Tessera(EngineCalls):
         self.engine = tessera.initialize(model=model, config=engine_config(args),
                                          model_parameters=param_groups(model, args.weight_decay))
         self.rank, self.world = tessera.comm.get_rank(), tessera.comm.get_world_size()
-        self.describe = {}
+        self.dp_rank, self.dp = self.engine.dp_rank, self.engine.dp_world_size
+        self.describe = {"tp": args.tp, "sequence_parallel": args.sp} if args.tp > 1 else {}
+
+    def reset_comm_stats(self):
+        context = self.tessera.comm._get_context()
+        for group in ("data", "tensor"):
+            context.stats(group, True)
+
+    def comm_bytes(self):
+        """Bytes this rank sent into collectives per group since the reset: {group: {collective: bytes}}."""
+        context = self.tessera.comm._get_context()
+        return {g: {k: v[1] for k, v in context.stats(g).items() if v[1]} for g in ("data", "tensor")}
 
     def breakdown(self):
         return self.engine.wall_clock_breakdown()
@@ -231,6 +244,8 @@ def main():
     ap.add_argument("--nvme-buffers", type=int, default=4, help="offload_optimizer.buffer_count")
     ap.add_argument("--sub-group", type=float, default=1e7, help="sub_group_size: the NVMe step's tile, in elements")
     ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel.tp_size (tessera)")
+    ap.add_argument("--sp", action="store_true", help="tensor_parallel.sequence_parallel (tessera)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.95])
@@ -265,10 +280,14 @@ def main():
         t0 = time.perf_counter()
         if step == args.warmup:
             start = t0
+            if hasattr(impl, "reset_comm_stats"):
+                impl.reset_comm_stats()
             outer = dict.fromkeys(outer, 0.0)
             inner_start = breakdown() if breakdown else None
-        inputs, targets = corpus.sample(args.micro * world, SEQ_LEN, step, args.seed)
-        mine = slice(rank * args.micro, (rank + 1) * args.micro)
+        # rank r of the data-parallel group takes rows [r·micro, (r+1)·micro) (tensor ranks share theirs)
+        dp_rank, dp = getattr(impl, "dp_rank", rank), getattr(impl, "dp", world)
+        inputs, targets = corpus.sample(args.micro * dp, SEQ_LEN, step, args.seed)
+        mine = slice(dp_rank * args.micro, (dp_rank + 1) * args.micro)
         x, y = inputs[mine], targets[mine]
         t1 = time.perf_counter()
         loss = impl.forward(x, y)
@@ -295,10 +314,11 @@ def main():
         inner = {k.replace("_s", "_ms"): round(1000 * (end[k] - inner_start[k]) / timed, 2)
                  for k in ("forward_s", "backward_s", "reduce_wait_s", "optimizer_s", "allgather_wait_s")}
 
+    comm_bytes = impl.comm_bytes() if hasattr(impl, "comm_bytes") else None
     rows = impl.gather([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, round(loss_value * 1e9)])
     rss = [r[0] for r in rows]
     if rank == 0:
-        samples = args.micro * world * timed
+        samples = args.micro * getattr(impl, "dp", world) * timed
         name = args.impl if args.impl in ("ddp", "fsdp2") else "%s-zero%d" % (args.impl, args.stage)
         result = {
             "impl": name, "ranks": world, "parameters": parameters, "layers": args.layers, "embd": args.embd,
@@ -312,6 +332,8 @@ def main():
         }
         if inner:
             result["engine_time_per_step_ms"] = inner
+        if comm_bytes:  # rank 0's bytes into collectives per timed step, by group
+            result["comm_bytes_per_step"] = {g: {k: round(v / timed) for k, v in c.items()} for g, c in comm_bytes.items()}
         if args.rss_trace:
             result["rss_mib_after_each_step"] = rss_trace
         if args.malloc_trim:

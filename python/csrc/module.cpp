@@ -211,6 +211,14 @@ PYBIND11_MODULE(_C, m) {
       .def("group_rank", [](ParallelContext& c, const std::string& g) { return group_of(c, g).rank(); })
       .def("group_size", [](ParallelContext& c, const std::string& g) { return group_of(c, g).size(); })
       .def("describe", &ParallelContext::describe)
+      .def("stats",  // per collective: [calls, bytes, seconds] on that group since it was made or reset
+           [](ParallelContext& c, const std::string& g, bool reset) {
+             Communicator& comm = group_of(c, g);
+             py::dict d;
+             for (const auto& [name, s] : comm.stats()) d[py::str(name)] = py::make_tuple(s.calls, s.bytes, s.seconds);
+             if (reset) comm.reset_stats();
+             return d;
+           }, py::arg("group"), py::arg("reset") = false)
       .def(
           "barrier",
           [](ParallelContext& c, const std::string& g) {
