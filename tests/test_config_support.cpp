@@ -102,8 +102,6 @@ TEST_CASE("engine support: a key the engine does not read is named unless it kee
                             "zero_optimization.load_from_fp32_weights",
                             "zero_optimization.stage3_model_persistence_threshold",
                             "zero_optimization.offload_optimizer.pin_memory",
-                            "activation_checkpointing.partition_activations",
-                            "activation_checkpointing.number_checkpoints",
                             "checkpoint.tag_validation",
                             "checkpoint.parallel_write.pipeline_stage",
                             "pipeline.partition_method",

@@ -67,8 +67,6 @@ const std::vector<UnimplementedKey> kRows = {
      {kPipeline}},
     {"pipeline.activation_checkpoint_interval", kWarning, "",
      "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
-    {"activation_checkpointing.*", kWarning, "",
-     "the engine does not checkpoint activations (a model may call torch.utils.checkpoint itself)", {}},
     {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
     {"optimizer.params.freeze_step", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",

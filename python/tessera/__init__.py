@@ -35,6 +35,7 @@ CommError.__module__ = "tessera"
 from . import comm  # noqa: E402
 from . import zero  # noqa: E402
 from . import tensor_parallel  # noqa: E402
+from . import checkpointing  # noqa: E402
 from . import nn  # noqa: E402
 from .engine import Engine, initialize  # noqa: E402
 
@@ -52,6 +53,6 @@ def estimate(**request):
     return json.loads(_C.estimate_json(json.dumps(request)))
 
 
-__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn",
+__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn", "checkpointing",
            "estimate"]
 __version__ = "0.1.0"

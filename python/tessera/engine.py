@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import _C, comm, tensor_parallel, zero
+from . import _C, checkpointing, comm, tensor_parallel, zero
 from .monitor import JsonlMonitor
 
 __all__ = ["initialize", "Engine"]
@@ -179,6 +179,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
 
     text = _config_text(config)
+    if "activation_checkpointing" in json.loads(text):
+        checkpointing.configure(None, deepspeed_config=text)  # the options model code's checkpoint() uses
     world_size = comm.get_world_size()
     cfg, warnings = _C.load_config(text, world_size)
     if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):

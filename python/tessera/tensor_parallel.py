@@ -258,6 +258,9 @@ def parallelize(module, plan=None, *, tp_size=None, sequence_parallel=False, seq
                 else:
                     _apply_marker(m, name, s, ctx, sequence_parallel, seq_dim)
     module._tessera_tensor_parallel = {"tp_size": ctx.group_size("tensor"), "sequence_parallel": bool(sequence_parallel)}
+    if sequence_parallel:
+        from . import checkpointing
+        checkpointing._sequence_parallel = True  # checkpointed inputs are split already
     return module
 
 

@@ -110,7 +110,13 @@ def flat(model):
 
 def tessera_run(case):
     model = make_model(case)
-    engine = tessera.initialize(model=model, config=config_of(case), model_parameters=groups_of(model, case))
+    config = config_of(case)
+    if case.get("ckpt"):  # every block's activations recomputed in backward (tessera.checkpointing)
+        tessera.checkpointing.reset()
+        tessera.checkpointing.checkpoint_modules(model)
+        config["activation_checkpointing"] = {"partition_activations": case.get("partition", False)}
+    recomputed = tessera.checkpointing.stats()["recomputations"]
+    engine = tessera.initialize(model=model, config=config, model_parameters=groups_of(model, case))
     dp, me, micro = engine.dp_world_size, engine.dp_rank, case["micro"]
     assert dp == case["dp"], (dp, case)
     losses, norms, params = [], [], []
@@ -134,7 +140,9 @@ def tessera_run(case):
     assert engine.global_steps == case["steps"] and engine.micro_steps == case["steps"] * case["gas"]
     return {"losses": losses, "grad_norms": norms, "params": params, "lr": engine.get_lr(),
             "dtype": str(engine.compute_dtype),
-            "sliced": [n for n, p in model.named_parameters() if hasattr(p, "_tessera_tensor_parallel")]}
+            "sliced": [n for n, p in model.named_parameters() if hasattr(p, "_tessera_tensor_parallel")],
+            "recomputations": tessera.checkpointing.stats()["recomputations"] - recomputed,
+            "partitioned_inputs": tessera.checkpointing.stats()["partitioned_inputs"]}
 
 
 def reference_run(case):
