@@ -179,10 +179,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
 
     text = _config_text(config)
-    if "activation_checkpointing" in json.loads(text):
-        checkpointing.configure(None, deepspeed_config=text)  # the options model code's checkpoint() uses
     world_size = comm.get_world_size()
     cfg, warnings = _C.load_config(text, world_size)
+    if '"activation_checkpointing"' in (text if text.startswith("{") else open(text).read()):
+        # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
+        checkpointing.configure(None, deepspeed_config=json.loads(cfg.to_json()))
     if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
         # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
         # same objects, so model_parameters given by the caller still name them)
