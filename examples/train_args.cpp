@@ -30,6 +30,10 @@ TrainArgs parse_train_args(int argc, char** argv, const char* usage) {
       std::puts(usage);
       std::exit(0);
     }
+    if (flag == "--checkpoint-activations") {
+      a.checkpoint_activations = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value\n" + usage);
     const std::string value = argv[++i];
     if (flag == "--config") a.config = value;

@@ -1,6 +1,7 @@
 // What the example training programs share: their flags and the data-parallel mean of a value.
 //   --config FILE (required), --steps N optimizer steps (required), --seed S (1234),
-//   --eval-every K (0: never)
+//   --eval-every K (0: never), --checkpoint-activations (flag: recompute each block in backward,
+//   Megatron's flag; the config's activation_checkpointing section sets how)
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@ struct TrainArgs {
   int64_t steps = -1;
   uint64_t seed = 1234;
   int64_t eval_every = 0;
+  bool checkpoint_activations = false;
 };
 
 // Parses argv; prints `usage` and exits 0 for -h/--help; throws std::invalid_argument otherwise.

@@ -41,7 +41,7 @@ namespace {
 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
-const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K]";
+const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations]";
 
 double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext& ctx, int64_t micro, uint64_t seed) {
   at::NoGradGuard no_grad;
@@ -86,6 +86,15 @@ int run(int argc, char** argv) {
   GptTensorParallel tp;
   if (ctx->tensor().size() > 1) tp = {&ctx->tensor(), config.tensor_parallel.sequence_parallel};
   Gpt model(GptConfig{}, args.seed, init ? &*init : nullptr, tp);
+  if (args.checkpoint_activations) {
+    // partition_activations splits the kept inputs over the tensor group, unless sequence
+    // parallelism split them already (they then differ by tensor rank).
+    const ActivationCheckpointingConfig& a = config.activation_checkpointing;
+    CheckpointOptions options;
+    if (a.partition_activations && tp.tensor && !tp.sequence_parallel) options.partition_over = tp.tensor;
+    options.cpu = a.cpu_checkpointing;
+    model.set_activation_checkpointing(options);
+  }
   const int64_t seq_len = model.config().block_size;
   if (leader) {
     const GptConfig& g = model.config();

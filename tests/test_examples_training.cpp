@@ -17,11 +17,12 @@ double final_loss(const std::string& output) {
 }
 
 tessera::testing::RunResult run_example(const char* program, int ranks, const std::string& config, int steps,
-                                        int port) {
-  return tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
+                                        int port, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv{TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
                                 "--master-port", std::to_string(port), "--", program, "--config", config, "--steps",
-                                std::to_string(steps)},
-                               {}, 300);
+                                std::to_string(steps)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return tessera::testing::run(argv, {}, 300);
 }
 
 std::string gpt_config(int micro, int stage) {
@@ -68,6 +69,24 @@ TEST_CASE("train_gpt: tensor parallelism (tp 2, with and without sequence parall
     INFO(run.output);
     REQUIRE(run.status == 0);
     CHECK(contains(run.output, "tensor 2"));
+    CHECK(std::abs(final_loss(run.output) - reference) < 1e-4);
+  }
+}
+
+TEST_CASE("train_gpt --checkpoint-activations: ZeRO 2 on 2 ranks, and tp 2 with partitioned inputs, reach the 1-rank loss") {
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
+  INFO(one.output);
+  REQUIRE(one.status == 0);
+  const double reference = final_loss(one.output);
+  const std::string dp2 = gpt_config(8, 2);
+  std::string tp2 = gpt_config(16, 1);
+  tp2 = tp2.substr(0, tp2.size() - 1) +
+        R"(, "tensor_parallel": {"tp_size": 2}, "activation_checkpointing": {"partition_activations": true}})";
+  for (const std::string& config : {dp2, tp2}) {
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 10, tessera::testing::free_port(),
+                           {"--checkpoint-activations"});
+    INFO(run.output);
+    REQUIRE(run.status == 0);
     CHECK(std::abs(final_loss(run.output) - reference) < 1e-4);
   }
 }

@@ -16,6 +16,7 @@
 
 #include <cmath>
 
+#include "parallel/activation_checkpointing.h"
 #include "parallel/communicator.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/layers.h"
@@ -118,7 +119,7 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   if (T > c.block_size)
     throw std::invalid_argument("Gpt::forward: sequence of " + std::to_string(T) + " tokens exceeds block_size " +
                                 std::to_string(c.block_size));
-  const int64_t C = c.n_embd, H = c.n_head, D = C / H;
+  const int64_t C = c.n_embd;
   const at::Tensor idx = idx_in.to(p[wte_].device(), at::kLong);
 
   // Each unit's forward inside its scope when an engine listens (Engine::unit); unit u's output
@@ -132,13 +133,6 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   const int64_t t = tp_ranks();
   Communicator* tensor = tp_.tensor;
   const TensorParallelStyle style{tp_.sequence_parallel && t > 1, /*seq_dim=*/1};
-  // Without tensor parallelism these are plain linear layers (the region crossings are identities).
-  auto column = [&](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-    return t > 1 ? column_parallel_linear(x, w, b, *tensor, style) : at::linear(x, w, b);
-  };
-  auto row = [&](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-    return t > 1 ? row_parallel_linear(x, w, b, *tensor, style) : at::linear(x, w, b);
-  };
   at::Tensor x;
   {
     auto scope = enter(0);
@@ -150,24 +144,45 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   }
   for (int64_t l = 0; l < c.n_layer; ++l) {
     auto scope = enter(1 + l);
-    const at::Tensor* w = &p[block_[l]];
-    at::Tensor h = at::layer_norm(x, {C}, replicated(w[kLn1W]), replicated(w[kLn1B]), kLayerNormEps);
-    at::Tensor qkv = column(h, w[kAttnW], w[kAttnB]);  // [B, T, 3C/t]: this rank's heads
-    std::vector<at::Tensor> parts = qkv.chunk(3, 2);
-    auto heads = [&](const at::Tensor& u) { return u.view({B, T, H / t, D}).transpose(1, 2); };  // [B, H/t, T, D]
-    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                    /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-    y = y.transpose(1, 2).reshape({B, T, C / t});
-    x = x.add(row(y, w[kAttnProjW], w[kAttnProjB]));
-    h = at::layer_norm(x, {C}, replicated(w[kLn2W]), replicated(w[kLn2B]), kLayerNormEps);
-    h = at::gelu(column(h, w[kFcW], w[kFcB]), "tanh");
-    x = mark(scope, x.add(row(h, w[kMlpProjW], w[kMlpProjB])));
+    if (checkpointing_) {  // only the block's input is kept; backward runs the block again
+      x = checkpoint([this, l](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{block(l, in[0])}; },
+                     {x}, *checkpointing_)[0];
+    } else {
+      x = block(l, x);
+    }
+    x = mark(scope, x);
   }
   auto scope = enter(1 + c.n_layer);
   x = at::layer_norm(x, {C}, replicated(p[ln_f_]), replicated(p[ln_f_ + 1]), kLayerNormEps);
   if (style.sequence_parallel) x = gather_from_tensor_region(x, *tensor, 1);  // the whole sequence again
   // Tied LM head: with tensor parallelism the logits of this rank's part of the vocabulary.
   return mark(scope, t > 1 ? column_parallel_linear(x, p[wte_], {}, *tensor) : at::linear(x, p[wte_]));
+}
+
+at::Tensor Gpt::block(int64_t l, const at::Tensor& x) const {
+  const GptConfig& c = config_;
+  const int64_t C = c.n_embd, H = c.n_head, D = C / H, t = tp_ranks();
+  const TensorParallelStyle style{tp_.sequence_parallel && t > 1, /*seq_dim=*/1};
+  // Without tensor parallelism these are plain linear layers (the region crossings are identities).
+  auto column = [&](const at::Tensor& in, const at::Tensor& w, const at::Tensor& b) {
+    return t > 1 ? column_parallel_linear(in, w, b, *tp_.tensor, style) : at::linear(in, w, b);
+  };
+  auto row = [&](const at::Tensor& in, const at::Tensor& w, const at::Tensor& b) {
+    return t > 1 ? row_parallel_linear(in, w, b, *tp_.tensor, style) : at::linear(in, w, b);
+  };
+  const at::Tensor* w = &params_[block_[l]];  // read now: the engine may have replaced them
+  at::Tensor h = at::layer_norm(x, {C}, replicated(w[kLn1W]), replicated(w[kLn1B]), kLayerNormEps);
+  at::Tensor qkv = column(h, w[kAttnW], w[kAttnB]);  // [B, T, 3C/t]: this rank's heads, the whole sequence
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  std::vector<at::Tensor> parts = qkv.chunk(3, 2);
+  auto heads = [&](const at::Tensor& u) { return u.view({B, T, H / t, D}).transpose(1, 2); };  // [B, H/t, T, D]
+  at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                                  /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).reshape({B, T, C / t});
+  at::Tensor out = x.add(row(y, w[kAttnProjW], w[kAttnProjB]));
+  h = at::layer_norm(out, {C}, replicated(w[kLn2W]), replicated(w[kLn2B]), kLayerNormEps);
+  h = at::gelu(column(h, w[kFcW], w[kFcB]), "tanh");
+  return out.add(row(h, w[kMlpProjW], w[kMlpProjB]));
 }
 
 at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {

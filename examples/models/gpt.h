@@ -18,10 +18,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"  // ModelDescription
+#include "parallel/activation_checkpointing.h"
 #include "zero/partitioned_init.h"
 
 namespace tessera {
@@ -66,6 +68,9 @@ class Gpt {
   std::vector<std::string> parameter_names() const { return names_; }
   int64_t num_parameters() const;
 
+  // Each block's activations recomputed in backward (parallel/activation_checkpointing.h), or not.
+  void set_activation_checkpointing(std::optional<CheckpointOptions> options) { checkpointing_ = options; }
+
   // From now on each forward reports its units to `engine` (Engine::unit): the embedding, each
   // block, the head (see param_groups). nullptr detaches.
   void attach(Engine* engine) { engine_ = engine; }
@@ -86,6 +91,8 @@ class Gpt {
   int64_t add(const std::string& name, at::Tensor value, bool tensor_sharded = false);
   int64_t tp_ranks() const;
   at::Tensor replicated(const at::Tensor& w) const;  // under sequence parallelism: its gradient summed over the group
+  at::Tensor block(int64_t l, const at::Tensor& x) const;  // block l's forward
+  std::optional<CheckpointOptions> checkpointing_;
 
   GptConfig config_;
   GptTensorParallel tp_;

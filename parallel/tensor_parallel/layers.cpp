@@ -1,6 +1,9 @@
 #include "parallel/tensor_parallel/layers.h"
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/linear.h>
 
@@ -12,11 +15,52 @@
 
 namespace tessera {
 
+namespace {
+
+// Under sequence parallelism a column-parallel layer reads the whole sequence, but keeps only this
+// rank's part of it for backward and all-gathers it again there (Korthikanti et al. 2022, §4.2.2;
+// Megatron's linear with sequence parallelism): autograd through a plain all-gather + linear would
+// keep the gathered input, t times the bytes.
+struct SequenceParallelColumnLinear : torch::autograd::Function<SequenceParallelColumnLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, int64_t comm, int64_t seq_dim) {
+    Communicator& tensor = *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm));
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["seq_dim"] = seq_dim;
+    ctx->saved_data["bias"] = bias.defined();
+    return at::linear(all_gather_along(x, tensor, seq_dim), weight, bias);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    Communicator& tensor = *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+    const int64_t seq_dim = ctx->saved_data["seq_dim"].toInt();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = reduce_scatter_along(at::matmul(g, weight), tensor, seq_dim);
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor whole = all_gather_along(x, tensor, seq_dim);  // gathered again, not kept
+      grad_w = at::mm(g.reshape({-1, g.size(-1)}).t(), whole.reshape({-1, whole.size(-1)}));
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_b = g.reshape({-1, g.size(-1)}).sum(0);
+    return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                   Communicator& tensor, const TensorParallelStyle& style, bool gather_output) {
-  const at::Tensor input = style.sequence_parallel ? gather_from_sequence_region(x, tensor, style.seq_dim)
-                                                   : copy_to_tensor_region(x, tensor);
-  at::Tensor y = at::linear(input, weight, bias);
+  at::Tensor y;
+  if (style.sequence_parallel && tensor.size() > 1) {
+    y = SequenceParallelColumnLinear::apply(x, weight, bias,
+                                            static_cast<int64_t>(reinterpret_cast<intptr_t>(&tensor)), style.seq_dim);
+  } else {
+    y = at::linear(copy_to_tensor_region(x, tensor), weight, bias);
+  }
   return gather_output ? gather_from_tensor_region(y, tensor, -1) : y;
 }
 

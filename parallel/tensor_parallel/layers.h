@@ -6,7 +6,8 @@
 // A linear layer Y = X·Aᵀ + b with A [out, in] (Shoeybi et al. 2019, §3):
 //   column-parallel   this rank holds rows out/t of A (and of b): Y's features are split, no
 //                     collective forward; the input crosses f (or, with sequence parallelism, is
-//                     all-gathered along the sequence).
+//                     all-gathered along the sequence; only this rank's part is kept for backward,
+//                     which gathers it again, as Megatron does).
 //   row-parallel      this rank holds columns in/t of A and takes X split along its features; the
 //                     partial products are summed by g (or reduce-scattered along the sequence), then
 //                     the whole bias (replicated) is added once (under sequence parallelism each rank

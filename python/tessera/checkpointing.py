@@ -317,8 +317,8 @@ def measure_saved_bytes():
     result = {"bytes": 0, "tensors": 0}
 
     def pack(t):
-        if isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad):
-            return t  # a parameter, not an activation
+        if isinstance(t._base if t._base is not None else t, torch.nn.Parameter):
+            return t  # a parameter or a view of one (linear saves weight.t()), not an activation
         storage = t.untyped_storage()
         key = (storage.data_ptr(), t.device)
         if key not in seen and storage.nbytes():

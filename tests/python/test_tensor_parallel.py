@@ -9,6 +9,9 @@
   in one process (parity_worker.reference_run): every step's loss, gradient norm (clipping active)
   and every parameter, gathered from its slices. tp = 2 and 4, with and without sequence
   parallelism, ZeRO 0-3, and tp = 2 x dp = 2 with ZeRO 1, 2 and 3.
+- The estimator's activation bytes per layer (tessera.estimate) against the bytes autograd saves in
+  one block (activation_memory_worker.py): tp 1 and 2, with and without sequence parallelism and
+  full checkpointing (partitioned inputs too).
 Tolerances are the data-parallel GPT's (test_parity.py): parameters 1e-5, losses 2e-6 relative,
 norms 1e-5 relative.
 """
@@ -47,3 +50,9 @@ def test_gpt_matches_single_process_torch(tmp_path, ranks, cases):
         compare(result, c, param_tol=GPT_PARAM_TOL)
         # the automatic plan split every block's four projections (weights, and the column-parallel biases)
         assert len(result["sliced"]) == 2 * 6, result["sliced"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_estimator_activation_bytes_match_what_autograd_saves(ranks):
+    result = check(launch(ranks, ["tests/python/activation_memory_worker.py"]))
+    assert result.stdout.count("measured") == (2 if ranks == 1 else 4), result.stdout
