@@ -35,16 +35,29 @@ std::string gpt_config(int micro, int stage) {
                           "stage3_max_live_parameters": 300000, "stage3_prefetch_bucket_size": 200000)" : "") + "}}";
 }
 
+// gpt_config with more top-level sections (JSON members without the braces).
+std::string with_sections(const std::string& config, const std::string& sections) {
+  return config.substr(0, config.size() - 1) + ", " + sections + "}";
+}
+
+// The 1-rank run every multi-rank train_gpt run is compared with (10 steps, global batch 16), run once.
+double reference_loss() {
+  static const double loss = [] {
+    auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
+    INFO(one.output);
+    REQUIRE(one.status == 0);
+    CHECK(contains(one.output, "step 10 | loss "));
+    return final_loss(one.output);
+  }();
+  return loss;
+}
+
 }  // namespace
 
 TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss on the same global batch") {
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
-  INFO(one.output);
-  REQUIRE(one.status == 0);
-  const double reference = final_loss(one.output);
+  const double reference = reference_loss();
   CHECK(reference > 0);
   CHECK(reference < 5.4);  // from ln(256) = 5.55 at the start
-  CHECK(contains(one.output, "step 10 | loss "));
   for (int stage : {1, 2, 3}) {
     auto two = run_example(TESSERA_TRAIN_GPT_PATH, 2, gpt_config(8, stage), 10, tessera::testing::free_port());
     INFO(two.output);
@@ -54,18 +67,12 @@ TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss 
 }
 
 TEST_CASE("train_gpt: tensor parallelism (tp 2, with and without sequence parallelism; tp 2 x dp 2) reaches the 1-rank loss") {
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
-  INFO(one.output);
-  REQUIRE(one.status == 0);
-  const double reference = final_loss(one.output);
-  auto with_tp = [](std::string config, bool sp) {
-    return config.substr(0, config.size() - 1) + R"(, "tensor_parallel": {"tp_size": 2, "sequence_parallel": )" +
-           (sp ? "true" : "false") + "}}";
-  };
+  const double reference = reference_loss();
   struct Run { int ranks, micro, stage; bool sp; };
   for (Run r : {Run{2, 16, 1, false}, Run{2, 16, 2, true}, Run{4, 8, 2, true}, Run{4, 8, 3, true}}) {
-    auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, with_tp(gpt_config(r.micro, r.stage), r.sp), 10,
-                           tessera::testing::free_port());
+    const std::string config = with_sections(gpt_config(r.micro, r.stage), std::string(R"("tensor_parallel": {"tp_size": 2, "sequence_parallel": )") +
+                                                                               (r.sp ? "true" : "false") + "}");
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, config, 10, tessera::testing::free_port());
     INFO(run.output);
     REQUIRE(run.status == 0);
     CHECK(contains(run.output, "tensor 2"));
@@ -74,14 +81,10 @@ TEST_CASE("train_gpt: tensor parallelism (tp 2, with and without sequence parall
 }
 
 TEST_CASE("train_gpt --checkpoint-activations: ZeRO 2 on 2 ranks, and tp 2 with partitioned inputs, reach the 1-rank loss") {
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port());
-  INFO(one.output);
-  REQUIRE(one.status == 0);
-  const double reference = final_loss(one.output);
+  const double reference = reference_loss();
   const std::string dp2 = gpt_config(8, 2);
-  std::string tp2 = gpt_config(16, 1);
-  tp2 = tp2.substr(0, tp2.size() - 1) +
-        R"(, "tensor_parallel": {"tp_size": 2}, "activation_checkpointing": {"partition_activations": true}})";
+  const std::string tp2 = with_sections(
+      gpt_config(16, 1), R"("tensor_parallel": {"tp_size": 2}, "activation_checkpointing": {"partition_activations": true})");
   for (const std::string& config : {dp2, tp2}) {
     auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 10, tessera::testing::free_port(),
                            {"--checkpoint-activations"});
