@@ -66,16 +66,18 @@ TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss 
   }
 }
 
-TEST_CASE("train_gpt: tensor parallelism (tp 2, with and without sequence parallelism; tp 2 x dp 2) reaches the 1-rank loss") {
+TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4, with and without sequence parallelism; tp 2 x dp 2) reaches the 1-rank loss") {
   const double reference = reference_loss();
-  struct Run { int ranks, micro, stage; bool sp; };
-  for (Run r : {Run{2, 16, 1, false}, Run{2, 16, 2, true}, Run{4, 8, 2, true}, Run{4, 8, 3, true}}) {
-    const std::string config = with_sections(gpt_config(r.micro, r.stage), std::string(R"("tensor_parallel": {"tp_size": 2, "sequence_parallel": )") +
-                                                                               (r.sp ? "true" : "false") + "}");
+  struct Run { int ranks, tp, micro, stage; bool sp; };
+  for (Run r : {Run{2, 2, 16, 1, false}, Run{2, 2, 16, 2, true}, Run{4, 2, 8, 2, true}, Run{4, 2, 8, 3, true},
+                Run{4, 4, 16, 1, false}, Run{4, 4, 16, 2, true}}) {
+    const std::string config =
+        with_sections(gpt_config(r.micro, r.stage), "\"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
+                                                        ", \"sequence_parallel\": " + (r.sp ? "true" : "false") + "}");
     auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, config, 10, tessera::testing::free_port());
     INFO(run.output);
     REQUIRE(run.status == 0);
-    CHECK(contains(run.output, "tensor 2"));
+    CHECK(contains(run.output, "tensor " + std::to_string(r.tp)));
     CHECK(std::abs(final_loss(run.output) - reference) < 1e-4);
   }
 }
