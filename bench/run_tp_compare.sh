@@ -9,8 +9,9 @@
 # collectives per step by group (the Communicator's counters) against the theory:
 #   tp, per step: 4 collectives per block of B·T·C·4 bytes (2 forward after the row-parallel
 #   layers, 2 backward before the column-parallel ones); SP: the same as reduce-scatters and
-#   all-gathers, plus the final norm's gather and its backward (2·B·T·C·4) and the per-parameter
-#   gradient sums of the norms and row-parallel biases.
+#   all-gathers, plus the column-parallel layers' inputs gathered again in backward (2 per block:
+#   they keep only their part of the sequence), the final norm's gather and its backward
+#   (2·B·T·C·4), and the per-parameter gradient sums of the norms and row-parallel biases.
 #   dp (ZeRO-1): a reduce-scatter and an all-gather of the whole fp32 model, 4Ψ bytes each.
 #
 #   bench/run_tp_compare.sh [ROUNDS=3]     LAYERS=12 EMBD=768 HEADS=12 MICRO=2 STEPS=14
@@ -49,7 +50,7 @@ runs = {k: [result("%s/%s.%d.log" % (d, k, r)) for r in range(1, rounds + 1)] fo
 med = {k: sorted(v, key=lambda x: x["samples_per_s"])[(rounds - 1) // 2] for k, v in runs.items()}
 activation = 2 * micro * SEQ * embd * 4  # the tp replica's micro-batch: B·T·C fp32 bytes
 theory = {"dp2": 2 * 4 * med["dp2"]["parameters"], "tp2": 4 * layers * activation,
-          "tp2sp": 4 * layers * activation * 2 + 2 * activation}
+          "tp2sp": 4 * layers * activation * 2 + 2 * layers * activation + 2 * activation}
 print("| layout | samples/s | vs dp2 | peak RSS (MiB, max rank) | bytes/step (rank 0) | theory (excl. small sums) | rounds |")
 print("|---|---|---|---|---|---|---|")
 for k in ("dp2", "tp2", "tp2sp"):
