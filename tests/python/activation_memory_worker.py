@@ -67,6 +67,11 @@ def main():
     sys.stdout.flush()
     if bad:
         raise SystemExit("activation bytes differ from the estimator in %s" % bad)
+    # Leave together and without the interpreter's teardown: torch 2.11's c10d objects sometimes
+    # abort ("terminate called without an active exception") when destroyed at interpreter exit
+    # after a peer has gone (bench/gpt_train.py does the same).
+    tessera.comm.barrier()
+    os._exit(0)
 
 
 if __name__ == "__main__":
