@@ -1,6 +1,5 @@
 #include "parallel/tensor_parallel/layers.h"
 
-#include <ATen/ops/cat.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -24,7 +23,7 @@ namespace {
 struct SequenceParallelColumnLinear : torch::autograd::Function<SequenceParallelColumnLinear> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, int64_t comm, int64_t seq_dim) {
-    Communicator& tensor = *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm));
+    Communicator& tensor = communicator_of(comm);
     ctx->save_for_backward({x, weight});
     ctx->saved_data["comm"] = comm;
     ctx->saved_data["seq_dim"] = seq_dim;
@@ -33,7 +32,7 @@ struct SequenceParallelColumnLinear : torch::autograd::Function<SequenceParallel
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    Communicator& tensor = *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+    Communicator& tensor = communicator_of(ctx->saved_data["comm"].toInt());
     const int64_t seq_dim = ctx->saved_data["seq_dim"].toInt();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
@@ -57,7 +56,7 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight,
   at::Tensor y;
   if (style.sequence_parallel && tensor.size() > 1) {
     y = SequenceParallelColumnLinear::apply(x, weight, bias,
-                                            static_cast<int64_t>(reinterpret_cast<intptr_t>(&tensor)), style.seq_dim);
+                                            communicator_handle(tensor), style.seq_dim);
   } else {
     y = at::linear(copy_to_tensor_region(x, tensor), weight, bias);
   }
@@ -86,22 +85,6 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& wei
   const at::Tensor partial = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0);
   return style.sequence_parallel ? reduce_scatter_to_sequence_region(partial, tensor, style.seq_dim)
                                  : reduce_from_tensor_region(partial, tensor);
-}
-
-at::Tensor tensor_parallel_slice(const at::Tensor& whole, int64_t rank, int64_t ranks, int64_t dim, int64_t fused,
-                                 const std::string& what) {
-  if (dim < 0) dim += whole.dim();
-  const int64_t size = whole.size(dim);
-  if (fused < 1 || size % (fused * ranks) != 0)
-    throw std::invalid_argument("tessera: tensor parallelism: " + what + " has " + std::to_string(size) +
-                                " entries along dimension " + std::to_string(dim) +
-                                (fused > 1 ? " (" + std::to_string(fused) + " fused blocks)" : std::string()) +
-                                ", which does not divide evenly over tensor_parallel.tp_size = " +
-                                std::to_string(ranks));
-  const int64_t block = size / fused, piece = block / ranks;
-  std::vector<at::Tensor> pieces;
-  for (int64_t f = 0; f < fused; ++f) pieces.push_back(whole.narrow(dim, f * block + rank * piece, piece));
-  return at::cat(pieces, dim).contiguous();
 }
 
 }  // namespace tessera

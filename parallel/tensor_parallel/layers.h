@@ -41,12 +41,6 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
 at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& weight, int64_t vocab_start,
                                     Communicator& tensor, const TensorParallelStyle& style = {});
 
-// Slicing a whole (single-device) tensor into this rank's part, so that a tensor-parallel model
-// built from a seed holds exactly the single-device model's values: `dim` is split in `tensor.size()`;
-// with `fused` > 1 the dimension is that many equal blocks (a fused q|k|v projection) and each block
-// is split, this rank's pieces concatenated. `what` names the tensor in the error when a size does
-// not divide.
-at::Tensor tensor_parallel_slice(const at::Tensor& whole, int64_t rank, int64_t ranks, int64_t dim,
-                                 int64_t fused = 1, const std::string& what = "a tensor");
+// tensor_parallel_slice (a whole tensor cut to this rank's part) is in regions.h.
 
 }  // namespace tessera

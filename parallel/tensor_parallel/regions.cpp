@@ -1,6 +1,7 @@
 #include "parallel/tensor_parallel/regions.h"
 
 #include <ATen/WrapDimUtils.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -16,12 +17,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The communicator travels through autograd's context as an integer: it outlives every graph
-// (the ParallelContext owns it for the whole job).
-int64_t handle_of(Communicator& c) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)); }
-Communicator& comm_of(AutogradContext* ctx) {
-  return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
-}
+Communicator& comm_of(AutogradContext* ctx) { return communicator_of(ctx->saved_data["comm"].toInt()); }
 
 int64_t split_dim(const at::Tensor& x, Communicator& tensor, int64_t dim, const char* what) {
   dim = at::maybe_wrap_dim(dim, x.dim());
@@ -46,7 +42,7 @@ struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
 
 struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm) {
-    return all_reduced(x, *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm)));
+    return all_reduced(x, communicator_of(comm));
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) { return {g[0], at::Tensor()}; }
 };
@@ -58,7 +54,7 @@ struct AlongDim : torch::autograd::Function<AlongDim<Fwd, Bwd>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm, int64_t dim) {
     ctx->saved_data["comm"] = comm;
     ctx->saved_data["dim"] = dim;
-    return Fwd(x, *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm)), dim);
+    return Fwd(x, communicator_of(comm), dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     return {Bwd(g[0], comm_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
@@ -99,10 +95,28 @@ at::Tensor reduce_scatter_along(const at::Tensor& x, Communicator& tensor, int64
 }
 
 at::Tensor slice_along(const at::Tensor& x, Communicator& tensor, int64_t dim) {
-  dim = split_dim(x, tensor, dim, "splitting along a dimension");
-  const int64_t s = x.size(dim) / tensor.size();
-  return x.narrow(dim, tensor.rank() * s, s).clone(at::MemoryFormat::Contiguous);
+  return tensor_parallel_slice(x, tensor.rank(), tensor.size(), dim, 1, "a tensor of shape " + c10::str(x.sizes()));
 }
+
+at::Tensor tensor_parallel_slice(const at::Tensor& whole, int64_t rank, int64_t ranks, int64_t dim, int64_t fused,
+                                 const std::string& what) {
+  dim = at::maybe_wrap_dim(dim, whole.dim());
+  const int64_t size = whole.size(dim);
+  if (fused < 1 || size % (fused * ranks) != 0)
+    throw std::invalid_argument("tessera: tensor parallelism: " + what + " has " + std::to_string(size) +
+                                " entries along dimension " + std::to_string(dim) +
+                                (fused > 1 ? " (" + std::to_string(fused) + " fused blocks)" : std::string()) +
+                                ", which does not divide evenly over tensor_parallel.tp_size = " +
+                                std::to_string(ranks));
+  const int64_t block = size / fused, piece = block / ranks;
+  if (fused == 1) return whole.narrow(dim, rank * piece, piece).clone(at::MemoryFormat::Contiguous);
+  std::vector<at::Tensor> pieces;
+  for (int64_t f = 0; f < fused; ++f) pieces.push_back(whole.narrow(dim, f * block + rank * piece, piece));
+  return at::cat(pieces, dim);
+}
+
+int64_t communicator_handle(Communicator& c) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)); }
+Communicator& communicator_of(int64_t handle) { return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(handle)); }
 
 at::Tensor all_reduced(const at::Tensor& x, Communicator& tensor) {
   if (tensor.size() == 1) return x;
@@ -112,31 +126,31 @@ at::Tensor all_reduced(const at::Tensor& x, Communicator& tensor) {
 }
 
 at::Tensor copy_to_tensor_region(const at::Tensor& x, Communicator& tensor) {
-  return tensor.size() == 1 ? x : CopyToRegion::apply(x, handle_of(tensor));
+  return tensor.size() == 1 ? x : CopyToRegion::apply(x, communicator_handle(tensor));
 }
 
 at::Tensor reduce_from_tensor_region(const at::Tensor& x, Communicator& tensor) {
-  return tensor.size() == 1 ? x : ReduceFromRegion::apply(x, handle_of(tensor));
+  return tensor.size() == 1 ? x : ReduceFromRegion::apply(x, communicator_handle(tensor));
 }
 
 at::Tensor gather_from_sequence_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
-  return tensor.size() == 1 ? x : AlongDim<all_gather_along, reduce_scatter_along>::apply(x, handle_of(tensor), dim);
+  return tensor.size() == 1 ? x : AlongDim<all_gather_along, reduce_scatter_along>::apply(x, communicator_handle(tensor), dim);
 }
 
 at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
   if (tensor.size() == 1) return x;
   split_dim(x, tensor, dim, "reduce_scatter_to_sequence_region");
-  return AlongDim<reduce_scatter_along, all_gather_along>::apply(x, handle_of(tensor), dim);
+  return AlongDim<reduce_scatter_along, all_gather_along>::apply(x, communicator_handle(tensor), dim);
 }
 
 at::Tensor scatter_to_sequence_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
   if (tensor.size() == 1) return x;
   split_dim(x, tensor, dim, "scatter_to_sequence_region");
-  return AlongDim<slice_along, all_gather_along>::apply(x, handle_of(tensor), dim);
+  return AlongDim<slice_along, all_gather_along>::apply(x, communicator_handle(tensor), dim);
 }
 
 at::Tensor gather_from_tensor_region(const at::Tensor& x, Communicator& tensor, int64_t dim) {
-  return tensor.size() == 1 ? x : AlongDim<all_gather_along, slice_along>::apply(x, handle_of(tensor), dim);
+  return tensor.size() == 1 ? x : AlongDim<all_gather_along, slice_along>::apply(x, communicator_handle(tensor), dim);
 }
 
 }  // namespace tessera

@@ -27,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace tessera {
 
@@ -45,5 +46,18 @@ at::Tensor all_gather_along(const at::Tensor& x, Communicator& tensor, int64_t d
 at::Tensor reduce_scatter_along(const at::Tensor& x, Communicator& tensor, int64_t dim);
 at::Tensor slice_along(const at::Tensor& x, Communicator& tensor, int64_t dim);  // this rank's slice, a copy
 at::Tensor all_reduced(const at::Tensor& x, Communicator& tensor);               // a reduced copy
+
+// A whole (single-device) tensor cut to rank `rank` of `ranks`'s part, so that a tensor-parallel
+// model built from a seed holds exactly the single-device model's values: `dim` is split; with
+// `fused` > 1 the dimension is that many equal blocks (a fused q|k|v projection) and each block is
+// split, this rank's pieces concatenated. `what` names the tensor in the error when a size does not
+// divide. slice_along is this for the group's own rank.
+at::Tensor tensor_parallel_slice(const at::Tensor& whole, int64_t rank, int64_t ranks, int64_t dim,
+                                 int64_t fused = 1, const std::string& what = "a tensor");
+
+// How an autograd function carries the communicator in its context (an integer; the
+// ParallelContext owns the communicator for the whole job, so it outlives every graph).
+int64_t communicator_handle(Communicator& c);
+Communicator& communicator_of(int64_t handle);
 
 }  // namespace tessera

@@ -1,0 +1,105 @@
+// ZeroOptimizer's side of a backward (zero/zero_optimizer.h): each gradient folded into its bucket
+// as autograd produces it, complete buckets reduced in the fixed launch order (each one's norm taken
+// as its reduction completes on a boundary), and the end or abort of a backward.
+#include "zero/zero_optimizer.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "zero/units.h"
+
+namespace tessera {
+
+void ZeroOptimizer::begin_backward(bool boundary) {
+  boundary_ = boundary;
+  if (boundary)
+    for (GradPart& part : grad_parts_) part.norm = at::Tensor();  // taken again as the buckets complete
+}
+
+void ZeroOptimizer::on_grad_ready(int group, int param, const at::Tensor& grad) {
+  ZeroGroup& g = *groups_[group];
+  stage_->accumulate(g, param, grad.reshape({-1}), reductions_);
+  g.arrived[param] = true;
+  const int bucket = g.layout.params[param].bucket;
+  if (--g.pending[bucket] == 0 && (boundary_ || stage_->reduces_every_micro_step())) launch_ready_buckets();
+  if (units_) units_->parameter_gradient(g.unit_of[param]);
+}
+
+void ZeroOptimizer::launch_ready_buckets() {
+  while (next_launch_ < launch_order_.size()) {
+    auto [group, bucket] = launch_order_[next_launch_];
+    if (groups_[group]->pending[bucket] != 0) return;  // a bucket before the rest is not complete yet
+    reduce(next_launch_++);
+  }
+}
+
+void ZeroOptimizer::reduce(size_t launch_index) {
+  auto [group, bucket] = launch_order_[launch_index];
+  std::function<void()> done;
+  // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
+  // and the next bucket's reduction is in flight.
+  if (boundary_) done = [this, launch_index] { grad_parts_[launch_index].norm = gradient_norm(grad_parts_[launch_index].grads); };
+  stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
+}
+
+std::string ZeroOptimizer::unused_parameters() const {
+  std::string names;
+  int count = 0;
+  for (const auto& g : groups_)
+    for (size_t i = 0; i < g->arrived.size(); ++i)
+      if (!g->arrived[i] && ++count <= 20) names += (names.empty() ? "" : ", ") + g->names[i];
+  if (count > 20) names += ", ... (" + std::to_string(count) + " in all)";
+  return names;
+}
+
+void ZeroOptimizer::reset_bucket_counters() {
+  for (auto& g : groups_) {
+    for (size_t b = 0; b < g->layout.buckets.size(); ++b)
+      g->pending[b] = static_cast<int>(g->layout.buckets[b].params.size());
+    std::fill(g->arrived.begin(), g->arrived.end(), false);
+  }
+  next_launch_ = 0;
+}
+
+void ZeroOptimizer::end_backward() {
+  if (!ignore_unused_parameters_) {
+    std::string unused = unused_parameters();
+    if (!unused.empty()) {
+      abort_backward();
+      throw std::runtime_error(
+          "tessera: these parameters received no gradient in this backward: " + unused +
+          ". Every rank must reduce every bucket, so with zero_optimization.ignore_unused_parameters false "
+          "an unused parameter is an error; set it to true (DeepSpeed's default) to treat missing "
+          "gradients as zero, or make the forward use them.");
+    }
+  }
+  // Whatever has not been launched yet goes now, in the fixed order; missing gradients are zero.
+  if (boundary_ || stage_->reduces_every_micro_step()) {
+    while (next_launch_ < launch_order_.size()) reduce(next_launch_++);
+  }
+  reset_bucket_counters();
+  if (units_) units_->end_backward();
+  reductions_.wait_all();
+  reductions_.free_staging();
+}
+
+void ZeroOptimizer::abort_backward() {
+  reset_bucket_counters();
+  if (partitioned_) partitioned_->abort_backward();
+  if (units_) units_->abort_backward();
+  try {
+    reductions_.wait_all();  // the reductions this rank launched (its peers launched them too when all were interrupted)
+  } catch (const CommError&) {
+    reductions_.drop();  // a peer did not take part: those results are lost with the rest
+  }
+  for (auto& g : groups_) {
+    for (auto& staging : g->staging) {
+      if (staging.defined()) reductions_.release_staging(g->index, staging);
+      staging = at::Tensor();
+    }
+  }
+  zero_grad();
+}
+
+}  // namespace tessera
