@@ -2,7 +2,9 @@
 
 #include <ATen/ops/full.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -40,11 +42,29 @@ TrainArgs parse_train_args(int argc, char** argv, const char* usage) {
     else if (flag == "--steps") a.steps = integer(flag, value);
     else if (flag == "--seed") a.seed = static_cast<uint64_t>(integer(flag, value));
     else if (flag == "--eval-every") a.eval_every = integer(flag, value);
+    else if (flag == "--save-parameters") a.save_parameters = value;
     else throw std::invalid_argument("unknown flag " + flag + "\n" + usage);
   }
   if (a.config.empty() || a.steps < 1)
     throw std::invalid_argument(std::string("--config FILE and --steps N (N >= 1) are required\n") + usage);
   return a;
+}
+
+void write_parameters(const std::string& path, const std::vector<at::Tensor>& tensors) {
+  const std::string partial = path + ".partial";
+  std::FILE* f = std::fopen(partial.c_str(), "wb");
+  if (!f) throw std::runtime_error("--save-parameters: cannot create " + partial + ": " + std::strerror(errno));
+  bool ok = true;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor values = t.detach().to(at::kCPU, at::kFloat).contiguous();
+    const size_t n = static_cast<size_t>(values.numel());
+    ok = ok && std::fwrite(values.data_ptr<float>(), sizeof(float), n, f) == n;
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(partial.c_str(), path.c_str()) != 0) {
+    std::remove(partial.c_str());
+    throw std::runtime_error("--save-parameters: writing " + path + " failed: " + std::strerror(errno));
+  }
 }
 
 double data_parallel_mean(ParallelContext& ctx, double value) {

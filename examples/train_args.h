@@ -1,11 +1,16 @@
 // What the example training programs share: their flags and the data-parallel mean of a value.
 //   --config FILE (required), --steps N optimizer steps (required), --seed S (1234),
 //   --eval-every K (0: never), --checkpoint-activations (flag: recompute each block in backward,
-//   Megatron's flag; the config's activation_checkpointing section sets how)
+//   Megatron's flag; the config's activation_checkpointing section sets how),
+//   --save-parameters FILE (at the end, every parameter's single-device value, gathered from its
+//   ZeRO partitions and tensor-parallel slices, written by rank 0: see write_parameters)
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 namespace tessera {
 class ParallelContext;
@@ -19,10 +24,15 @@ struct TrainArgs {
   uint64_t seed = 1234;
   int64_t eval_every = 0;
   bool checkpoint_activations = false;
+  std::string save_parameters;  // empty: none
 };
 
 // Parses argv; prints `usage` and exits 0 for -h/--help; throws std::invalid_argument otherwise.
 TrainArgs parse_train_args(int argc, char** argv, const char* usage);
+
+// Writes `tensors` to `path` as one flat run of little-endian float32 values, in order (what the
+// tests compare between runs at different degrees); through a temporary file renamed into place.
+void write_parameters(const std::string& path, const std::vector<at::Tensor>& tensors);
 
 // The mean over the data-parallel ranks of a per-rank value (every rank must call it).
 double data_parallel_mean(ParallelContext& ctx, double value);

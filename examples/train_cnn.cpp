@@ -39,7 +39,7 @@ namespace {
 
 constexpr int64_t kEvalChunk = 500;  // test images per forward (bounds the activations)
 
-const char* kUsage = "usage: train_cnn --config FILE --steps N [--seed S] [--eval-every K]";
+const char* kUsage = "usage: train_cnn --config FILE --steps N [--seed S] [--eval-every K] [--save-parameters FILE]";
 
 struct TestResult {
   double loss = 0, accuracy = 0;
@@ -132,6 +132,10 @@ int run(int argc, char** argv) {
 
   const double final_loss = data_parallel_mean(*ctx, last_loss);
   if (leader) std::printf("final loss: %.6f\n", final_loss);
+  if (!args.save_parameters.empty()) {
+    auto whole = engine.gathered_parameters();  // ZeRO-3's partitions made whole
+    if (leader) write_parameters(args.save_parameters, model.parameters());
+  }
   return 0;
 }
 

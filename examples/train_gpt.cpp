@@ -41,7 +41,7 @@ namespace {
 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
-const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations]";
+const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE]";
 
 double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext& ctx, int64_t micro, uint64_t seed) {
   at::NoGradGuard no_grad;
@@ -152,6 +152,11 @@ int run(int argc, char** argv) {
 
   const double final_loss = data_parallel_mean(*ctx, last_loss);
   if (leader) std::printf("final loss: %.6f\n", final_loss);
+  if (!args.save_parameters.empty()) {
+    auto whole = engine.gathered_parameters();                     // ZeRO-3's partitions made whole
+    std::vector<at::Tensor> values = model.full_parameters();      // and the tensor-parallel slices
+    if (leader) write_parameters(args.save_parameters, values);
+  }
   return 0;
 }
 

@@ -254,7 +254,7 @@ TEST_CASE("gpt: attention is causal", "[examples][gpt]") {
   CHECK_FALSE(at::allclose(x.narrow(1, 20, 12), y.narrow(1, 20, 12)));
 }
 
-TEST_CASE("gpt: checkpointed blocks give the same loss and gradients, recomputing each block once", "[examples][gpt]") {
+TEST_CASE("gpt: checkpointed blocks give the same loss and gradients and recompute each block once", "[examples][gpt]") {
   Gpt plain(GptConfig{}, 5), ckpt(GptConfig{}, 5);
   ckpt.set_activation_checkpointing(tessera::CheckpointOptions{});
   Batch b = corpus().sample(4, 64, 0, 1);
@@ -270,7 +270,7 @@ TEST_CASE("gpt: checkpointed blocks give the same loss and gradients, recomputin
   }
 }
 
-TEST_CASE("activation checkpointing: dropout inside is recomputed with the same mask; the caller's generator is left as it was",
+TEST_CASE("activation checkpointing: dropout inside is recomputed with the same mask and the caller's generator is left as it was",
           "[examples][checkpoint]") {
   at::Tensor w = at::randn({16, 16}).set_requires_grad(true);
   at::Tensor x = at::randn({8, 16});

@@ -36,11 +36,14 @@ constexpr double kLayerNormEps = 1e-5;
 
 }  // namespace
 
-int64_t Gpt::add(const std::string& name, at::Tensor value, bool tensor_sharded) {
+int64_t Gpt::add(const std::string& name, at::Tensor value, TensorSplit split) {
+  if (tp_ranks() == 1) split = {};  // whole
+  // This rank's slice of the whole draw (the draws stay in the single-device order).
+  if (split.dim >= 0) value = tensor_parallel_slice(value, tp_.tensor->rank(), tp_ranks(), split.dim, split.fused, name);
   value.set_requires_grad(true);
   params_.push_back(std::move(value));
   names_.push_back(name);
-  sharded_.push_back(tensor_sharded);
+  splits_.push_back(split);
   return static_cast<int64_t>(params_.size()) - 1;
 }
 
@@ -65,17 +68,12 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
   auto zeros = [](std::vector<int64_t> shape) { return at::zeros(shape, at::kFloat); };
   auto ones = [](std::vector<int64_t> shape) { return at::ones(shape, at::kFloat); };
 
-  const int64_t C = c.n_embd, t = tp_ranks(), rank = t > 1 ? tp_.tensor->rank() : 0;
+  const int64_t C = c.n_embd, t = tp_ranks();
   if (t > 1 && (c.n_head % t != 0 || c.vocab % t != 0))
     throw std::invalid_argument("GptConfig: tensor parallelism over " + std::to_string(t) + " ranks needs n_head (" +
                                 std::to_string(c.n_head) + ") and vocab (" + std::to_string(c.vocab) +
                                 ") to be multiples of tensor_parallel.tp_size");
-  // This rank's slice of a whole draw (the draws stay in the single-device order).
-  auto slice = [&](const at::Tensor& whole, int64_t dim, int64_t fused, const std::string& what) {
-    return t > 1 ? tensor_parallel_slice(whole, rank, t, dim, fused, what) : whole;
-  };
-  const bool split = t > 1;
-  wte_ = add("transformer.wte.weight", slice(normal({c.vocab, C}, std_dev), 0, 1, "transformer.wte.weight"), split);
+  wte_ = add("transformer.wte.weight", normal({c.vocab, C}, std_dev), {0});
   wpe_ = add("transformer.wpe.weight", normal({c.block_size, C}, std_dev));
   // Under PartitionedInit each piece is partitioned once drawn (the draws stay in the same order).
   size_t built = 0;
@@ -88,21 +86,29 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
     const std::string p = "transformer.h." + std::to_string(l) + ".";
     block_.push_back(add(p + "ln_1.weight", ones({C})));
     add(p + "ln_1.bias", zeros({C}));
-    add(p + "attn.c_attn.weight", slice(normal({3 * C, C}, std_dev), 0, 3, p + "attn.c_attn.weight"), split);
-    add(p + "attn.c_attn.bias", slice(zeros({3 * C}), 0, 3, p + "attn.c_attn.bias"), split);
-    add(p + "attn.c_proj.weight", slice(normal({C, C}, residual_std), 1, 1, p + "attn.c_proj.weight"), split);
+    add(p + "attn.c_attn.weight", normal({3 * C, C}, std_dev), {0, 3});
+    add(p + "attn.c_attn.bias", zeros({3 * C}), {0, 3});
+    add(p + "attn.c_proj.weight", normal({C, C}, residual_std), {1});
     add(p + "attn.c_proj.bias", zeros({C}));
     add(p + "ln_2.weight", ones({C}));
     add(p + "ln_2.bias", zeros({C}));
-    add(p + "mlp.c_fc.weight", slice(normal({4 * C, C}, std_dev), 0, 1, p + "mlp.c_fc.weight"), split);
-    add(p + "mlp.c_fc.bias", slice(zeros({4 * C}), 0, 1, p + "mlp.c_fc.bias"), split);
-    add(p + "mlp.c_proj.weight", slice(normal({C, 4 * C}, residual_std), 1, 1, p + "mlp.c_proj.weight"), split);
+    add(p + "mlp.c_fc.weight", normal({4 * C, C}, std_dev), {0});
+    add(p + "mlp.c_fc.bias", zeros({4 * C}), {0});
+    add(p + "mlp.c_proj.weight", normal({C, 4 * C}, residual_std), {1});
     add(p + "mlp.c_proj.bias", zeros({C}));
     partition_new();
   }
   ln_f_ = add("transformer.ln_f.weight", ones({C}));
   add("transformer.ln_f.bias", zeros({C}));
   partition_new();
+}
+
+std::vector<at::Tensor> Gpt::full_parameters() const {
+  std::vector<at::Tensor> whole;
+  for (size_t i = 0; i < params_.size(); ++i)
+    whole.push_back(splits_[i].dim >= 0 ? tensor_parallel_whole(params_[i], *tp_.tensor, splits_[i].dim, splits_[i].fused)
+                                        : params_[i].detach());
+  return whole;
 }
 
 int64_t Gpt::num_parameters() const {
@@ -115,7 +121,7 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   const GptConfig& c = config_;
   const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
   if (idx_in.dim() != 2) throw std::invalid_argument("Gpt::forward: idx must be [batch, seq_len]");
-  const int64_t B = idx_in.size(0), T = idx_in.size(1);
+  const int64_t T = idx_in.size(1);
   if (T > c.block_size)
     throw std::invalid_argument("Gpt::forward: sequence of " + std::to_string(T) + " tokens exceeds block_size " +
                                 std::to_string(c.block_size));
@@ -197,7 +203,7 @@ ModelDescription Gpt::param_groups(double weight_decay) const {
   for (ParamGroup& g : model.groups)  // which ones are tensor-parallel slices (their norm is summed over the group)
     for (const at::Tensor& q : g.params)
       for (size_t i = 0; i < params_.size(); ++i)
-        if (params_[i].is_same(q)) g.tensor_sharded.push_back(sharded_[i]);
+        if (params_[i].is_same(q)) g.tensor_sharded.push_back(splits_[i].dim >= 0);
   model.units.push_back({"embedding", {params_[wte_], params_[wpe_]}});
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     ModelUnit block{"h." + std::to_string(l), {}};

@@ -49,6 +49,12 @@ struct GptTensorParallel {
   bool sequence_parallel = false;
 };
 
+// How a parameter is cut over the tensor group: tensor_parallel_slice's dim (-1: replicated) and fused.
+struct TensorSplit {
+  int64_t dim = -1;
+  int64_t fused = 1;
+};
+
 class Gpt {
  public:
   // Deterministic initialization from `seed` (GPT-2's): linear and embedding weights N(0, 0.02),
@@ -67,6 +73,10 @@ class Gpt {
   // nanoGPT's names, same order: "transformer.wte.weight", "transformer.h.0.ln_1.weight", ...
   std::vector<std::string> parameter_names() const { return names_; }
   int64_t num_parameters() const;
+  // The single-device values of every parameter, same order: tensor-parallel slices gathered from
+  // the tensor group (a collective every tensor rank calls; at ZeRO-3 inside the engine's
+  // gathered_parameters() scope, so that each rank's slices are whole first).
+  std::vector<at::Tensor> full_parameters() const;
 
   // Each block's activations recomputed in backward (parallel/activation_checkpointing.h), or not.
   void set_activation_checkpointing(std::optional<CheckpointOptions> options) { checkpointing_ = options; }
@@ -88,7 +98,7 @@ class Gpt {
   ModelDescription param_groups(double weight_decay) const;
 
  private:
-  int64_t add(const std::string& name, at::Tensor value, bool tensor_sharded = false);
+  int64_t add(const std::string& name, at::Tensor value, TensorSplit split = {});
   int64_t tp_ranks() const;
   at::Tensor replicated(const at::Tensor& w) const;  // under sequence parallelism: its gradient summed over the group
   at::Tensor block(int64_t l, const at::Tensor& x) const;  // block l's forward
@@ -96,7 +106,7 @@ class Gpt {
 
   GptConfig config_;
   GptTensorParallel tp_;
-  std::vector<bool> sharded_;  // per parameter: a tensor-parallel slice
+  std::vector<TensorSplit> splits_;  // per parameter
   Engine* engine_ = nullptr;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;

@@ -115,6 +115,19 @@ at::Tensor tensor_parallel_slice(const at::Tensor& whole, int64_t rank, int64_t 
   return at::cat(pieces, dim);
 }
 
+at::Tensor tensor_parallel_whole(const at::Tensor& slice, Communicator& tensor, int64_t dim, int64_t fused) {
+  const int64_t ranks = tensor.size();
+  dim = at::maybe_wrap_dim(dim, slice.dim());
+  at::Tensor gathered = all_gather_along(slice.detach().contiguous(), tensor, dim);  // [rank 0's | rank 1's | ...]
+  if (fused == 1 || ranks == 1) return gathered;
+  // Rank r holds [block 0's piece r | block 1's piece r | ...]: reorder to [block 0 | block 1 | ...].
+  const int64_t piece = slice.size(dim) / fused;
+  std::vector<at::Tensor> pieces;
+  for (int64_t f = 0; f < fused; ++f)
+    for (int64_t r = 0; r < ranks; ++r) pieces.push_back(gathered.narrow(dim, r * slice.size(dim) + f * piece, piece));
+  return at::cat(pieces, dim);
+}
+
 int64_t communicator_handle(Communicator& c) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)); }
 Communicator& communicator_of(int64_t handle) { return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(handle)); }
 

@@ -54,6 +54,9 @@ at::Tensor all_reduced(const at::Tensor& x, Communicator& tensor);              
 // divide. slice_along is this for the group's own rank.
 at::Tensor tensor_parallel_slice(const at::Tensor& whole, int64_t rank, int64_t ranks, int64_t dim,
                                  int64_t fused = 1, const std::string& what = "a tensor");
+// The inverse, a collective: every tensor rank's slice gathered into the whole tensor (for
+// comparing, saving or evaluating a tensor-parallel model at another degree). Outside autograd.
+at::Tensor tensor_parallel_whole(const at::Tensor& slice, Communicator& tensor, int64_t dim, int64_t fused = 1);
 
 // How an autograd function carries the communicator in its context (an integer; the
 // ParallelContext owns the communicator for the whole job, so it outlives every graph).

@@ -454,4 +454,9 @@ PYBIND11_MODULE(_C, m) {
          });
   tp.def("slice", &tensor_parallel_slice, py::arg("whole"), py::arg("rank"), py::arg("ranks"), py::arg("dim"),
          py::arg("fused") = 1, py::arg("what") = "a tensor");
+  tp.def("whole", [](const at::Tensor& slice, ParallelContext& c, int64_t dim, int64_t fused) {
+    at::Tensor y;
+    blocking([&] { y = tensor_parallel_whole(slice, c.tensor(), dim, fused); });
+    return y;
+  }, py::arg("slice"), py::arg("context"), py::arg("dim"), py::arg("fused") = 1);
 }

@@ -19,9 +19,13 @@ Styles (a string or an object; a list applies several):
               output's features); `fused` equal blocks (a fused q|k|v) are each split.
   "rowwise"   / Rowwise()     nn.Linear, columns split: the input arrives split along its features;
               the partial outputs are summed (all-reduce, or reduce-scatter along the sequence).
-  "vocab"     / Vocab()       nn.Embedding, rows (the vocabulary) split. Not for an embedding whose
-              weight is also read as a tied LM head: the head's logits would be split too (use
-              tessera.nn.vocab_parallel_cross_entropy in such a model).
+  "vocab"     / Vocab()       nn.Embedding, rows (the vocabulary) split. A tied LM head that is an
+              nn.Linear sharing the weight (lm_head.weight = wte.weight) takes
+              Colwise(gather_output=True): the same rows, each rank computing its part of the
+              vocabulary's logits, gathered for the model's own loss (or Colwise() and
+              tessera.nn.vocab_parallel_cross_entropy, which never gathers them). A head written
+              as F.linear(x, wte.weight) in forward cannot be reached by a plan: such a model
+              calls vocab_parallel_cross_entropy itself.
   "sequence"  a module with replicated parameters that runs on activations split along the sequence
               under sequence parallelism (LayerNorm, RMSNorm): its parameters' gradients are summed
               over the tensor group. Without sequence parallelism it changes nothing.
@@ -122,6 +126,14 @@ def _mark(p, dim, fused=1):
 
 
 def _slice(p, ctx, dim, fused, what):
+    spec = getattr(p, "_tessera_tensor_parallel", None)
+    if spec is not None:  # a weight tied to one split already (an embedding read again as the LM head)
+        if spec != (dim, fused):
+            raise ValueError("tessera.tensor_parallel: %s is tied to a weight already split along dimension %d "
+                             "(fused %d); this style splits it along dimension %d (fused %d): tied modules need "
+                             "styles that cut the weight alike (\"vocab\" with \"colwise\")"
+                             % (what, spec[0], spec[1], dim, fused))
+        return
     with torch.no_grad():
         p.data = _tp.slice(p.data, ctx.group_rank("tensor"), ctx.group_size("tensor"), dim, fused, what)
     _mark(p, dim, fused)
@@ -131,8 +143,9 @@ def _need(module, cls, name, style):
     if not isinstance(module, cls):
         raise TypeError("tessera.tensor_parallel: %s: style %r applies to %s, not to %s"
                         % (name, style, cls.__name__, type(module).__name__))
-    if any(hasattr(p, "_tessera_tensor_parallel") for p in module.parameters(recurse=False)):
-        raise ValueError("tessera.tensor_parallel: %s is already tensor-parallel" % name)
+    if getattr(module, "_tessera_style", None) is not None:
+        raise ValueError("tessera.tensor_parallel: %s is already tensor-parallel (%r)" % (name, module._tessera_style))
+    module._tessera_style = style
 
 
 def _check_heads(parent, parent_name, t):
@@ -320,17 +333,8 @@ def full_tensor(p, context=None):
     spec = getattr(p, "_tessera_tensor_parallel", None)
     if spec is None:
         return p.detach()
-    ctx = context or _context()
     dim, fused = spec
-    t = ctx.group_size("tensor")
-    x = p.detach()
-    gathered = _tp.gather_from_tensor_region(x.contiguous(), ctx, dim)  # [rank 0's blocks | rank 1's | ...]
-    if fused == 1:
-        return gathered
-    # rank r holds [block 0's piece r | block 1's piece r | ...]; reorder to [block 0 | block 1 | ...]
-    per_rank = gathered.chunk(t, dim)
-    blocks = [torch.cat([per_rank[r].chunk(fused, dim)[f] for r in range(t)], dim) for f in range(fused)]
-    return torch.cat(blocks, dim)
+    return _tp.whole(p.detach(), context or _context(), dim, fused)
 
 
 def full_parameters(module, context=None):

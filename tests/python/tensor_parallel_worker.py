@@ -162,6 +162,38 @@ def check_layers(t, r):
     emb_sp = tessera.nn.VocabParallelEmbedding(vocab, 8, sequence_parallel=True)
     close(emb_sp(ids), emb_ref(ids).detach()[:, r * 2:(r + 1) * 2], "sequence-parallel embedding forward")
 
+    # A Hugging Face-style tied head (lm_head.weight is wte.weight) through a plan: "vocab" on the
+    # embedding and Colwise(gather_output=True) on the head cut the one weight once; the model's own
+    # F.cross_entropy sees whole logits. Loss and the tied weight's gradient against the model whole.
+    class TiedLm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(7)
+            self.wte = nn.Embedding(vocab, 8)
+            self.norm = nn.LayerNorm(8)
+            self.lm_head = nn.Linear(8, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight
+
+        def forward(self, ids, targets):
+            logits = self.lm_head(self.norm(self.wte(ids)))
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    lm_ref, lm = TiedLm(), TiedLm()
+    lm_ref(ids, targets).backward()
+    tp.parallelize(lm, {"wte": "vocab", "lm_head": tp.Colwise(gather_output=True)})
+    assert lm.lm_head.weight is lm.wte.weight and lm.wte.weight.shape == (6, 8)
+    loss = lm(ids, targets)
+    close(loss, lm_ref(ids, targets).detach(), "tied vocab/colwise head: loss")
+    loss.backward()
+    close(full_grad(lm.wte.weight), lm_ref.wte.weight.grad, "tied vocab/colwise head: gradient")
+    close(full_grad(lm.norm.weight), lm_ref.norm.weight.grad, "tied vocab/colwise head: norm gradient")
+    try:
+        tp.parallelize(TiedLm(), {"wte": "vocab", "lm_head": "rowwise"})
+    except ValueError as e:
+        assert "lm_head.weight is tied" in str(e) and "dimension 0" in str(e), e
+    else:
+        raise AssertionError("a tied weight cut two ways was accepted")
+
     # bad input: sizes that do not divide name the layer and the sizes
     try:
         tp.parallelize(nn.ModuleDict({"odd": nn.Linear(4, 2 * t + 1)}), {"odd": "colwise"})
