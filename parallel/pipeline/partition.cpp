@@ -1,0 +1,101 @@
+#include "parallel/pipeline/partition.h"
+
+#include <algorithm>
+#include <numeric>
+#include <regex>
+#include <stdexcept>
+
+namespace tessera::pipeline {
+
+namespace {
+
+// Can `weights` be cut into at most `parts` contiguous pieces, none heavier than `limit`?
+bool fits(const std::vector<int64_t>& weights, int parts, int64_t limit) {
+  int used = 1;
+  int64_t sum = 0;
+  for (int64_t w : weights) {
+    if (w > limit) return false;
+    if (sum + w > limit) {
+      ++used;
+      sum = 0;
+    }
+    sum += w;
+  }
+  return used <= parts;
+}
+
+}  // namespace
+
+std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int parts) {
+  const int n = static_cast<int>(weights.size());
+  if (parts < 1 || parts > n)
+    throw std::invalid_argument("partition_balanced: " + std::to_string(parts) + " parts of " + std::to_string(n) + " layers");
+  // The smallest limit that fits (binary search: fits() is monotone in the limit) ...
+  int64_t low = *std::max_element(weights.begin(), weights.end());
+  int64_t high = std::accumulate(weights.begin(), weights.end(), int64_t{0});
+  while (low < high) {
+    const int64_t mid = low + (high - low) / 2;
+    if (fits(weights, parts, mid)) high = mid;
+    else low = mid + 1;
+  }
+  // ... then fill each part up to it greedily, leaving at least one layer for each part after it.
+  std::vector<int> bounds{0};
+  int next = 0;
+  for (int part = 0; part < parts; ++part) {
+    const int must_leave = parts - part - 1;
+    int64_t sum = weights[next];
+    int end = next + 1;
+    while (end < n - must_leave && sum + weights[end] <= low) sum += weights[end++];
+    if (part == parts - 1) end = n;
+    bounds.push_back(end);
+    next = end;
+  }
+  return bounds;
+}
+
+std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stages, const std::string& method) {
+  const int n = static_cast<int>(layers.size());
+  if (stages < 1) throw std::invalid_argument("pipeline.stages: expected >= 1, got " + std::to_string(stages));
+  if (stages > n)
+    throw std::invalid_argument("pipeline.stages: " + std::to_string(stages) + " stages for a model of " + std::to_string(n) +
+                                " layers; every stage needs at least one layer (expected pipeline.stages <= " +
+                                std::to_string(n) + ")");
+  if (method == "uniform") {
+    std::vector<int> bounds{0};
+    for (int s = 0; s < stages; ++s) bounds.push_back(bounds.back() + n / stages + (s < n % stages ? 1 : 0));
+    return bounds;
+  }
+  std::vector<int64_t> weights;
+  if (method == "parameters") {
+    for (const LayerInfo& l : layers) weights.push_back(l.parameters);
+  } else if (method.rfind("type:", 0) == 0 && method.size() > 5) {
+    const std::regex pattern(method.substr(5), std::regex::icase);
+    for (const LayerInfo& l : layers) weights.push_back(std::regex_search(l.type, pattern) ? 1 : 0);
+    if (std::accumulate(weights.begin(), weights.end(), int64_t{0}) == 0) {
+      std::string types;
+      for (const LayerInfo& l : layers) types += (types.empty() ? "" : ", ") + l.type;
+      throw std::invalid_argument("pipeline.partition_method: \"" + method + "\" matches none of the layer types (" + types + ")");
+    }
+  } else {
+    throw std::invalid_argument("pipeline.partition_method: expected \"parameters\", \"uniform\" or \"type:<regex>\", got \"" +
+                                method + "\"");
+  }
+  return partition_balanced(weights, stages);
+}
+
+std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds) {
+  std::string text;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    int64_t params = 0;
+    std::string names;
+    for (int i = bounds[s]; i < bounds[s + 1]; ++i) {
+      params += layers[i].parameters;
+      names += (names.empty() ? "" : " ") + std::to_string(i) + ":" + layers[i].type;
+    }
+    text += "stage " + std::to_string(s) + ": layers " + std::to_string(bounds[s]) + "-" + std::to_string(bounds[s + 1] - 1) +
+            " (" + std::to_string(params) + " parameters): " + names + "\n";
+  }
+  return text;
+}
+
+}  // namespace tessera::pipeline

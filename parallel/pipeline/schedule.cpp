@@ -1,0 +1,116 @@
+#include "parallel/pipeline/schedule.h"
+
+#include <algorithm>
+#include <ostream>
+#include <stdexcept>
+
+namespace tessera::pipeline {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::LoadMicroBatch: return "LoadMicroBatch";
+    case Op::RecvActivation: return "RecvActivation";
+    case Op::Forward: return "Forward";
+    case Op::SendActivation: return "SendActivation";
+    case Op::RecvGrad: return "RecvGrad";
+    case Op::Backward: return "Backward";
+    case Op::SendGrad: return "SendGrad";
+    case Op::ReduceTiedGrads: return "ReduceTiedGrads";
+    case Op::OptimizerStep: return "OptimizerStep";
+  }
+  return "?";
+}
+
+std::string to_string(const Instruction& i) {
+  std::string s = op_name(i.op);
+  if (i.micro_batch >= 0) s += "(" + std::to_string(i.micro_batch) + (i.chunk ? ", chunk " + std::to_string(i.chunk) : "") + ")";
+  return s;
+}
+
+std::ostream& operator<<(std::ostream& out, const Instruction& i) { return out << to_string(i); }
+
+std::vector<Instruction> forward_pass(int s, int stages, int mb) {
+  const bool first = s == 0, last = s == stages - 1;
+  std::vector<Instruction> out;
+  if (first || last) out.push_back({Op::LoadMicroBatch, mb});  // inputs / labels
+  if (!first) out.push_back({Op::RecvActivation, mb});
+  out.push_back({Op::Forward, mb});
+  if (!last) out.push_back({Op::SendActivation, mb});
+  return out;
+}
+
+std::vector<Instruction> backward_pass(int s, int stages, int mb) {
+  std::vector<Instruction> out;
+  if (s != stages - 1) out.push_back({Op::RecvGrad, mb});
+  out.push_back({Op::Backward, mb});
+  if (s != 0) out.push_back({Op::SendGrad, mb});
+  return out;
+}
+
+namespace {
+
+void check_sizes(const char* what, int stages, int micro_batches) {
+  if (stages < 1)
+    throw std::invalid_argument(std::string(what) + ": pipeline.stages must be >= 1, got " + std::to_string(stages));
+  if (micro_batches < 1)
+    throw std::invalid_argument(std::string(what) + ": pipeline.micro_batches (gradient_accumulation_steps) must be >= 1, got " +
+                                std::to_string(micro_batches));
+}
+
+void append(std::vector<Instruction>& to, const std::vector<Instruction>& more) { to.insert(to.end(), more.begin(), more.end()); }
+
+void finish(std::vector<Instruction>& program) {
+  program.push_back({Op::ReduceTiedGrads});
+  program.push_back({Op::OptimizerStep});
+}
+
+}  // namespace
+
+Schedule gpipe(int stages, int micro_batches) {
+  check_sizes("gpipe", stages, micro_batches);
+  Schedule schedule{"gpipe", stages, micro_batches, std::vector<std::vector<Instruction>>(stages)};
+  for (int s = 0; s < stages; ++s) {
+    std::vector<Instruction>& program = schedule.stage[s];
+    for (int mb = 0; mb < micro_batches; ++mb) append(program, forward_pass(s, stages, mb));
+    // Backwards in reverse order of the forwards would free the newest activations first; in order
+    // they reach the first stage sooner. Either is GPipe; in order matches 1F1B's cool-down.
+    for (int mb = 0; mb < micro_batches; ++mb) append(program, backward_pass(s, stages, mb));
+    finish(program);
+  }
+  return schedule;
+}
+
+Schedule one_f_one_b(int stages, int micro_batches) {
+  check_sizes("1f1b", stages, micro_batches);
+  Schedule schedule{"1f1b", stages, micro_batches, std::vector<std::vector<Instruction>>(stages)};
+  for (int s = 0; s < stages; ++s) {
+    std::vector<Instruction>& program = schedule.stage[s];
+    // Warm-up: enough forwards that the first backward reaches this stage just as it is ready for it.
+    const int warmup = std::min(stages - s - 1, micro_batches);
+    const int steady = micro_batches - warmup;
+    int next_forward = 0, next_backward = 0;
+    for (int i = 0; i < warmup; ++i) append(program, forward_pass(s, stages, next_forward++));
+    // Steady state: one forward, then the backward of the oldest micro-batch in flight.
+    for (int i = 0; i < steady; ++i) {
+      append(program, forward_pass(s, stages, next_forward++));
+      append(program, backward_pass(s, stages, next_backward++));
+    }
+    // Cool-down: the backwards of the warm-up's micro-batches.
+    while (next_backward < micro_batches) append(program, backward_pass(s, stages, next_backward++));
+    finish(program);
+  }
+  return schedule;
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names{"1f1b", "gpipe"};
+  return names;
+}
+
+Schedule make_schedule(const std::string& name, int stages, int micro_batches) {
+  if (name == "1f1b") return one_f_one_b(stages, micro_batches);
+  if (name == "gpipe") return gpipe(stages, micro_batches);
+  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\" or \"gpipe\", got \"" + name + "\"");
+}
+
+}  // namespace tessera::pipeline

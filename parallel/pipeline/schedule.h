@@ -1,0 +1,72 @@
+// Pipeline schedules as data: for each stage, the list of instructions it runs for one batch of
+// micro-batches. An executor interprets any such list, and the simulator (simulator.h) checks and
+// times one without processes, so a new schedule (interleaved 1F1B, zero-bubble) is a new function
+// returning lists, not a new executor.
+//
+//   GPipe (Huang et al. 2019): every forward, then every backward. Each stage holds all m
+//   micro-batches' activations at once.
+//   1F1B, PipeDream-flush (Narayanan et al. 2021, §2.2): stage s of p runs min(p − s − 1, m)
+//   warm-up forwards, then alternates one forward and one backward, then drains the remaining
+//   backwards. Stage s holds at most min(p − s, m) micro-batches of activations; the idle fraction
+//   with equal stage costs is (p − 1) / (m + p − 1), the same bubble as GPipe's.
+//
+// Instructions name a micro-batch and a model chunk (always 0 until interleaved schedules put
+// several chunks on one stage). Backward is the whole backward of a micro-batch; a split backward
+// (input gradient, then weight gradient, as ZB-H1 does) adds instructions beside it.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace tessera::pipeline {
+
+enum class Op {
+  LoadMicroBatch,   // the data iterator's next micro-batch: inputs on the first stage, labels on the last
+  RecvActivation,   // the previous stage's output for this micro-batch
+  Forward,          // this stage's layers; the last stage also computes the loss
+  SendActivation,   // this stage's output to the next stage
+  RecvGrad,         // the gradient of this stage's output, from the next stage
+  Backward,         // back-propagate this micro-batch through this stage's layers
+  SendGrad,         // the gradient of this stage's input to the previous stage
+  ReduceTiedGrads,  // sum the gradients of weights shared between stages over the stages that hold them
+  OptimizerStep,    // the stage's own parameters (data-parallel reduction, clipping, update)
+};
+
+const char* op_name(Op op);
+
+struct Instruction {
+  Op op;
+  int micro_batch = -1;  // -1 for ReduceTiedGrads and OptimizerStep
+  int chunk = 0;         // the model chunk on this stage (interleaved schedules)
+  bool operator==(const Instruction& o) const {
+    return op == o.op && micro_batch == o.micro_batch && chunk == o.chunk;
+  }
+};
+
+std::string to_string(const Instruction& i);  // "Forward(3)", "OptimizerStep"
+std::ostream& operator<<(std::ostream& out, const Instruction& i);
+
+struct Schedule {
+  std::string name;                              // "1f1b", "gpipe"
+  int stages = 0;
+  int micro_batches = 0;
+  std::vector<std::vector<Instruction>> stage;   // stage[s]: what stage s runs, in order
+};
+
+// Stage s's instructions to run micro-batch mb's forward / backward, with the loads, receives and
+// sends its position needs (the schedules below are made of these two and the closing pair).
+std::vector<Instruction> forward_pass(int s, int stages, int mb);
+std::vector<Instruction> backward_pass(int s, int stages, int mb);
+
+Schedule gpipe(int stages, int micro_batches);
+Schedule one_f_one_b(int stages, int micro_batches);
+
+// By the config's name (`pipeline.schedule`): "1f1b" or "gpipe". Errors name the path and the
+// expected values, and ask for at least one stage and one micro-batch.
+Schedule make_schedule(const std::string& name, int stages, int micro_batches);
+
+// The schedule names make_schedule knows, for the config's check.
+const std::vector<std::string>& schedule_names();
+
+}  // namespace tessera::pipeline

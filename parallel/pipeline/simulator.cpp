@@ -1,0 +1,170 @@
+#include "parallel/pipeline/simulator.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <stdexcept>
+#include <utility>
+
+namespace tessera::pipeline {
+
+namespace {
+
+bool per_micro_batch(Op op) { return op != Op::ReduceTiedGrads && op != Op::OptimizerStep; }
+
+// Where each (op, micro-batch) sits in a stage's list; -1 when absent.
+struct Positions {
+  std::map<std::pair<Op, int>, std::vector<int>> at;
+  int first(Op op, int mb) const {
+    auto it = at.find({op, mb});
+    return it == at.end() || it->second.empty() ? -1 : it->second.front();
+  }
+  int count(Op op, int mb) const {
+    auto it = at.find({op, mb});
+    return it == at.end() ? 0 : static_cast<int>(it->second.size());
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> check(const Schedule& schedule) {
+  std::vector<std::string> errors;
+  const int p = schedule.stages, m = schedule.micro_batches;
+  if (static_cast<int>(schedule.stage.size()) != p) {
+    errors.push_back("the schedule has " + std::to_string(schedule.stage.size()) + " stage lists for " + std::to_string(p) +
+                     " stages");
+    return errors;
+  }
+  for (int s = 0; s < p; ++s) {
+    const std::vector<Instruction>& program = schedule.stage[s];
+    const std::string where = "stage " + std::to_string(s) + ": ";
+    const bool first = s == 0, last = s == p - 1;
+    Positions pos;
+    for (int i = 0; i < static_cast<int>(program.size()); ++i) {
+      const Instruction& ins = program[i];
+      if (per_micro_batch(ins.op) && (ins.micro_batch < 0 || ins.micro_batch >= m))
+        errors.push_back(where + to_string(ins) + " names a micro-batch outside 0.." + std::to_string(m - 1));
+      pos.at[{ins.op, ins.micro_batch}].push_back(i);
+    }
+    // What this stage's position needs for each micro-batch: (op, needed?), in the order they must run.
+    const std::vector<std::pair<Op, bool>> forward_side{
+        {Op::LoadMicroBatch, first || last}, {Op::RecvActivation, !first}, {Op::Forward, true}, {Op::SendActivation, !last}};
+    const std::vector<std::pair<Op, bool>> backward_side{{Op::RecvGrad, !last}, {Op::Backward, true}, {Op::SendGrad, !first}};
+    for (int mb = 0; mb < m; ++mb) {
+      for (const auto* side : {&forward_side, &backward_side})
+        for (const auto& [op, needed] : *side) {
+          const int n = pos.count(op, mb);
+          if (n != (needed ? 1 : 0))
+            errors.push_back(where + to_string({op, mb}) + (needed ? " must appear once" : " has no peer at this end of the pipeline") +
+                             ", found " + std::to_string(n));
+        }
+      auto in_order = [&](const std::vector<std::pair<Op, bool>>& ops) {
+        int previous = -1;
+        Op previous_op = Op::LoadMicroBatch;
+        for (const auto& [op, needed] : ops) {
+          const int at = needed ? pos.first(op, mb) : -1;
+          if (at < 0) continue;
+          if (at < previous)
+            errors.push_back(where + to_string({op, mb}) + " comes before " + to_string({previous_op, mb}));
+          previous = at;
+          previous_op = op;
+        }
+      };
+      in_order(forward_side);
+      in_order(backward_side);
+      const int f = pos.first(Op::Forward, mb), b = pos.first(Op::Backward, mb);
+      if (f >= 0 && b >= 0 && b < f) errors.push_back(where + to_string({Op::Backward, mb}) + " comes before its forward");
+    }
+    const int n = static_cast<int>(program.size());
+    if (n < 2 || !(program[n - 2] == Instruction{Op::ReduceTiedGrads}) || !(program[n - 1] == Instruction{Op::OptimizerStep}) ||
+        pos.count(Op::ReduceTiedGrads, -1) != 1 || pos.count(Op::OptimizerStep, -1) != 1)
+      errors.push_back(where + "must end with ReduceTiedGrads then OptimizerStep, each once");
+  }
+  return errors;
+}
+
+Simulation simulate(const Schedule& schedule, const Costs& costs) {
+  const std::vector<std::string> errors = check(schedule);
+  if (!errors.empty()) {
+    std::string text = "pipeline schedule \"" + schedule.name + "\" is malformed:";
+    for (const std::string& e : errors) text += "\n  " + e;
+    throw std::invalid_argument(text);
+  }
+  const int p = schedule.stages;
+  Simulation sim;
+  sim.busy.assign(p, 0.0);
+  sim.peak_activations.assign(p, 0);
+  sim.timeline.assign(p, {});
+  std::vector<double> clock(p, 0.0);
+  std::vector<size_t> pc(p, 0);
+  std::vector<int> held(p, 0);
+  // When each message can be received: (from stage, op it answers, micro-batch) -> time.
+  std::map<std::tuple<int, Op, int>, double> sent;
+
+  auto record = [&](int s, const Instruction& ins, double start, double end) {
+    sim.timeline[s].push_back({ins, start, end});
+    clock[s] = end;
+    ++pc[s];
+  };
+  // Runs stage s's next instruction if it can; false when it must wait.
+  auto step = [&](int s) {
+    const Instruction& ins = schedule.stage[s][pc[s]];
+    const double now = clock[s];
+    switch (ins.op) {
+      case Op::LoadMicroBatch: record(s, ins, now, now + costs.load); return true;
+      case Op::Forward:
+        held[s] += 1;
+        sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
+        sim.busy[s] += costs.forward;
+        record(s, ins, now, now + costs.forward);
+        return true;
+      case Op::Backward:
+        held[s] -= 1;
+        sim.busy[s] += costs.backward;
+        record(s, ins, now, now + costs.backward);
+        return true;
+      case Op::SendActivation:
+      case Op::SendGrad:
+        sent[{s, ins.op, ins.micro_batch}] = now + costs.send;
+        record(s, ins, now, now);
+        return true;
+      case Op::RecvActivation:
+      case Op::RecvGrad: {
+        const bool activation = ins.op == Op::RecvActivation;
+        auto it = sent.find({activation ? s - 1 : s + 1, activation ? Op::SendActivation : Op::SendGrad, ins.micro_batch});
+        if (it == sent.end()) return false;
+        record(s, ins, now, std::max(now, it->second));
+        sent.erase(it);
+        return true;
+      }
+      case Op::ReduceTiedGrads: {  // a collective: every stage must be here
+        for (int other = 0; other < p; ++other)
+          if (pc[other] >= schedule.stage[other].size() || schedule.stage[other][pc[other]].op != Op::ReduceTiedGrads)
+            return false;
+        const double start = *std::max_element(clock.begin(), clock.end());
+        for (int other = 0; other < p; ++other) record(other, schedule.stage[other][pc[other]], start, start + costs.reduce_tied);
+        return true;
+      }
+      case Op::OptimizerStep: record(s, ins, now, now + costs.optimizer_step); return true;
+    }
+    return false;
+  };
+
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < p; ++s)
+      while (pc[s] < schedule.stage[s].size() && step(s)) progress = true;
+  }
+  std::string blocked;
+  for (int s = 0; s < p; ++s)
+    if (pc[s] < schedule.stage[s].size())
+      blocked += "\n  stage " + std::to_string(s) + " waits at instruction " + std::to_string(pc[s]) + ", " +
+                 to_string(schedule.stage[s][pc[s]]);
+  if (!blocked.empty()) throw std::runtime_error("pipeline schedule \"" + schedule.name + "\" deadlocks:" + blocked);
+
+  sim.makespan = *std::max_element(clock.begin(), clock.end());
+  for (int s = 0; s < p; ++s) sim.idle_fraction.push_back(sim.makespan > 0 ? 1.0 - sim.busy[s] / sim.makespan : 0.0);
+  return sim;
+}
+
+}  // namespace tessera::pipeline

@@ -1,0 +1,52 @@
+// Runs a pipeline schedule (schedule.h) without processes: checks that it is well formed and
+// cannot deadlock, and times it with given costs, so a schedule's bubble and memory are known
+// before a GPU is spent on it (and tests can compare them with the closed forms).
+//
+// The model is the executor's: each stage runs its list in order; a send never blocks (the
+// executor posts it asynchronously); a receive waits for the matching send; ReduceTiedGrads is a
+// collective every stage enters. A stage holds a micro-batch's activations from its Forward to its
+// Backward.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/schedule.h"
+
+namespace tessera::pipeline {
+
+// What each instruction costs (time units; equal forward and backward costs on every stage give
+// the textbook bubble). Loads, steps and tied reductions cost nothing unless set.
+struct Costs {
+  double forward = 1.0;
+  double backward = 1.0;
+  double send = 0.0;     // from the send until the receiver may start
+  double load = 0.0;
+  double reduce_tied = 0.0;
+  double optimizer_step = 0.0;
+};
+
+struct TimedInstruction {
+  Instruction instruction;
+  double start = 0, end = 0;  // a receive's start is when it was posted, its end when the data came
+};
+
+struct Simulation {
+  double makespan = 0;                            // when the last stage finished
+  std::vector<double> busy;                       // per stage: time in Forward and Backward
+  std::vector<double> idle_fraction;              // per stage: 1 − busy / makespan
+  std::vector<int> peak_activations;              // per stage: most micro-batches held at once
+  std::vector<std::vector<TimedInstruction>> timeline;  // per stage, in program order
+};
+
+// Every well-formedness error of `schedule` (empty: none): each micro-batch's forward and backward
+// exactly once per stage, in that order; the receives, sends and loads a stage's position needs,
+// exactly once each and on the right side of its compute; no activation traffic off the ends of the
+// pipeline; ReduceTiedGrads then OptimizerStep, once, last.
+std::vector<std::string> check(const Schedule& schedule);
+
+// Times `schedule`. Throws std::invalid_argument with check()'s errors, or std::runtime_error
+// naming each stage's blocked instruction when the stages deadlock.
+Simulation simulate(const Schedule& schedule, const Costs& costs = {});
+
+}  // namespace tessera::pipeline

@@ -1,0 +1,195 @@
+// Pipeline schedules as instruction lists (parallel/pipeline/schedule.h), checked and timed by the
+// simulator (simulator.h) against the closed forms: every micro-batch's forward and backward once
+// per stage, no deadlock, the idle fraction (p − 1) / (m + p − 1) with equal stage costs, and the
+// activations held (1F1B: min(p − s, m) on stage s; GPipe: m). And the layer partitioning
+// (partition.h) against an exhaustive search.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <stdexcept>
+
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulator.h"
+
+using namespace tessera::pipeline;
+
+namespace {
+
+std::vector<std::string> names(const std::vector<Instruction>& program) {
+  std::vector<std::string> out;
+  for (const Instruction& i : program) out.push_back(to_string(i));
+  return out;
+}
+
+bool mentions(const std::vector<std::string>& errors, const std::string& part) {
+  return std::any_of(errors.begin(), errors.end(), [&](const std::string& e) { return e.find(part) != std::string::npos; });
+}
+
+}  // namespace
+
+TEST_CASE("1f1b: stage 0 of 2 with 3 micro-batches warms up once - alternates - then drains", "[pipeline]") {
+  const Schedule s = one_f_one_b(2, 3);
+  CHECK(names(s.stage[0]) == std::vector<std::string>{
+                                 "LoadMicroBatch(0)", "Forward(0)", "SendActivation(0)",                       // warm-up
+                                 "LoadMicroBatch(1)", "Forward(1)", "SendActivation(1)", "RecvGrad(0)", "Backward(0)",
+                                 "LoadMicroBatch(2)", "Forward(2)", "SendActivation(2)", "RecvGrad(1)", "Backward(1)",
+                                 "RecvGrad(2)", "Backward(2)",                                                 // cool-down
+                                 "ReduceTiedGrads", "OptimizerStep"});
+  // The last stage has no warm-up: forward, backward, forward, backward ...
+  CHECK(names(s.stage[1]) == std::vector<std::string>{
+                                 "LoadMicroBatch(0)", "RecvActivation(0)", "Forward(0)", "Backward(0)", "SendGrad(0)",
+                                 "LoadMicroBatch(1)", "RecvActivation(1)", "Forward(1)", "Backward(1)", "SendGrad(1)",
+                                 "LoadMicroBatch(2)", "RecvActivation(2)", "Forward(2)", "Backward(2)", "SendGrad(2)",
+                                 "ReduceTiedGrads", "OptimizerStep"});
+}
+
+TEST_CASE("1f1b and gpipe: well formed - no deadlock - the closed-form bubble and activations", "[pipeline]") {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 7, 8, 16, 33}) {
+      for (const Costs& costs : {Costs{}, Costs{1.0, 2.0}}) {  // backward = forward, and twice the forward
+        const double bubble = double(p - 1) / double(m + p - 1);
+        const Schedule f1b1 = one_f_one_b(p, m), pipe = gpipe(p, m);
+        INFO("p " << p << " m " << m << " backward cost " << costs.backward);
+        CHECK(check(f1b1).empty());
+        CHECK(check(pipe).empty());
+        const Simulation a = simulate(f1b1, costs), g = simulate(pipe, costs);
+        CHECK(a.makespan == Approx((m + p - 1) * (costs.forward + costs.backward)));
+        for (int s = 0; s < p; ++s) {
+          INFO("stage " << s);
+          CHECK(a.idle_fraction[s] == Approx(bubble).margin(1e-12));
+          CHECK(g.idle_fraction[s] == Approx(bubble).margin(1e-12));
+          CHECK(a.peak_activations[s] == std::min(p - s, m));  // the first stage: at most p
+          CHECK(g.peak_activations[s] == m);
+        }
+      }
+    }
+}
+
+TEST_CASE("simulator: a send costs the receiver its latency on every hop of the warm-up", "[pipeline]") {
+  Costs costs;
+  costs.send = 0.5;
+  const Simulation sim = simulate(one_f_one_b(4, 8), costs);
+  // At least the first forward's 3 hops down and the last backward's 3 hops up.
+  CHECK(sim.makespan >= (8 + 3) * 2.0 + 2 * 3 * 0.5);
+  // The timeline: stage 3 starts its first forward when stage 0's output has crossed three links.
+  const auto& first = *std::find_if(sim.timeline[3].begin(), sim.timeline[3].end(),
+                                    [](const TimedInstruction& t) { return t.instruction.op == Op::Forward; });
+  CHECK(first.start == Approx(3 * (1.0 + 0.5)));
+}
+
+TEST_CASE("simulator: malformed schedules are refused with what is wrong", "[pipeline]") {
+  auto errors_after = [](const std::function<void(Schedule&)>& edit) {
+    Schedule s = one_f_one_b(3, 4);
+    edit(s);
+    return check(s);
+  };
+  auto find = [](std::vector<Instruction>& program, Instruction i) { return std::find(program.begin(), program.end(), i); };
+  CHECK(mentions(errors_after([&](Schedule& s) { s.stage[1].erase(find(s.stage[1], {Op::Backward, 2})); }),
+                 "stage 1: Backward(2) must appear once, found 0"));
+  CHECK(mentions(errors_after([&](Schedule& s) { s.stage[0].insert(s.stage[0].begin() + 1, {Op::Forward, 0}); }),
+                 "stage 0: Forward(0) must appear once, found 2"));
+  CHECK(mentions(errors_after([&](Schedule& s) { s.stage[2].insert(s.stage[2].begin() + 3, {Op::SendActivation, 0}); }),
+                 "stage 2: SendActivation(0) has no peer at this end of the pipeline"));
+  CHECK(mentions(errors_after([&](Schedule& s) {  // stage 1 sends an activation before computing it
+                   auto send = find(s.stage[1], {Op::SendActivation, 1});
+                   std::iter_swap(send, find(s.stage[1], {Op::Forward, 1}));
+                 }),
+                 "stage 1: SendActivation(1) comes before Forward(1)"));
+  CHECK(mentions(errors_after([&](Schedule& s) { s.stage[0].pop_back(); }), "stage 0: must end with ReduceTiedGrads then OptimizerStep"));
+  CHECK(mentions(errors_after([&](Schedule& s) { s.stage[0][1].micro_batch = 9; }), "outside 0..3"));
+  Schedule broken = one_f_one_b(2, 2);
+  broken.stage[1].erase(find(broken.stage[1], {Op::Backward, 0}));
+  CHECK_THROWS_WITH(simulate(broken), Catch::Contains("malformed") && Catch::Contains("Backward(0)"));
+}
+
+TEST_CASE("simulator: a well-formed schedule whose receives wait on each other is reported as a deadlock", "[pipeline]") {
+  // Stage 0 waits for micro-batch 0's gradient before sending micro-batch 1's activation; stage 1
+  // wants micro-batch 1 first. Each list is fine on its own.
+  Schedule s{"crossed", 2, 2, {}};
+  s.stage.push_back({{Op::LoadMicroBatch, 0}, {Op::Forward, 0}, {Op::SendActivation, 0}, {Op::RecvGrad, 0}, {Op::Backward, 0},
+                     {Op::LoadMicroBatch, 1}, {Op::Forward, 1}, {Op::SendActivation, 1}, {Op::RecvGrad, 1}, {Op::Backward, 1},
+                     {Op::ReduceTiedGrads}, {Op::OptimizerStep}});
+  s.stage.push_back({{Op::LoadMicroBatch, 1}, {Op::RecvActivation, 1}, {Op::Forward, 1}, {Op::Backward, 1}, {Op::SendGrad, 1},
+                     {Op::LoadMicroBatch, 0}, {Op::RecvActivation, 0}, {Op::Forward, 0}, {Op::Backward, 0}, {Op::SendGrad, 0},
+                     {Op::ReduceTiedGrads}, {Op::OptimizerStep}});
+  CHECK(check(s).empty());
+  CHECK_THROWS_WITH(simulate(s), Catch::Contains("deadlocks") && Catch::Contains("stage 0 waits at instruction 3, RecvGrad(0)") &&
+                                     Catch::Contains("stage 1 waits at instruction 1, RecvActivation(1)"));
+}
+
+TEST_CASE("make_schedule: by the config's name - and bad sizes and names are errors naming the key", "[pipeline]") {
+  CHECK(make_schedule("1f1b", 4, 8).stage == one_f_one_b(4, 8).stage);
+  CHECK(make_schedule("gpipe", 4, 8).stage == gpipe(4, 8).stage);
+  CHECK_THROWS_WITH(make_schedule("interleaved", 4, 8), Catch::Contains("pipeline.schedule") && Catch::Contains("\"1f1b\""));
+  CHECK_THROWS_WITH(make_schedule("1f1b", 4, 0), Catch::Contains("pipeline.micro_batches") && Catch::Contains("got 0"));
+  CHECK_THROWS_WITH(make_schedule("gpipe", 0, 4), Catch::Contains("pipeline.stages"));
+}
+
+TEST_CASE("partition: uniform - by parameters - by layer type", "[pipeline]") {
+  std::vector<LayerInfo> gpt{{"Embedding", 1000}};
+  for (int i = 0; i < 8; ++i) gpt.push_back({"Block", 100});
+  gpt.push_back({"LayerNorm", 2});
+  gpt.push_back({"Head", 1000});
+  CHECK(partition_layers(gpt, 4, "uniform") == std::vector<int>{0, 3, 6, 9, 11});
+  // The embedding and the head are heavy: each gets a stage (the blocks and the norm share one).
+  CHECK(partition_layers(gpt, 3, "parameters") == std::vector<int>{0, 1, 10, 11});
+  // type:block balances the blocks (the others ride along with the nearest stage).
+  const std::vector<int> by_type = partition_layers(gpt, 4, "type:block");
+  for (int s = 0; s < 4; ++s) {
+    int blocks = 0;
+    for (int i = by_type[s]; i < by_type[s + 1]; ++i) blocks += gpt[i].type == "Block";
+    CHECK(blocks == 2);
+  }
+  CHECK(describe_partition(gpt, {0, 1, 9, 11}) ==
+        "stage 0: layers 0-0 (1000 parameters): 0:Embedding\n"
+        "stage 1: layers 1-8 (800 parameters): 1:Block 2:Block 3:Block 4:Block 5:Block 6:Block 7:Block 8:Block\n"
+        "stage 2: layers 9-10 (1002 parameters): 9:LayerNorm 10:Head\n");
+}
+
+TEST_CASE("partition_balanced: the smallest possible heaviest stage - against every cut", "[pipeline]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 9), parts = 1 + static_cast<int>(rng() % n);
+    std::vector<int64_t> w(n);
+    for (auto& x : w) x = static_cast<int64_t>(rng() % 20);  // zeros too (layers without parameters)
+    const std::vector<int> bounds = partition_balanced(w, parts);
+    REQUIRE(bounds.size() == size_t(parts) + 1);
+    CHECK(bounds.front() == 0);
+    CHECK(bounds.back() == n);
+    int64_t heaviest = 0;
+    for (int s = 0; s < parts; ++s) {
+      CHECK(bounds[s + 1] > bounds[s]);  // no empty stage
+      int64_t sum = 0;
+      for (int i = bounds[s]; i < bounds[s + 1]; ++i) sum += w[i];
+      heaviest = std::max(heaviest, sum);
+    }
+    // Exhaustive: every way to choose parts − 1 cut points among n − 1.
+    int64_t best = INT64_MAX;
+    for (unsigned mask = 0; mask < (1u << (n - 1)); ++mask) {
+      if (__builtin_popcount(mask) != parts - 1) continue;
+      int64_t sum = 0, worst = 0;
+      for (int i = 0; i < n; ++i) {
+        sum += w[i];
+        if (i == n - 1 || (mask >> i & 1)) {
+          worst = std::max(worst, sum);
+          sum = 0;
+        }
+      }
+      best = std::min(best, worst);
+    }
+    INFO("trial " << trial << " n " << n << " parts " << parts);
+    CHECK(heaviest == best);
+  }
+}
+
+TEST_CASE("partition: bad input names the key and the sizes", "[pipeline]") {
+  const std::vector<LayerInfo> three{{"Embedding", 10}, {"Block", 10}, {"Head", 10}};
+  CHECK_THROWS_WITH(partition_layers(three, 4, "parameters"),
+                    Catch::Contains("pipeline.stages: 4 stages for a model of 3 layers"));
+  CHECK_THROWS_WITH(partition_layers(three, 2, "type:attention"),
+                    Catch::Contains("pipeline.partition_method") && Catch::Contains("Embedding, Block, Head"));
+  CHECK_THROWS_WITH(partition_layers(three, 2, "balanced"), Catch::Contains("expected \"parameters\", \"uniform\""));
+}
