@@ -2,6 +2,9 @@
 //
 //   tessera_test_worker collectives [--tp N]   every collective against values computed by hand
 //   tessera_test_worker context                rendezvous, print the context, exit
+//   tessera_test_worker pipeline --pp N [--schedule 1f1b|gpipe] [--micro M] [--dynamic-shape]
+//                                              an MLP through the pipeline executor against the
+//                                              same MLP in one process (test_worker_pipeline.cpp)
 //   tessera_test_worker dead-peer              the last rank exits; the others call all_reduce
 //   tessera_test_worker grad-norm [--tp N] [--pp N]   the global gradient norm (optim/grad_norm.h)
 //                                              over parts flagged data-/tensor-sharded, against
@@ -27,6 +30,7 @@
 
 #include "optim/grad_norm.h"
 #include "parallel/parallel_context.h"
+#include "test_worker_pipeline.h"
 
 using namespace tessera;
 
@@ -236,15 +240,27 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
-  int tp = 1, pp = 1;
-  bool force_alltoall = false, native_only = false;
+  int tp = 1, pp = 1, micro = 4;
+  bool force_alltoall = false, native_only = false, dynamic_shape = false;
+  std::string schedule = "1f1b";
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pp") && i + 1 < argc) pp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--alltoall-reduce-scatter")) force_alltoall = true;
     else if (!std::strcmp(argv[i], "--native-reduce-scatter")) native_only = true;
+    else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
+    else if (!std::strcmp(argv[i], "--micro") && i + 1 < argc) micro = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--dynamic-shape")) dynamic_shape = true;
   }
   try {
+    if (mode == "pipeline") {
+      ParallelOptions options;
+      options.pipe = pp;
+      options.backend = "gloo";
+      auto ctx = ParallelContext::from_environment(options);
+      check_pipeline(*ctx, schedule, micro, dynamic_shape);
+      return 0;
+    }
     return run(mode, tp, pp, force_alltoall, native_only);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker error: %s\n", e.what());

@@ -1,0 +1,59 @@
+// Runs one stage's instruction list (schedule.h) for one batch: the loads, forwards and backwards
+// through a PipelineStage the caller implements (the Engine's pipeline mode, a test's model), the
+// sends and receives through a StageLink (p2p.h). It holds each micro-batch's stage input and
+// output from its Forward to its Backward, and records when every instruction ran, so the measured
+// bubble and activation count can be set beside the simulator's.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "parallel/pipeline/p2p.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulator.h"
+
+namespace tessera::pipeline {
+
+// What a stage computes; the executor decides when.
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  // LoadMicroBatch: the first stage takes its inputs, the last its labels (both on one stage).
+  virtual void load(int micro_batch) = 0;
+  // This stage's layers on `input` (undefined on the first stage: it reads what load() took).
+  // The last stage returns the micro-batch's loss (a scalar the executor back-propagates as is:
+  // divide by the number of micro-batches there for the batch's mean); the others their output.
+  virtual at::Tensor forward(int micro_batch, const at::Tensor& input) = 0;
+  // Back-propagates `grad` (undefined on the last stage) through `output` into the parameters'
+  // gradients and the input's. The default is autograd's; the Engine substitutes its own.
+  virtual void backward(int micro_batch, const at::Tensor& output, const at::Tensor& grad);
+  virtual void reduce_tied_grads() {}
+  virtual void step() = 0;
+};
+
+struct BatchReport {
+  std::vector<TimedInstruction> timeline;  // seconds since the batch began, in program order
+  std::vector<double> losses;              // the last stage: each micro-batch's loss, as returned
+  int peak_activations = 0;                // most micro-batches held at once
+  double seconds = 0;                      // the whole batch
+  double compute_seconds = 0;              // in forward() and backward()
+  double idle_fraction() const { return seconds > 0 ? 1.0 - compute_seconds / seconds : 0.0; }
+};
+
+class PipelineExecutor {
+ public:
+  // `pipe`: the pipe axis's communicator (group rank = stage). The schedule must pass check().
+  PipelineExecutor(Communicator& pipe, Schedule schedule, bool dynamic_shape = false);
+  // Runs this stage's list once: one batch of schedule.micro_batches micro-batches and the step.
+  BatchReport run(PipelineStage& stage);
+  const Schedule& schedule() const { return schedule_; }
+  const StageLink& link() const { return link_; }
+
+ private:
+  Communicator& pipe_;
+  Schedule schedule_;
+  StageLink link_;
+};
+
+}  // namespace tessera::pipeline

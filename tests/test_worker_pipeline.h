@@ -1,0 +1,14 @@
+// The pipeline scenario of tessera_test_worker (test_worker_pipeline.cpp).
+#pragma once
+
+#include <string>
+
+namespace tessera {
+class ParallelContext;
+}
+
+// An 8-layer tanh MLP cut over the pipe group, trained 3 SGD steps through PipelineExecutor with
+// `schedule` and `micro_batches`; every rank also trains the whole model in-process on the same
+// data, and checks its stage's parameters and (last stage) the losses against it. Throws on a
+// difference; prints "pipeline ok on rank R" and the measured and simulated activations.
+void check_pipeline(tessera::ParallelContext& ctx, const std::string& schedule, int micro_batches, bool dynamic_shape);
