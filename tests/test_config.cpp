@@ -172,6 +172,7 @@ TEST_CASE("bad configs: every error names its JSON path") {
       {R"({"train_batch_size": 8, "pipeline": {"partition_method": "balanced"}})", "pipeline.partition_method",
        R"(expected "parameters", "uniform" or "type:<regex>")"},
       {R"({"train_batch_size": 8, "pipeline": {"stages": "auto"}})", "pipeline.stages", "\"auto\" is a placeholder"},
+      {R"({"train_batch_size": 8, "pipeline": {"schedule": "interleaved"}})", "pipeline.schedule", "\"1f1b\""},
       {R"({"train_batch_size": 8, "fp16": {"enabled": true, "min_loss_scale": 1024, "initial_scale_power": 8}})",
        "fp16.min_loss_scale", "above the initial scale 2^8"},
       {R"({"train_batch_size": 8, "train_batch_size": 16})", "train_batch_size", "duplicate key"},

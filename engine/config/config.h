@@ -239,11 +239,15 @@ struct PipelineConfig {
   std::string partition_method = "parameters";
   std::optional<int64_t> micro_batches;  // resolved: gradient_accumulation_steps
   int activation_checkpoint_interval = 0;
+  std::string schedule = "1f1b";  // tessera's key: "1f1b" (PipeDream-flush) or "gpipe" (parallel/pipeline/schedule.h)
+  bool dynamic_shape = false;     // tessera's key: send each activation's shape with it (shapes vary by micro-batch)
   template <class V> void fields(V& v) {
     v("stages", stages, at_least(1));
     v("partition_method", partition_method, partition_method_rule());
     v("micro_batches", micro_batches, at_least<int64_t>(1));
     v("activation_checkpoint_interval", activation_checkpoint_interval, at_least(0));
+    v("schedule", schedule, one_of({"1f1b", "gpipe"}));
+    v("dynamic_shape", dynamic_shape);
   }
 };
 

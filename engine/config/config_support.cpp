@@ -67,6 +67,8 @@ const std::vector<UnimplementedKey> kRows = {
      {kPipeline}},
     {"pipeline.activation_checkpoint_interval", kWarning, "",
      "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
+    {"pipeline.schedule", kWarning, "", "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
+    {"pipeline.dynamic_shape", kWarning, "", "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
     {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
     {"optimizer.params.freeze_step", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
