@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -101,7 +102,7 @@ at::Tensor UnitScope::output(const at::Tensor& output) {
 
 // ---- construction --------------------------------------------------------------------------------
 
-Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
+Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model, EngineRole role)
     : config_(std::move(config)), parallel_(parallel), units_(model, parameter_names(model)) {
   if (!config_.gradient_accumulation_steps || !config_.train_micro_batch_size_per_gpu)
     throw std::invalid_argument("tessera: the config's batch sizes are not resolved; build it with load_config() "
@@ -110,6 +111,13 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model)
   if (grid.tensor != config_.tensor_parallel.tp_size || grid.pipe != config_.pipeline.stages)
     throw std::invalid_argument("tessera: the parallel context (" + grid.str() +
                                 ") does not match the config's tensor_parallel.tp_size and pipeline.stages");
+  if (role == EngineRole::WholeModel && grid.pipe > 1)
+    throw ConfigError("tessera: pipeline.stages is " + std::to_string(grid.pipe) +
+                      ": a model cut into stages trains through tessera::PipelineEngine (engine/pipeline_engine.h, "
+                      "C++ only so far; docs/pipeline.md); the Engine alone trains a whole model");
+  if (role == EngineRole::PipelineStage && config_.zero_optimization.stage == 3)
+    throw ConfigError("tessera: zero_optimization.stage: 3 under pipeline parallelism (pipeline.stages = " +
+                      std::to_string(grid.pipe) + ") is not supported yet; expected 0, 1 or 2");
   // Keys the engine does not act on yet (engine/config/config_support.h): errors refuse the
   // config, the rest are named once on rank 0.
   std::string refused, ignored;
@@ -185,6 +193,17 @@ void Engine::backward(const std::vector<at::Tensor>& outputs, const std::vector<
     throw std::invalid_argument("tessera: backward(outputs, output_grads) got " + std::to_string(outputs.size()) +
                                 " outputs and " + std::to_string(output_grads.size()) + " gradients");
   run_backward([&] { torch::autograd::backward(outputs, output_grads); });
+}
+
+void Engine::sum_tied_gradients(int group, Communicator& across, bool counted_here) {
+  zero_->sum_group_gradients(group, across, counted_here);
+}
+
+void Engine::record_loss(double loss) {
+  at::Tensor value = at::full({1}, loss, parallel_.data().options(at::kDouble));
+  last_loss_ = value;
+  interval_loss_sum_ = interval_loss_sum_.defined() ? interval_loss_sum_.add_(value) : value.clone();
+  ++interval_losses_;
 }
 
 void Engine::run_backward(const std::function<void()>& autograd) {

@@ -28,6 +28,7 @@
 
 namespace tessera {
 
+class Communicator;
 class ParallelContext;
 class ZeroOptimizer;
 class LossScaler;
@@ -62,9 +63,13 @@ class UnitScope {
   int unit_;
 };
 
+// What an Engine trains: a whole model (the default; pipeline.stages must be 1), or one stage of a
+// model cut for pipeline parallelism, driven by PipelineEngine (engine/pipeline_engine.h).
+enum class EngineRole { WholeModel, PipelineStage };
+
 class Engine {
  public:
-  Engine(Config config, ParallelContext& parallel, ModelDescription model);
+  Engine(Config config, ParallelContext& parallel, ModelDescription model, EngineRole role = EngineRole::WholeModel);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -79,6 +84,12 @@ class Engine {
   // from `outputs` with `output_grads` as their gradients, which are used as given (they come from
   // the part that owns the loss, already scaled by it). Records no loss.
   void backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& output_grads);
+  // A pipeline stage (PipelineEngine): after the boundary backward, param group `group`'s gradients
+  // summed over `across`, the stages holding the same tied weights (ZeroOptimizer::sum_group_gradients).
+  void sum_tied_gradients(int group, Communicator& across, bool counted_here);
+  // A pipeline stage: the batch's loss, computed on the last stage, for the progress line (the
+  // stages without a loss would print 0).
+  void record_loss(double loss);
   // At a boundary: the optimizer step (engine.cpp reads it top-down). Otherwise counts the micro-step.
   void step();
   bool is_gradient_accumulation_boundary() const;

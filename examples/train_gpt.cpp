@@ -17,6 +17,7 @@
 // set size (getrusage's ru_maxrss, the whole process), for bench/run_engine_vs_ddp.sh:
 //   peak rss per rank (bytes): 412381184 409845760
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 
@@ -31,6 +32,8 @@
 #include "engine/progress.h"  // peak_rss_bytes
 #include "examples/data/fortunes_corpus.h"
 #include "examples/models/gpt.h"
+#include "examples/models/gpt_stage.h"
+#include "parallel/pipeline/partition.h"
 #include "examples/train_args.h"
 #include "parallel/parallel_context.h"
 
@@ -38,6 +41,8 @@ using namespace tessera;
 using namespace tessera::examples;
 
 namespace {
+
+int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus);
 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
@@ -109,6 +114,8 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  if (ctx->pipe().size() > 1) return train_pipelined(args, std::move(config), *ctx, model, corpus);
+
   ModelDescription description = model.param_groups(weight_decay);
   if (init) init->take_shards(description);  // the engine builds its buffers from the chunks
   Engine engine(config, *ctx, std::move(description));
@@ -156,6 +163,79 @@ int run(int argc, char** argv) {
     auto whole = engine.gathered_parameters();                     // ZeRO-3's partitions made whole
     std::vector<at::Tensor> values = model.full_parameters();      // and the tensor-parallel slices
     if (leader) write_parameters(args.save_parameters, values);
+  }
+  return 0;
+}
+
+// pipeline.stages > 1: this rank runs its stage of the GPT's layers (embedding, blocks, head, cut
+// by pipeline.partition_method) through PipelineEngine; the tied wte is held by the first and the
+// last stage, its gradients summed between them.
+int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus) {
+  const bool leader = ctx.rank() == 0;
+  const int stages = ctx.pipe().size(), stage = ctx.pipe().rank();
+  const int64_t micro = config.train_micro_batch_size_per_gpu.value_or(1);
+  const int64_t accumulation = config.gradient_accumulation_steps.value_or(1);
+  const int64_t dp = ctx.data().size(), rank = ctx.coordinates().data;
+  const int64_t seq_len = model.config().block_size;
+  const double weight_decay = config.optimizer ? config.optimizer->params.weight_decay : 0.0;
+  const std::vector<int> bounds = pipeline::partition_layers(model.layer_infos(), stages, config.pipeline.partition_method);
+  if (leader) {
+    std::printf("train_gpt: %d pipeline stages (%s, %s schedule, %lld micro-batches):\n%s", stages,
+                config.pipeline.partition_method.c_str(), config.pipeline.schedule.c_str(), (long long)accumulation,
+                pipeline::describe_partition(model.layer_infos(), bounds).c_str());
+    std::fflush(stdout);
+  }
+  GptStage stage_model(model, bounds[stage], bounds[stage + 1]);
+  // The embedding is on stage 0 and the head on the last: the tied wte is in a group of its own there.
+  const bool holds_wte = stage == 0 || stage == stages - 1;
+  ModelDescription params = model.stage_param_groups(weight_decay, bounds[stage], bounds[stage + 1], holds_wte);
+  std::vector<TiedGroup> tied;
+  if (holds_wte) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, stages - 1}});
+  PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
+
+  double loss = 0;
+  for (int64_t step = 0; step < args.steps; ++step) {
+    // The step's global batch, as without stages: micro-batch m is rows [m·dp·micro, (m+1)·dp·micro).
+    const Batch global = corpus.sample(micro * dp * accumulation, seq_len, step, args.seed);
+    int64_t m = 0;
+    loss = engine.train_batch([&] {
+      const Batch mine = rows(global, (m++ * dp + rank) * micro, micro);
+      return MicroBatch{mine.inputs, mine.targets};
+    });
+    if (args.eval_every > 0 && ((step + 1) % args.eval_every == 0 || step + 1 == args.steps)) {
+      double val = 0;
+      for (int64_t i = 0; i < kEvalBatches; i += accumulation) {  // gradient_accumulation_steps batches per call
+        int64_t k = i;
+        val += engine.eval_batch([&] {
+          const Batch global_val = corpus.sample(micro * dp, seq_len, k++, args.seed, FortunesCorpus::Split::Validation);
+          const Batch mine = rows(global_val, rank * micro, micro);
+          return MicroBatch{mine.inputs, mine.targets};
+        });
+      }
+      val /= double((kEvalBatches + accumulation - 1) / accumulation);
+      if (leader) {
+        std::printf("step %lld: train loss %.4f, validation loss %.4f\n", (long long)(step + 1), loss, val);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (leader) std::printf("final loss: %.6f\n", loss);
+  if (!args.save_parameters.empty()) {
+    // Each stage's trained parameters, from its ranks to every stage (one flat broadcast per stage).
+    std::vector<at::Tensor> whole = model.full_parameters();
+    for (int s = 0; s < stages; ++s) {
+      const std::vector<int64_t> owned = model.parameters_of_layers(bounds[s], bounds[s + 1]);
+      std::vector<at::Tensor> parts;
+      for (int64_t i : owned) parts.push_back(whole[i].reshape({-1}).to(at::kFloat));
+      at::Tensor flat = at::cat(parts).contiguous();
+      ctx.pipe().broadcast(flat, s);
+      int64_t at = 0;
+      for (int64_t i : owned) {
+        whole[i] = flat.narrow(0, at, whole[i].numel()).view(whole[i].sizes());
+        at += whole[i].numel();
+      }
+    }
+    if (leader) write_parameters(args.save_parameters, whole);
   }
   return 0;
 }

@@ -23,7 +23,7 @@ double global_grad_sumsq(const std::vector<GradPart>& parts, const NormGroups& g
   // model of one kind costs one stack and no per-parameter host reads.
   std::vector<at::Tensor> by_kind[4];
   for (const GradPart& p : parts)
-    by_kind[(p.data_sharded ? 0 : 2) + (p.tensor_sharded ? 0 : 1)].push_back(
+    if (p.counted) by_kind[(p.data_sharded ? 0 : 2) + (p.tensor_sharded ? 0 : 1)].push_back(
         p.norm.defined() ? p.norm : gradient_norm(p.grads));
   const Communicator* any = groups.data ? groups.data : groups.tensor ? groups.tensor : groups.pipe;
   const auto options = parts.empty() ? at::TensorOptions().dtype(at::kDouble)

@@ -27,6 +27,9 @@ struct GradPart {
   // ‖grads‖ (a 0-d fp32 tensor) when it was already taken, as ZeRO does the moment a bucket's
   // reduction completes during backward; undefined: global_grad_sumsq takes it.
   at::Tensor norm;
+  // False for a copy whose twin another pipeline stage counts (a weight tied across stages: both
+  // hold the same summed gradient); left out of the sum here.
+  bool counted = true;
 };
 
 // The groups a norm reduces over; a null or single-rank group is skipped.

@@ -1,6 +1,7 @@
 #include "parallel/parallel_context.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -37,6 +38,25 @@ ParallelContext::~ParallelContext() = default;
 Communicator& ParallelContext::data_parameters() {
   if (!data_parameters_) data_parameters_ = make_group("data_parameters", grid_.group_of(Axis::Data, info_.rank), options_);
   return *data_parameters_;
+}
+
+Communicator& ParallelContext::pipe_stages(const std::vector<int>& stages) {
+  auto& group = pipe_stages_[stages];
+  if (!group) {
+    const std::vector<int> pipe = grid_.group_of(Axis::Pipe, info_.rank);  // global ranks by stage
+    std::vector<int> ranks;
+    std::string name = "pipe_stages";
+    for (int s : stages) {
+      if (s < 0 || s >= static_cast<int>(pipe.size()) || (!ranks.empty() && pipe[s] <= ranks.back()))
+        throw std::invalid_argument("pipe_stages: stages must be distinct, ascending and below " + std::to_string(pipe.size()));
+      ranks.push_back(pipe[s]);
+      name += "_" + std::to_string(s);
+    }
+    if (std::find(ranks.begin(), ranks.end(), info_.rank) == ranks.end())
+      throw std::invalid_argument("pipe_stages: this rank's stage " + std::to_string(coordinates().pipe) + " is not among them");
+    group = make_group(name, ranks, options_);
+  }
+  return *group;
 }
 
 std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& name, std::vector<int> ranks,

@@ -3,8 +3,10 @@
 // explicitly to whatever needs it; there is no global state.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/c10d_compat.h"
 #include "parallel/communicator.h"
@@ -48,6 +50,10 @@ class ParallelContext {
   Communicator& pipe() { return *pipe_; }
   Communicator& model() { return *model_; }  // tensor × pipe: one model replica
   Communicator& group(Axis axis);
+  // Some stages of this rank's pipeline (pipe-group ranks, ascending; this rank's among them), made
+  // on first use by those stages' ranks together and kept: where weights tied across stages (a
+  // GPT's embedding and head) sum their gradients.
+  Communicator& pipe_stages(const std::vector<int>& stages);
 
   std::string describe() const;  // "rank 3 of 4 (pipe 0, data 1, tensor 1) in pipe 1 x data 2 x tensor 2, gloo"
 
@@ -60,6 +66,7 @@ class ParallelContext {
   c10::intrusive_ptr<c10d::Store> store_;
   ParallelOptions options_;
   std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_, data_parameters_;
+  std::map<std::vector<int>, std::unique_ptr<Communicator>> pipe_stages_;
 };
 
 }  // namespace tessera

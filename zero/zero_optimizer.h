@@ -94,6 +94,11 @@ class ZeroOptimizer final : public UnitListener {
 
   // Waits for every reduction still in flight.
   void wait_for_gradients() { reductions_.wait_all(); }
+  // After a boundary backward: sums group `group`'s reduced gradients (this rank's chunks, which
+  // line up on every member: the group's layout is the same there) over `across`, the pipeline
+  // stages that hold the same weights (pipeline/tied weights); `counted_here` false leaves them out
+  // of this rank's norm (the owning stage counts them).
+  void sum_group_gradients(int group, Communicator& across, bool counted_here);
   // This rank's reduced gradients (still loss-scaled), flagged for the norm's reductions, each with
   // its norm once its bucket's reduction has completed in a backward that ends an accumulation.
   const std::vector<GradPart>& gradient_parts() const { return grad_parts_; }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "parallel/communicator.h"
 #include "zero/units.h"
 
 namespace tessera {
@@ -41,6 +42,21 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   // and the next bucket's reduction is in flight.
   if (boundary_) done = [this, launch_index] { grad_parts_[launch_index].norm = gradient_norm(grad_parts_[launch_index].grads); };
   stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
+}
+
+void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool counted_here) {
+  if (group < 0 || group >= static_cast<int>(groups_.size()))
+    throw std::invalid_argument("sum_group_gradients: no parameter group " + std::to_string(group));
+  reductions_.wait_all();
+  std::vector<CommHandle> sums;
+  for (size_t i = 0; i < launch_order_.size(); ++i) {
+    if (launch_order_[i].first != group) continue;
+    GradPart& part = grad_parts_[i];
+    sums.push_back(across.all_reduce_async(part.grads, ReduceOp::Sum));
+    part.norm = at::Tensor();  // taken again by the step
+    part.counted = counted_here;
+  }
+  for (CommHandle& h : sums) h.wait();
 }
 
 std::string ZeroOptimizer::unused_parameters() const {

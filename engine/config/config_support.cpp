@@ -10,8 +10,9 @@
 // reduce_scatter, ignore_unused_parameters (and, accepted as changing nothing here, with the reason
 // in docs/config.md: allgather_bucket_size, contiguous_gradients, allgather_partitions,
 // round_robin_gradients); tensor_parallel.tp_size and .sequence_parallel (the model applies them:
-// parallel/tensor_parallel/); pipeline.stages (checked against the
-// parallel context); pipeline.micro_batches (must equal gradient_accumulation_steps);
+// parallel/tensor_parallel/); pipeline.stages (checked against the parallel context; more than one
+// runs through PipelineEngine), .schedule, .dynamic_shape and .partition_method (PipelineEngine
+// and the stage model); pipeline.micro_batches (must equal gradient_accumulation_steps);
 // unknown_keys (the parser); csv_monitor (the Python API writes the metrics).
 #include "engine/config/config_support.h"
 
@@ -33,7 +34,6 @@ constexpr Severity kWarning = Severity::Warning;
 
 const char* const kStage = "zero_optimization.stage";
 const char* const kOffloadParam = "zero_optimization.offload_param.device";
-const char* const kPipeline = "pipeline.stages";
 const char* const kOptimizerType = "optimizer.type";
 
 // Errors first: a warning folds into the error that covers it, so errors are decided first.
@@ -44,7 +44,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"aio.use_gds", kError, "[false]", "GPUDirect Storage is not implemented: transfers go through host buffers", {}},
     {kOffloadParam, kError, R"(["none"])",
      "the engine keeps the parameters on the training device, without CPU or NVMe offload", {}},
-    {kPipeline, kError, "[1]", "the engine runs data parallelism only, without pipeline stages", {}},
     {kOptimizerType, kError, R"(["Adam", "AdamW", "SGD", "Lamb"])",
      "the engine builds Adam, AdamW, SGD and Lamb, not 1-bit Adam", {}},
 
@@ -63,12 +62,9 @@ const std::vector<UnimplementedKey> kRows = {
     {"zero_optimization.offload_param.*", kWarning, "", "it tunes parameter offload, which the engine does not do",
      {kOffloadParam}},
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
-    {"pipeline.partition_method", kWarning, "", "it tunes pipeline parallelism; the engine runs one stage",
-     {kPipeline}},
     {"pipeline.activation_checkpoint_interval", kWarning, "",
-     "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
-    {"pipeline.schedule", kWarning, "", "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
-    {"pipeline.dynamic_shape", kWarning, "", "it tunes pipeline parallelism; the engine runs one stage", {kPipeline}},
+     "PipelineEngine does not checkpoint layers by itself; a stage model checkpoints its own (activation_checkpointing)",
+     {}},
     {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
     {"optimizer.params.freeze_step", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",

@@ -14,6 +14,7 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "parallel/activation_checkpointing.h"
@@ -117,16 +118,15 @@ int64_t Gpt::num_parameters() const {
   return n;
 }
 
-at::Tensor Gpt::forward(const at::Tensor& idx_in) {
+at::Tensor Gpt::forward(const at::Tensor& idx) { return forward_layers(idx, 0, num_layers()); }
+
+at::Tensor Gpt::forward_layers(const at::Tensor& input, int64_t begin, int64_t end) {
   const GptConfig& c = config_;
   const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
-  if (idx_in.dim() != 2) throw std::invalid_argument("Gpt::forward: idx must be [batch, seq_len]");
-  const int64_t T = idx_in.size(1);
-  if (T > c.block_size)
-    throw std::invalid_argument("Gpt::forward: sequence of " + std::to_string(T) + " tokens exceeds block_size " +
-                                std::to_string(c.block_size));
+  if (begin < 0 || end > num_layers() || begin >= end)
+    throw std::invalid_argument("Gpt::forward_layers: layers [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") of " + std::to_string(num_layers()));
   const int64_t C = c.n_embd;
-  const at::Tensor idx = idx_in.to(p[wte_].device(), at::kLong);
 
   // Each unit's forward inside its scope when an engine listens (Engine::unit); unit u's output
   // is marked so the engine hears when its backward begins.
@@ -135,12 +135,18 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
   };
   auto mark = [](std::optional<UnitScope>& scope, const at::Tensor& t) { return scope ? scope->output(t) : t; };
 
-  at::Tensor pos = at::arange(T, idx.options());
   const int64_t t = tp_ranks();
   Communicator* tensor = tp_.tensor;
   const TensorParallelStyle style{tp_.sequence_parallel && t > 1, /*seq_dim=*/1};
-  at::Tensor x;
-  {
+  at::Tensor x = input;
+  if (begin == 0) {
+    if (input.dim() != 2) throw std::invalid_argument("Gpt::forward: idx must be [batch, seq_len]");
+    const int64_t T = input.size(1);
+    if (T > c.block_size)
+      throw std::invalid_argument("Gpt::forward: sequence of " + std::to_string(T) + " tokens exceeds block_size " +
+                                  std::to_string(c.block_size));
+    const at::Tensor idx = input.to(p[wte_].device(), at::kLong);
+    at::Tensor pos = at::arange(T, idx.options());
     auto scope = enter(0);
     at::Tensor tokens = t > 1 ? vocab_parallel_embedding(idx, p[wte_], tensor->rank() * p[wte_].size(0), *tensor)
                               : at::embedding(p[wte_], idx);
@@ -148,7 +154,7 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
     if (style.sequence_parallel) x = scatter_to_sequence_region(x, *tensor, 1);  // [B, T/t, C]
     x = mark(scope, x);
   }
-  for (int64_t l = 0; l < c.n_layer; ++l) {
+  for (int64_t l = std::max<int64_t>(begin, 1) - 1; l < std::min<int64_t>(end - 1, c.n_layer); ++l) {
     auto scope = enter(1 + l);
     if (checkpointing_) {  // only the block's input is kept; backward runs the block again
       x = checkpoint([this, l](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{block(l, in[0])}; },
@@ -158,6 +164,7 @@ at::Tensor Gpt::forward(const at::Tensor& idx_in) {
     }
     x = mark(scope, x);
   }
+  if (end < num_layers()) return x;
   auto scope = enter(1 + c.n_layer);
   x = at::layer_norm(x, {C}, replicated(p[ln_f_]), replicated(p[ln_f_ + 1]), kLayerNormEps);
   if (style.sequence_parallel) x = gather_from_tensor_region(x, *tensor, 1);  // the whole sequence again
@@ -191,19 +198,67 @@ at::Tensor Gpt::block(int64_t l, const at::Tensor& x) const {
   return out.add(row(h, w[kMlpProjW], w[kMlpProjB]));
 }
 
-at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
-  at::Tensor logits = forward(idx);
+at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) { return loss_of_logits(forward(idx), targets); }
+
+at::Tensor Gpt::loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const {
   if (tp_ranks() > 1) return vocab_parallel_cross_entropy(logits, targets, *tp_.tensor);
   at::Tensor t = targets.to(logits.device(), at::kLong).reshape({-1});
   return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
 }
 
-ModelDescription Gpt::param_groups(double weight_decay) const {
-  ModelDescription model = decay_groups(params_, weight_decay);
+std::vector<int64_t> Gpt::layer_parameters(int64_t layer) const {
+  if (layer == 0) return {wte_, wpe_};
+  if (layer == num_layers() - 1) return {ln_f_, ln_f_ + 1, wte_};
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < kPerBlock; ++i) out.push_back(block_[layer - 1] + i);
+  return out;
+}
+
+std::vector<pipeline::LayerInfo> Gpt::layer_infos() const {
+  std::vector<pipeline::LayerInfo> infos;
+  for (int64_t layer = 0; layer < num_layers(); ++layer) {
+    int64_t n = 0;
+    for (int64_t i : layer_parameters(layer)) n += params_[i].numel();
+    infos.push_back({layer == 0 ? "Embedding" : layer == num_layers() - 1 ? "Head" : "Block", n});
+  }
+  return infos;
+}
+
+ModelDescription Gpt::groups_of(const std::vector<int64_t>& indices, double weight_decay) const {
+  std::vector<at::Tensor> params;
+  for (int64_t i : indices) params.push_back(params_[i]);
+  ModelDescription model = decay_groups(params, weight_decay);
   for (ParamGroup& g : model.groups)  // which ones are tensor-parallel slices (their norm is summed over the group)
     for (const at::Tensor& q : g.params)
       for (size_t i = 0; i < params_.size(); ++i)
         if (params_[i].is_same(q)) g.tensor_sharded.push_back(splits_[i].dim >= 0);
+  return model;
+}
+
+std::vector<int64_t> Gpt::parameters_of_layers(int64_t begin, int64_t end) const {
+  std::vector<int64_t> indices;
+  for (int64_t layer = begin; layer < end; ++layer)
+    for (int64_t i : layer_parameters(layer))
+      if (std::find(indices.begin(), indices.end(), i) == indices.end()) indices.push_back(i);
+  return indices;
+}
+
+ModelDescription Gpt::stage_param_groups(double weight_decay, int64_t begin, int64_t end, bool separate_wte) const {
+  std::vector<int64_t> indices = parameters_of_layers(begin, end);
+  if (separate_wte) indices.erase(std::remove(indices.begin(), indices.end(), wte_), indices.end());
+  ModelDescription model = groups_of(indices, weight_decay);
+  if (separate_wte) {
+    ModelDescription tied = groups_of({wte_}, weight_decay);  // one matrix: the "decay" group
+    tied.groups[0].name = "tied";
+    model.groups.push_back(std::move(tied.groups[0]));
+  }
+  return model;
+}
+
+ModelDescription Gpt::param_groups(double weight_decay) const {
+  std::vector<int64_t> all;
+  for (size_t i = 0; i < params_.size(); ++i) all.push_back(static_cast<int64_t>(i));
+  ModelDescription model = groups_of(all, weight_decay);
   model.units.push_back({"embedding", {params_[wte_], params_[wpe_]}});
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     ModelUnit block{"h." + std::to_string(l), {}};

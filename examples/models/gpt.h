@@ -24,6 +24,7 @@
 
 #include "engine/engine.h"  // ModelDescription
 #include "parallel/activation_checkpointing.h"
+#include "parallel/pipeline/partition.h"
 #include "zero/partitioned_init.h"
 
 namespace tessera {
@@ -90,6 +91,21 @@ class Gpt {
   at::Tensor forward(const at::Tensor& idx);
   // Mean cross-entropy over B·T positions, fp32 scalar.
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+  at::Tensor loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const;
+
+  // The model as an ordered list of layers, for pipeline stages (parallel/pipeline/partition.h):
+  // 0 the embedding (wte, wpe), 1 ... n_layer the blocks, n_layer + 1 the head (ln_f and the tied
+  // wte). forward(idx) is forward_layers(idx, 0, num_layers()); a stage runs its own range, from
+  // the token ids (begin 0) or the previous stage's hidden states.
+  int64_t num_layers() const { return config_.n_layer + 2; }
+  at::Tensor forward_layers(const at::Tensor& input, int64_t begin, int64_t end);
+  std::vector<pipeline::LayerInfo> layer_infos() const;
+  // The indices in parameters() of layers [begin, end)'s parameters, each once.
+  std::vector<int64_t> parameters_of_layers(int64_t begin, int64_t end) const;
+  // The parameters of layers [begin, end) in optimizer groups as param_groups() makes them, with
+  // the tied wte in a group of its own ("tied", last) when `separate_wte` (it is then summed with
+  // the other stage's copy); no units (a stage reports none).
+  ModelDescription stage_param_groups(double weight_decay, int64_t begin, int64_t end, bool separate_wte) const;
 
   // Two groups, as nanoGPT's configure_optimizers: "decay" (every parameter with dim >= 2: the
   // linear weights and both embeddings) with `weight_decay`, "no_decay" (biases, LayerNorm) with 0;
@@ -102,6 +118,8 @@ class Gpt {
   int64_t tp_ranks() const;
   at::Tensor replicated(const at::Tensor& w) const;  // under sequence parallelism: its gradient summed over the group
   at::Tensor block(int64_t l, const at::Tensor& x) const;  // block l's forward
+  std::vector<int64_t> layer_parameters(int64_t layer) const;  // indices into params_
+  ModelDescription groups_of(const std::vector<int64_t>& indices, double weight_decay) const;
   std::optional<CheckpointOptions> checkpointing_;
 
   GptConfig config_;

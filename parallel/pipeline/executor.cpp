@@ -48,9 +48,19 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
           report.losses.push_back(outputs[mb].item<double>());
         }
         report.peak_activations = std::max(report.peak_activations, ++held);
+        if (!schedule_.training && last) {
+          inputs[mb] = outputs[mb] = at::Tensor();
+          --held;
+        }
         break;
       }
-      case Op::SendActivation: link_.send(outputs[mb], s + 1); break;
+      case Op::SendActivation:
+        link_.send(outputs[mb], s + 1);
+        if (!schedule_.training) {  // evaluation: nothing is kept for a backward
+          inputs[mb] = outputs[mb] = at::Tensor();
+          --held;
+        }
+        break;
       case Op::RecvGrad: grads[mb] = link_.recv(s + 1); break;
       case Op::Backward:
         stage.backward(mb, outputs[mb], grads[mb]);
@@ -77,6 +87,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     if (ins.op == Op::Forward || ins.op == Op::Backward) report.compute_seconds += std::chrono::duration<double>(end - start).count();
     report.timeline.push_back({ins, since(start), since(end)});
   }
+  if (!schedule_.training) link_.wait_sends();
   report.seconds = since(clock::now());
   return report;
 }

@@ -80,6 +80,14 @@ Schedule gpipe(int stages, int micro_batches) {
   return schedule;
 }
 
+Schedule forward_only(int stages, int micro_batches) {
+  check_sizes("forward_only", stages, micro_batches);
+  Schedule schedule{"forward_only", stages, micro_batches, std::vector<std::vector<Instruction>>(stages), false};
+  for (int s = 0; s < stages; ++s)
+    for (int mb = 0; mb < micro_batches; ++mb) append(schedule.stage[s], forward_pass(s, stages, mb));
+  return schedule;
+}
+
 Schedule one_f_one_b(int stages, int micro_batches) {
   check_sizes("1f1b", stages, micro_batches);
   Schedule schedule{"1f1b", stages, micro_batches, std::vector<std::vector<Instruction>>(stages)};

@@ -48,10 +48,11 @@ std::string to_string(const Instruction& i);  // "Forward(3)", "OptimizerStep"
 std::ostream& operator<<(std::ostream& out, const Instruction& i);
 
 struct Schedule {
-  std::string name;                              // "1f1b", "gpipe"
+  std::string name;                              // "1f1b", "gpipe", "forward_only"
   int stages = 0;
   int micro_batches = 0;
   std::vector<std::vector<Instruction>> stage;   // stage[s]: what stage s runs, in order
+  bool training = true;                          // false: forwards only (evaluation), no step
 };
 
 // Stage s's instructions to run micro-batch mb's forward / backward, with the loads, receives and
@@ -60,6 +61,8 @@ std::vector<Instruction> forward_pass(int s, int stages, int mb);
 std::vector<Instruction> backward_pass(int s, int stages, int mb);
 
 Schedule gpipe(int stages, int micro_batches);
+// Evaluation: every micro-batch's forward pass, nothing held after its send, no backward or step.
+Schedule forward_only(int stages, int micro_batches);
 Schedule one_f_one_b(int stages, int micro_batches);
 
 // By the config's name (`pipeline.schedule`): "1f1b" or "gpipe". Errors name the path and the

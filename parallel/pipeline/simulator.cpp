@@ -49,7 +49,9 @@ std::vector<std::string> check(const Schedule& schedule) {
     // What this stage's position needs for each micro-batch: (op, needed?), in the order they must run.
     const std::vector<std::pair<Op, bool>> forward_side{
         {Op::LoadMicroBatch, first || last}, {Op::RecvActivation, !first}, {Op::Forward, true}, {Op::SendActivation, !last}};
-    const std::vector<std::pair<Op, bool>> backward_side{{Op::RecvGrad, !last}, {Op::Backward, true}, {Op::SendGrad, !first}};
+    const bool t = schedule.training;  // forward-only schedules have no backward side
+    const std::vector<std::pair<Op, bool>> backward_side{
+        {Op::RecvGrad, t && !last}, {Op::Backward, t}, {Op::SendGrad, t && !first}};
     for (int mb = 0; mb < m; ++mb) {
       for (const auto* side : {&forward_side, &backward_side})
         for (const auto& [op, needed] : *side) {
@@ -76,7 +78,10 @@ std::vector<std::string> check(const Schedule& schedule) {
       if (f >= 0 && b >= 0 && b < f) errors.push_back(where + to_string({Op::Backward, mb}) + " comes before its forward");
     }
     const int n = static_cast<int>(program.size());
-    if (n < 2 || !(program[n - 2] == Instruction{Op::ReduceTiedGrads}) || !(program[n - 1] == Instruction{Op::OptimizerStep}) ||
+    if (!schedule.training) {
+      if (pos.count(Op::ReduceTiedGrads, -1) || pos.count(Op::OptimizerStep, -1))
+        errors.push_back(where + "a forward-only schedule has no ReduceTiedGrads or OptimizerStep");
+    } else if (n < 2 || !(program[n - 2] == Instruction{Op::ReduceTiedGrads}) || !(program[n - 1] == Instruction{Op::OptimizerStep}) ||
         pos.count(Op::ReduceTiedGrads, -1) != 1 || pos.count(Op::OptimizerStep, -1) != 1)
       errors.push_back(where + "must end with ReduceTiedGrads then OptimizerStep, each once");
   }
@@ -115,6 +120,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
       case Op::Forward:
         held[s] += 1;
         sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
+        if (!schedule.training && s == p - 1) held[s] -= 1;
         sim.busy[s] += costs.forward;
         record(s, ins, now, now + costs.forward);
         return true;
@@ -125,6 +131,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         return true;
       case Op::SendActivation:
       case Op::SendGrad:
+        if (!schedule.training && ins.op == Op::SendActivation) held[s] -= 1;  // nothing kept for a backward
         sent[{s, ins.op, ins.micro_batch}] = now + costs.send;
         record(s, ins, now, now);
         return true;

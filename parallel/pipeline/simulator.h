@@ -42,7 +42,8 @@ struct Simulation {
 // Every well-formedness error of `schedule` (empty: none): each micro-batch's forward and backward
 // exactly once per stage, in that order; the receives, sends and loads a stage's position needs,
 // exactly once each and on the right side of its compute; no activation traffic off the ends of the
-// pipeline; ReduceTiedGrads then OptimizerStep, once, last.
+// pipeline; ReduceTiedGrads then OptimizerStep, once, last (a forward-only schedule: no backward
+// side and neither of those).
 std::vector<std::string> check(const Schedule& schedule);
 
 // Times `schedule`. Throws std::invalid_argument with check()'s errors, or std::runtime_error

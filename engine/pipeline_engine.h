@@ -1,0 +1,83 @@
+// PipelineEngine: DeepSpeed's pipeline engine for a C++ model cut into stages. Each rank holds
+// one stage (its layers, from partition_layers) and an Engine over that stage's parameters; one
+// train_batch() runs gradient_accumulation_steps micro-batches through the pipeline by the
+// configured schedule (pipeline.schedule: 1F1B or GPipe, parallel/pipeline/schedule.h) and the
+// optimizer step, and returns the batch's mean loss on every rank:
+//
+//   PipelineEngine pipe(config, ctx, stage_model, stage_params);
+//   for (step ...) double loss = pipe.train_batch(next_micro_batch);
+//
+// Data and tensor parallelism compose as for the Engine (each stage's Engine reduces over the data
+// group; the gradient norm and the loss scaler's overflow are decided over all stages). Weights
+// tied across stages (a GPT's embedding and head) sit in a parameter group of their own on each
+// stage that holds them; their gradients are summed over those stages before the step, so the
+// copies stay identical (the first holder counts them in the norm).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+#include "parallel/pipeline/executor.h"
+
+namespace tessera {
+
+// This rank's stage of the model.
+class PipelineStageModel {
+ public:
+  virtual ~PipelineStageModel() = default;
+  // The stage's layers: the first stage gets the micro-batch's inputs, the others the previous
+  // stage's output.
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // The last stage: the micro-batch's mean loss from its output and the labels.
+  virtual at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) = 0;
+};
+
+struct MicroBatch {
+  at::Tensor inputs, labels;
+};
+// DeepSpeed's data iterator: the next micro-batch. Called on the first stage (which reads the
+// inputs) and the last (the labels), once per micro-batch, in order; both must see the same data.
+using MicroBatchSource = std::function<MicroBatch()>;
+
+// A group of weights tied across stages: its index in each holding stage's ModelDescription, and
+// the stages (pipe ranks, ascending) that hold it.
+struct TiedGroup {
+  int param_group = -1;
+  std::vector<int> stages;
+};
+
+class PipelineEngine {
+ public:
+  // `stage_params`: this stage's parameters in optimizer groups (ModelDescription), tied groups
+  // listed in `tied` when this stage holds them.
+  PipelineEngine(Config config, ParallelContext& parallel, PipelineStageModel& model, ModelDescription stage_params,
+                 std::vector<TiedGroup> tied = {});
+  ~PipelineEngine();
+
+  double train_batch(const MicroBatchSource& data);
+  // Forwards only, without gradients: the batch's mean loss on every rank.
+  double eval_batch(const MicroBatchSource& data);
+
+  Engine& engine() { return *engine_; }
+  const pipeline::BatchReport& last_report() const { return report_; }
+  int stage() const;
+  int stages() const;
+
+ private:
+  class Stage;
+  double mean_loss(const std::vector<double>& losses);  // over micro-batches (last stage), then data ranks, on every stage
+
+  ParallelContext& parallel_;
+  PipelineStageModel& model_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<pipeline::PipelineExecutor> executor_, eval_executor_;
+  std::vector<TiedGroup> tied_;
+  int64_t micro_batch_size_ = 1;
+  pipeline::BatchReport report_;
+};
+
+}  // namespace tessera
