@@ -1,5 +1,8 @@
 #include "parallel/communicator.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
 #include <ATen/ops/empty.h>
@@ -111,6 +114,9 @@ std::string Communicator::label(const char* collective, const at::Tensor& t) con
 CommHandle Communicator::issue(const char* collective, int64_t bytes, const std::string& what,
                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                std::function<void()> finish) {
+  // TESSERA_TRACE_COMM=1: every collective as it is issued, on stderr (finds a mismatch between ranks).
+  static const bool trace = std::getenv("TESSERA_TRACE_COMM") != nullptr;
+  if (trace) std::fprintf(stderr, "[comm %s] %s\n", name_.c_str(), what.c_str());
   CollectiveStats& entry = stats_[collective];
   ++entry.calls;
   entry.bytes += bytes;

@@ -43,9 +43,9 @@ tessera::testing::RunResult run_example(const char* program, int ranks, const st
   return tessera::testing::run(argv, {}, 300);
 }
 
-std::string gpt_config(int micro, int stage) {
+std::string gpt_config(int micro, int stage, int accumulation = 1) {
   return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) +
-         R"(, "gradient_accumulation_steps": 1, "steps_per_print": 5,
+         R"(, "gradient_accumulation_steps": )" + std::to_string(accumulation) + R"(, "steps_per_print": 5,
              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
              "zero_optimization": {"stage": )" + std::to_string(stage) +
          // ZeRO-3: every tensor partitioned and each block released after use (the model is small)
@@ -143,6 +143,48 @@ TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence p
     // Every parameter, gathered from its tensor-parallel slices (and ZeRO partitions).
     CHECK(max_difference(read_parameters(dir.file("tp.bin")), ref.parameters) < kParameterTolerance);
   }
+}
+
+TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 2 with ZeRO 0-2 - pp 2 x tp 2 - "
+          "pp 2 x dp 2 x tp 2) reach the 1-rank loss and parameters") {
+  const Reference& ref = reference();
+  REQUIRE(!ref.parameters.empty());
+  // 4 micro-batches a step through the pipeline; micro x dp x 4 = the reference's 16 sequences.
+  struct Run { int ranks, pp, tp, micro, stage; const char* schedule; bool sp; };
+  for (Run r : {Run{2, 2, 1, 4, 1, "1f1b", false}, Run{2, 2, 1, 4, 0, "gpipe", false}, Run{4, 4, 1, 4, 2, "1f1b", false},
+                Run{4, 2, 1, 2, 0, "1f1b", false}, Run{4, 2, 1, 2, 1, "gpipe", false}, Run{4, 2, 1, 2, 2, "1f1b", false},
+                Run{4, 2, 2, 4, 1, "1f1b", true}, Run{8, 2, 2, 2, 2, "1f1b", true}}) {
+    const std::string config = with_sections(
+        gpt_config(r.micro, r.stage, 4),
+        "\"pipeline\": {\"stages\": " + std::to_string(r.pp) + ", \"schedule\": \"" + r.schedule +
+            "\"}, \"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
+            ", \"sequence_parallel\": " + (r.sp ? "true" : "false") + "}");
+    tessera::testing::TempDir dir;
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, config, 10, tessera::testing::free_port(),
+                           {"--save-parameters", dir.file("pp.bin")});
+    INFO("ranks " << r.ranks << " pp " << r.pp << " tp " << r.tp << " ZeRO " << r.stage << " " << r.schedule << "\n"
+                  << run.output);
+    REQUIRE(run.status == 0);
+    CHECK(contains(run.output, std::to_string(r.pp) + " pipeline stages"));
+    CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
+    CHECK(same_norms(grad_norms(run.output), ref.grad_norms));  // the tied wte counted once
+    // Every stage's parameters (the tied wte from the first stage; the last stage's copy is the same).
+    CHECK(max_difference(read_parameters(dir.file("pp.bin")), ref.parameters) < kParameterTolerance);
+  }
+}
+
+TEST_CASE("train_gpt: pipeline bad input - ZeRO-3 and more stages than layers - is refused naming the key") {
+  auto zero3 = run_example(TESSERA_TRAIN_GPT_PATH, 2, with_sections(gpt_config(4, 3, 4), R"("pipeline": {"stages": 2})"), 1,
+                           tessera::testing::free_port());
+  INFO(zero3.output);
+  CHECK(zero3.status != 0);
+  CHECK(contains(zero3.output, "zero_optimization.stage: 3 under pipeline parallelism"));
+  // The example GPT has 6 layers (embedding, 4 blocks, head).
+  auto deep = run_example(TESSERA_TRAIN_GPT_PATH, 8, with_sections(gpt_config(4, 1, 4), R"("pipeline": {"stages": 8})"), 1,
+                          tessera::testing::free_port());
+  INFO(deep.output);
+  CHECK(deep.status != 0);
+  CHECK(contains(deep.output, "pipeline.stages: 8 stages for a model of 6 layers"));
 }
 
 TEST_CASE("train_gpt --checkpoint-activations: ZeRO 2 on 2 ranks and tp 2 with partitioned inputs reach the 1-rank loss") {

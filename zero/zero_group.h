@@ -15,6 +15,7 @@ namespace tessera {
 
 struct ZeroGroup {
   int index = 0;                   // in the engine's list of groups (its staging pool)
+  int source_group = 0;            // the model's group it came from (ModelDescription::groups)
   FlatLayout layout;
   std::vector<at::Tensor> params;  // the model's tensors, now views into `compute`
   std::vector<std::string> names;  // for error messages

@@ -153,6 +153,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->layout = planned.layout;
     g->names = std::move(names[gi]);
     g->tensor_sharded = spec.tensor_sharded;
+    g->source_group = static_cast<int>(spec.source - model.groups.data());
     g->partitioned = planned.partitioned;
     const FlatLayout& L = g->layout;
     g->compute = at::empty({planned.compute_numel}, f32.dtype(options.compute_dtype));

@@ -94,7 +94,7 @@ class ZeroOptimizer final : public UnitListener {
 
   // Waits for every reduction still in flight.
   void wait_for_gradients() { reductions_.wait_all(); }
-  // After a boundary backward: sums group `group`'s reduced gradients (this rank's chunks, which
+  // After a boundary backward: sums the model's group `group`'s (ModelDescription::groups) reduced gradients (this rank's chunks, which
   // line up on every member: the group's layout is the same there) over `across`, the pipeline
   // stages that hold the same weights (pipeline/tied weights); `counted_here` false leaves them out
   // of this rank's norm (the owning stage counts them).

@@ -45,12 +45,10 @@ void ZeroOptimizer::reduce(size_t launch_index) {
 }
 
 void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool counted_here) {
-  if (group < 0 || group >= static_cast<int>(groups_.size()))
-    throw std::invalid_argument("sum_group_gradients: no parameter group " + std::to_string(group));
   reductions_.wait_all();
   std::vector<CommHandle> sums;
   for (size_t i = 0; i < launch_order_.size(); ++i) {
-    if (launch_order_[i].first != group) continue;
+    if (groups_[launch_order_[i].first]->source_group != group) continue;  // the model's group, maybe split in two
     GradPart& part = grad_parts_[i];
     sums.push_back(across.all_reduce_async(part.grads, ReduceOp::Sum));
     part.norm = at::Tensor();  // taken again by the step
