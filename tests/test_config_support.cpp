@@ -63,8 +63,8 @@ TEST_CASE("engine support: configs the engine refuses are errors naming each key
 }
 
 TEST_CASE("engine support: every other shipped config runs without a word") {
-  const std::set<std::string> refused = {"zero3_offload_cpu.json", "zero3_nvme_infinity.json", "tp2_pp2_zero1.json",
-                                         "onebit_adam.json"};
+  const std::set<std::string> refused = {"zero3_offload_cpu.json", "zero3_nvme_infinity.json", "onebit_adam.json"};
+  const std::set<std::string> warned = {"tp2_pp2_zero1.json"};  // activation_checkpoint_interval is not read
   int runnable = 0;
   for (const auto& entry : std::filesystem::directory_iterator(TESSERA_SOURCE_DIR "/configs")) {
     if (entry.path().extension() != ".json") continue;
@@ -77,6 +77,9 @@ TEST_CASE("engine support: every other shipped config runs without a word") {
     if (refused.count(name)) {
       CHECK(std::any_of(issues.begin(), issues.end(),
                         [](const ConfigIssue& i) { return i.severity == ConfigIssue::Severity::Error; }));
+    } else if (warned.count(name)) {
+      CHECK(!issues.empty());
+      for (const auto& issue : issues) CHECK(issue.severity == ConfigIssue::Severity::Warning);
     } else {
       CHECK(issues.empty());
       ++runnable;
