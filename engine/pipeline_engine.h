@@ -64,6 +64,7 @@ class PipelineEngine {
 
   Engine& engine() { return *engine_; }
   const pipeline::BatchReport& last_report() const { return report_; }
+  const pipeline::Schedule& schedule() const { return executor_->schedule(); }
   int stage() const;
   int stages() const;
 

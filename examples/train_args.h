@@ -3,7 +3,9 @@
 //   --eval-every K (0: never), --checkpoint-activations (flag: recompute each block in backward,
 //   Megatron's flag; the config's activation_checkpointing section sets how),
 //   --save-parameters FILE (at the end, every parameter's single-device value, gathered from its
-//   ZeRO partitions and tensor-parallel slices, written by rank 0: see write_parameters)
+//   ZeRO partitions and tensor-parallel slices, written by rank 0: see write_parameters);
+//   train_gpt only: --n-layer, --n-head, --n-embd (the model's sizes; default 4, 4, 128) and
+//   --timeline FILE (with pipeline stages: the last batch's instructions as run, JSON lines)
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,9 @@ struct TrainArgs {
   int64_t eval_every = 0;
   bool checkpoint_activations = false;
   std::string save_parameters;  // empty: none
+  int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the program's default
+  std::string timeline;         // empty: none
+  bool gpt_only_flags() const { return n_layer || n_head || n_embd || !timeline.empty() || checkpoint_activations; }
 };
 
 // Parses argv; prints `usage` and exits 0 for -h/--help; throws std::invalid_argument otherwise.

@@ -65,7 +65,8 @@ TestResult evaluate(Cnn& model, const FashionMnist& data, ParallelContext& ctx) 
 
 int run(int argc, char** argv) {
   const TrainArgs args = parse_train_args(argc, argv, kUsage);
-  if (args.checkpoint_activations) throw std::invalid_argument("train_cnn: --checkpoint-activations is for train_gpt");
+  if (args.gpt_only_flags())
+    throw std::invalid_argument("train_cnn: --checkpoint-activations, --n-layer, --n-head, --n-embd and --timeline are for train_gpt");
 
   // The world size comes from the environment before any connection: the config needs it to
   // resolve the parallel degrees and the batch triple.

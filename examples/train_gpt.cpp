@@ -18,12 +18,15 @@
 //   peak rss per rank (bytes): 412381184 409845760
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 
 #include <cstdio>
 #include <optional>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -34,6 +37,7 @@
 #include "examples/models/gpt.h"
 #include "examples/models/gpt_stage.h"
 #include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/simulator.h"
 #include "examples/train_args.h"
 #include "parallel/parallel_context.h"
 
@@ -46,7 +50,8 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
-const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE]";
+const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE]\n"
+                     "                 [--n-layer L] [--n-head H] [--n-embd C] [--timeline FILE]";
 
 double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext& ctx, int64_t micro, uint64_t seed) {
   at::NoGradGuard no_grad;
@@ -90,7 +95,11 @@ int run(int argc, char** argv) {
   // tensor_parallel.tp_size > 1: the model is built split over the tensor group (each rank its slices).
   GptTensorParallel tp;
   if (ctx->tensor().size() > 1) tp = {&ctx->tensor(), config.tensor_parallel.sequence_parallel};
-  Gpt model(GptConfig{}, args.seed, init ? &*init : nullptr, tp);
+  GptConfig sizes;
+  if (args.n_layer) sizes.n_layer = args.n_layer;
+  if (args.n_head) sizes.n_head = args.n_head;
+  if (args.n_embd) sizes.n_embd = args.n_embd;
+  Gpt model(sizes, args.seed, init ? &*init : nullptr, tp);
   if (args.checkpoint_activations) {
     // partition_activations splits the kept inputs over the tensor group, unless sequence
     // parallelism split them already (they then differ by tensor rank).
@@ -167,6 +176,51 @@ int run(int argc, char** argv) {
   return 0;
 }
 
+// The last batch as it ran beside the simulator's unit-cost model: activations held and idle
+// fraction per stage (rank 0 prints them), and with `timeline` each stage's instructions with their
+// times, one JSON object a line, in `timeline` (bench/plot_pipeline.py draws them).
+void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::string& timeline) {
+  const pipeline::BatchReport& report = engine.last_report();
+  const pipeline::Simulation sim = pipeline::simulate(engine.schedule());
+  const int s = engine.stage(), stages = engine.stages();
+  at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
+                                sim.idle_fraction[s], report.seconds},
+                               at::kDouble);
+  at::Tensor all = at::empty({stages * 5}, at::kDouble);
+  ctx.pipe().all_gather(mine, all);
+  if (ctx.rank() == 0)
+    for (int k = 0; k < stages; ++k) {
+      const double* v = all.data_ptr<double>() + 5 * k;
+      std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
+                  "(simulated with equal stage costs: %.3f)\n",
+                  k, int(v[0]), int(v[1]), v[2], v[4], v[3]);
+    }
+  if (!timeline.empty()) {
+    // Every stage's lines, gathered to rank 0 as text (one all-gather of lengths, one of bytes).
+    std::string text;
+    for (const pipeline::TimedInstruction& t : report.timeline)
+      text += "{\"stage\": " + std::to_string(s) + ", \"op\": \"" + pipeline::op_name(t.instruction.op) +
+              "\", \"micro_batch\": " + std::to_string(t.instruction.micro_batch) +
+              ", \"start\": " + std::to_string(t.start) + ", \"end\": " + std::to_string(t.end) + "}\n";
+    at::Tensor length = at::full({1}, int64_t(text.size()), at::kLong), lengths = at::empty({stages}, at::kLong);
+    ctx.pipe().all_gather(length, lengths);
+    const int64_t longest = lengths.max().item<int64_t>();
+    at::Tensor bytes = at::zeros({longest}, at::kByte), gathered = at::empty({stages * longest}, at::kByte);
+    std::memcpy(bytes.data_ptr(), text.data(), text.size());
+    ctx.pipe().all_gather(bytes, gathered);
+    if (ctx.rank() == 0) {
+      std::string all_lines;
+      for (int k = 0; k < stages; ++k)
+        all_lines.append(reinterpret_cast<const char*>(gathered.data_ptr<uint8_t>()) + k * longest, lengths[k].item<int64_t>());
+      std::FILE* f = std::fopen(timeline.c_str(), "w");
+      if (!f) throw std::runtime_error("--timeline: cannot write " + timeline);
+      std::fputs(all_lines.c_str(), f);
+      std::fclose(f);
+      std::printf("pipeline timeline of the last batch: %s\n", timeline.c_str());
+    }
+  }
+}
+
 // pipeline.stages > 1: this rank runs its stage of the GPT's layers (embedding, blocks, head, cut
 // by pipeline.partition_method) through PipelineEngine; the tied wte is held by the first and the
 // last stage, its gradients summed between them.
@@ -185,6 +239,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
                 pipeline::describe_partition(model.layer_infos(), bounds).c_str());
     std::fflush(stdout);
   }
+  model.keep_only_layers(bounds[stage], bounds[stage + 1]);  // the other stages' parameters are freed
   GptStage stage_model(model, bounds[stage], bounds[stage + 1]);
   // The embedding is on stage 0 and the head on the last: the tied wte is in a group of its own there.
   const bool holds_wte = stage == 0 || stage == stages - 1;
@@ -220,6 +275,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
     }
   }
   if (leader) std::printf("final loss: %.6f\n", loss);
+  report_pipeline(engine, ctx, args.timeline);
   if (!args.save_parameters.empty()) {
     // Each stage's trained parameters, from its ranks to every stage (one flat broadcast per stage).
     std::vector<at::Tensor> whole = model.full_parameters();

@@ -6,6 +6,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
@@ -106,9 +107,14 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
 
 std::vector<at::Tensor> Gpt::full_parameters() const {
   std::vector<at::Tensor> whole;
-  for (size_t i = 0; i < params_.size(); ++i)
-    whole.push_back(splits_[i].dim >= 0 ? tensor_parallel_whole(params_[i], *tp_.tensor, splits_[i].dim, splits_[i].fused)
-                                        : params_[i].detach());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].is_meta())  // another pipeline stage's: its shape, for that stage to fill in
+      whole.push_back(at::empty(whole_shape(i), params_[i].options().device(at::kCPU)));
+    else if (splits_[i].dim >= 0)
+      whole.push_back(tensor_parallel_whole(params_[i], *tp_.tensor, splits_[i].dim, splits_[i].fused));
+    else
+      whole.push_back(params_[i].detach());
+  }
   return whole;
 }
 
@@ -241,6 +247,19 @@ std::vector<int64_t> Gpt::parameters_of_layers(int64_t begin, int64_t end) const
     for (int64_t i : layer_parameters(layer))
       if (std::find(indices.begin(), indices.end(), i) == indices.end()) indices.push_back(i);
   return indices;
+}
+
+void Gpt::keep_only_layers(int64_t begin, int64_t end) {
+  const std::vector<int64_t> kept = parameters_of_layers(begin, end);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (std::find(kept.begin(), kept.end(), static_cast<int64_t>(i)) == kept.end())
+      params_[i] = at::empty(params_[i].sizes(), params_[i].options().device(at::kMeta));
+}
+
+std::vector<int64_t> Gpt::whole_shape(int64_t i) const {
+  std::vector<int64_t> shape = params_[i].sizes().vec();
+  if (splits_[i].dim >= 0) shape[splits_[i].dim] *= tp_ranks();
+  return shape;
 }
 
 ModelDescription Gpt::stage_param_groups(double weight_decay, int64_t begin, int64_t end, bool separate_wte) const {

@@ -76,7 +76,8 @@ class Gpt {
   int64_t num_parameters() const;
   // The single-device values of every parameter, same order: tensor-parallel slices gathered from
   // the tensor group (a collective every tensor rank calls; at ZeRO-3 inside the engine's
-  // gathered_parameters() scope, so that each rank's slices are whole first).
+  // gathered_parameters() scope, so that each rank's slices are whole first). Another pipeline
+  // stage's parameters (keep_only_layers) come back uninitialized, in their whole shape.
   std::vector<at::Tensor> full_parameters() const;
 
   // Each block's activations recomputed in backward (parallel/activation_checkpointing.h), or not.
@@ -102,6 +103,10 @@ class Gpt {
   std::vector<pipeline::LayerInfo> layer_infos() const;
   // The indices in parameters() of layers [begin, end)'s parameters, each once.
   std::vector<int64_t> parameters_of_layers(int64_t begin, int64_t end) const;
+  // A pipeline stage: every parameter outside layers [begin, end) becomes a meta tensor (its shape,
+  // no memory), so a rank holds only its stage. whole_shape(i) is parameter i's single-device shape.
+  void keep_only_layers(int64_t begin, int64_t end);
+  std::vector<int64_t> whole_shape(int64_t i) const;
   // The parameters of layers [begin, end) in optimizer groups as param_groups() makes them, with
   // the tied wte in a group of its own ("tied", last) when `separate_wte` (it is then summed with
   // the other stage's copy); no units (a stage reports none).
