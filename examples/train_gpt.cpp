@@ -184,16 +184,16 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
   const pipeline::Simulation sim = pipeline::simulate(engine.schedule());
   const int s = engine.stage(), stages = engine.stages();
   at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
-                                sim.idle_fraction[s], report.seconds},
+                                sim.idle_fraction[s], report.seconds, double(peak_rss_bytes())},
                                at::kDouble);
-  at::Tensor all = at::empty({stages * 5}, at::kDouble);
+  at::Tensor all = at::empty({stages * 6}, at::kDouble);
   ctx.pipe().all_gather(mine, all);
   if (ctx.rank() == 0)
     for (int k = 0; k < stages; ++k) {
-      const double* v = all.data_ptr<double>() + 5 * k;
+      const double* v = all.data_ptr<double>() + 6 * k;
       std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
-                  "(simulated with equal stage costs: %.3f)\n",
-                  k, int(v[0]), int(v[1]), v[2], v[4], v[3]);
+                  "(simulated with equal stage costs: %.3f); peak rss %.0f MiB\n",
+                  k, int(v[0]), int(v[1]), v[2], v[4], v[3], v[5] / 1048576.0);
     }
   if (!timeline.empty()) {
     // Every stage's lines, gathered to rank 0 as text (one all-gather of lengths, one of bytes).

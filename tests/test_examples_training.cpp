@@ -173,6 +173,23 @@ TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 
   }
 }
 
+TEST_CASE("train_gpt: eval_batch through 2 pipeline stages gives the 1-rank validation loss") {
+  // The same micro-batches (4 sequences, 4 a step) on 1 rank and through the pipeline.
+  const std::string one = gpt_config(4, 1, 4);
+  const std::string pp2 = with_sections(one, R"("pipeline": {"stages": 2})");
+  auto validation = [](const std::string& output) {
+    std::smatch m;
+    return std::regex_search(output, m, std::regex("validation loss ([0-9.]+)")) ? std::stod(m[1]) : -1.0;
+  };
+  auto a = run_example(TESSERA_TRAIN_GPT_PATH, 1, one, 2, tessera::testing::free_port(), {"--eval-every", "2"});
+  auto b = run_example(TESSERA_TRAIN_GPT_PATH, 2, pp2, 2, tessera::testing::free_port(), {"--eval-every", "2"});
+  INFO(a.output << "\n" << b.output);
+  REQUIRE(a.status == 0);
+  REQUIRE(b.status == 0);
+  CHECK(validation(a.output) > 0);
+  CHECK(std::abs(validation(b.output) - validation(a.output)) < 1e-4);
+}
+
 TEST_CASE("train_gpt: pipeline bad input - ZeRO-3 and more stages than layers - is refused naming the key") {
   auto zero3 = run_example(TESSERA_TRAIN_GPT_PATH, 2, with_sections(gpt_config(4, 3, 4), R"("pipeline": {"stages": 2})"), 1,
                            tessera::testing::free_port());
