@@ -5,7 +5,8 @@
 #   dp2        data parallelism, ZeRO-1, MICRO per rank, 2 accumulation steps
 #   pp2-1f1b   pipeline.stages 2 by 1F1B, MICRO per micro-batch, 4 micro-batches
 #   pp2-gpipe  the same by GPipe
-# Medians of ROUNDS interleaved rounds: samples/s (the progress line over the last STEPS/2 steps),
+# Medians of ROUNDS interleaved rounds: samples/s (from the progress line's mean step time over the
+# last STEPS/2 steps),
 # peak RSS per rank, and for the pipelines each stage's idle fraction and activations held in the
 # last batch beside the simulator's (equal stage costs). With TIMELINE=DIR the last round's
 # pipelines leave their timelines there as JSON lines and PNGs (bench/plot_pipeline.py).
@@ -45,13 +46,15 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-"$python" - "$out" "$rounds" <<'PY'
+"$python" - "$out" "$rounds" "$micro" <<'PY'
 import re, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
 layouts = ("dp2", "pp2-1f1b", "pp2-gpipe")
+batch = 4 * int(sys.argv[3])  # sequences a step, every layout
 def parse(path):
     text = open(path).read()
-    r = {"samples_per_s": float(re.findall(r"\| ([0-9.]+) samples/s", text)[-1])}
+    # the last progress line's mean step time (its samples/s has one decimal)
+    r = {"samples_per_s": batch / (float(re.findall(r"\| step ([0-9.]+) ms", text)[-1]) / 1000)}
     m = re.search(r"peak rss per rank \(bytes\): ([0-9 ]+)", text)
     if m:
         r["rss"] = [int(x) / 2**20 for x in m.group(1).split()]

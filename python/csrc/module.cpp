@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,8 @@
 #include "csrc/cpu_features.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
+#include "engine/pipeline_engine.h"
+#include "parallel/pipeline/partition.h"
 #include "engine/estimator/estimator.h"
 #include "engine/progress.h"
 #include "parallel/parallel_context.h"
@@ -118,6 +121,43 @@ py::dict rendezvous_dict(const RendezvousInfo& i) {
   d["master_port"] = i.master_port;
   d["source"] = i.source;
   return d;
+}
+
+// A Python stage model (tessera.pipe.PipelineModule's local layers and loss) for PipelineEngine.
+class PyStageModel : public PipelineStageModel {
+ public:
+  at::Tensor forward(const at::Tensor& input) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, PipelineStageModel, forward, input);
+  }
+  at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, PipelineStageModel, loss, output, labels);
+  }
+};
+
+// PipelineEngine with what it runs on kept alive, and its engine's gradient hooks taken off the
+// parameters when it goes (as EngineHandle).
+struct PipelineHandle {
+  std::shared_ptr<ParallelContext> context;
+  py::object model;  // the PyStageModel
+  std::unique_ptr<PipelineEngine> engine;
+  std::vector<std::pair<at::Tensor, const void*>> hooks;
+  ~PipelineHandle() {
+    for (auto& [param, hook] : hooks) {
+      auto& slot = torch::autograd::impl::post_acc_grad_hooks(param);
+      if (slot && static_cast<const void*>(slot.get()) == hook) slot.reset();
+    }
+  }
+};
+
+using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
+                              std::vector<std::string>, std::vector<bool>>;
+
+MicroBatchSource source_of(const py::function& next) {
+  return [next] {
+    py::tuple batch = next();
+    if (batch.size() != 2) throw std::invalid_argument("tessera.pipe: the data iterator must yield (inputs, labels)");
+    return MicroBatch{batch[0].cast<at::Tensor>(), batch[1].cast<at::Tensor>()};
+  };
 }
 
 }  // namespace
@@ -459,4 +499,73 @@ PYBIND11_MODULE(_C, m) {
     blocking([&] { y = tensor_parallel_whole(slice, c.tensor(), dim, fused); });
     return y;
   }, py::arg("slice"), py::arg("context"), py::arg("dim"), py::arg("fused") = 1);
+
+  // ---- pipeline parallelism (engine/pipeline_engine.h, parallel/pipeline/) ----
+  py::module pipe = m.def_submodule("pipeline", "pipeline stages: partitioning, PipelineEngine");
+  pipe.def("partition",
+           [](const std::vector<std::pair<std::string, int64_t>>& layers, int stages, const std::string& method) {
+             std::vector<pipeline::LayerInfo> infos;
+             for (const auto& [type, params] : layers) infos.push_back({type, params});
+             return pipeline::partition_layers(infos, stages, method);
+           },
+           py::arg("layers"), py::arg("stages"), py::arg("method"));
+  pipe.def("describe_partition", [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds) {
+    std::vector<pipeline::LayerInfo> infos;
+    for (const auto& [type, params] : layers) infos.push_back({type, params});
+    return pipeline::describe_partition(infos, bounds);
+  });
+  pipe.def("broadcast_between_stages",
+           [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
+             blocking([&] {
+               Communicator& g = c.pipe_stages(stages);
+               const auto root = std::find(stages.begin(), stages.end(), root_stage) - stages.begin();
+               g.broadcast(t, static_cast<int>(root));
+             });
+           },
+           py::arg("context"), py::arg("tensor"), py::arg("stages"), py::arg("root_stage"));
+  py::class_<PipelineStageModel, PyStageModel>(pipe, "StageModel").def(py::init<>());
+  py::class_<PipelineHandle>(pipe, "Engine")
+      .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context, py::object model,
+                       const std::vector<GroupTuple>& groups, const std::vector<std::pair<int, std::vector<int>>>& tied) {
+             if (!context) throw std::invalid_argument("tessera: no parallel context");
+             auto h = std::make_unique<PipelineHandle>();
+             h->context = context;
+             h->model = model;
+             ModelDescription description;
+             for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
+               description.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+             std::vector<TiedGroup> tied_groups;
+             for (const auto& [group, stages] : tied) tied_groups.push_back({group, stages});
+             std::vector<at::Tensor> params;
+             for (const auto& g : description.groups) params.insert(params.end(), g.params.begin(), g.params.end());
+             {
+               py::gil_scoped_release release;  // collectives
+               h->engine = std::make_unique<PipelineEngine>(config.config, *context, model.cast<PipelineStageModel&>(),
+                                                            std::move(description), std::move(tied_groups));
+             }
+             for (auto& p : params)
+               h->hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
+             return h;
+           }),
+           py::arg("config"), py::arg("context"), py::arg("model"), py::arg("groups"), py::arg("tied"))
+      // The stage model's forward and loss, and the data iterator, are Python: these hold the GIL
+      // throughout (one thread per rank; the collectives block it as they would any caller).
+      .def("train_batch", [](PipelineHandle& h, const py::function& next) { return h.engine->train_batch(source_of(next)); })
+      .def("eval_batch", [](PipelineHandle& h, const py::function& next) { return h.engine->eval_batch(source_of(next)); })
+      .def_property_readonly("stage", [](const PipelineHandle& h) { return h.engine->stage(); })
+      .def_property_readonly("stages", [](const PipelineHandle& h) { return h.engine->stages(); })
+      .def_property_readonly("global_step", [](PipelineHandle& h) { return h.engine->engine().global_step(); })
+      .def_property_readonly("grad_norm", [](PipelineHandle& h) { return h.engine->engine().last_grad_norm(); })
+      .def_property_readonly("learning_rate", [](PipelineHandle& h) { return h.engine->engine().learning_rate(); })
+      .def_property_readonly("loss_scale", [](PipelineHandle& h) { return h.engine->engine().loss_scale(); })
+      .def("last_report", [](const PipelineHandle& h) {
+        const pipeline::BatchReport& r = h.engine->last_report();
+        py::dict d;
+        d["peak_activations"] = r.peak_activations;
+        d["idle_fraction"] = r.idle_fraction();
+        d["seconds"] = r.seconds;
+        d["losses"] = r.losses;
+        return d;
+      })
+      .def("wait_for_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().wait_for_parameters(); }); });
 }

@@ -184,6 +184,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if '"activation_checkpointing"' in (text if text.startswith("{") else open(text).read()):
         # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
         checkpointing.configure(None, deepspeed_config=json.loads(cfg.to_json()))
+    from . import pipe
+    if isinstance(model, pipe.PipelineModule):  # a model cut into stages: tessera.pipe.PipelineEngine
+        if model_parameters is not None or units is not None:
+            raise ValueError("tessera.initialize: a PipelineModule takes neither model_parameters nor units")
+        return pipe._initialize(model, cfg)
+    if cfg.pipe > 1:
+        raise ValueError("tessera.initialize: pipeline.stages is %d; cut the model into stages with "
+                         "tessera.pipe.PipelineModule (docs/pipeline.md)" % cfg.pipe)
     if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
         # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
         # same objects, so model_parameters given by the caller still name them)

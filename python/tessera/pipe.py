@@ -1,0 +1,247 @@
+"""Pipeline parallelism for Python models, with DeepSpeed's API (deepspeed.pipe):
+
+    layers = [TiedLayerSpec("embed", Embedding, vocab, dim),
+              *[LayerSpec(Block, dim) for _ in range(12)],
+              LayerSpec(torch.nn.LayerNorm, dim),
+              TiedLayerSpec("embed", Embedding, vocab, dim, forward_fn=lambda m, x: x @ m.weight.t())]
+    model = tessera.pipe.PipelineModule(layers, num_stages=2, loss_fn=loss, partition_method="parameters")
+    engine = tessera.initialize(model=model, config=config)      # pipeline.stages = num_stages
+    for step in range(steps):
+        loss = engine.train_batch(data_iter)    # gradient_accumulation_steps micro-batches, then the step
+
+A rank builds only its stage's layers (LayerSpec defers construction; the partition counts
+parameters on the meta device). The first stage reads the inputs of each (inputs, labels) pair the
+iterator yields, the last stage the labels; train_batch returns the batch's mean loss on every rank.
+Weights of a TiedLayerSpec key used on several stages start equal (broadcast from the first) and
+have their gradients summed between those stages before each step (engine/pipeline_engine.h).
+The schedule (pipeline.schedule: 1F1B or GPipe), the executor and the engines are C++.
+"""
+import torch
+import torch.nn as nn
+
+from . import _C, comm
+
+__all__ = ["LayerSpec", "TiedLayerSpec", "PipelineModule", "PipelineEngine"]
+
+
+class LayerSpec:
+    """A layer built later, on the stage that owns it: typename(*module_args, **module_kwargs)."""
+
+    def __init__(self, typename, *module_args, **module_kwargs):
+        if not callable(typename):
+            raise TypeError("tessera.pipe.LayerSpec: typename must be a class, got %s" % type(typename).__name__)
+        self.typename, self.module_args, self.module_kwargs = typename, module_args, module_kwargs
+
+    def build(self):
+        return self.typename(*self.module_args, **self.module_kwargs)
+
+    def __repr__(self):
+        return "LayerSpec(%s)" % self.typename.__name__
+
+
+class TiedLayerSpec(LayerSpec):
+    """A layer whose `tied_weight_attr` parameters are shared by every occurrence of `key` (the GPT's
+    embedding and output projection); `forward_fn(module, x)` replaces module(x) where given."""
+
+    def __init__(self, key, typename, *module_args, forward_fn=None, tied_weight_attr="weight", **module_kwargs):
+        super().__init__(typename, *module_args, **module_kwargs)
+        self.key, self.forward_fn = key, forward_fn
+        self.tied_weight_attr = [tied_weight_attr] if isinstance(tied_weight_attr, str) else list(tied_weight_attr)
+
+    def __repr__(self):
+        return "TiedLayerSpec(%r, %s)" % (self.key, self.typename.__name__)
+
+
+def _type_name(layer):
+    if isinstance(layer, LayerSpec):
+        return layer.typename.__name__
+    if isinstance(layer, nn.Module):
+        return type(layer).__name__
+    return getattr(layer, "__name__", type(layer).__name__)
+
+
+def _count_parameters(layer):
+    if isinstance(layer, LayerSpec):
+        with torch.device("meta"):  # no memory, no random draws taken from the real generator
+            return sum(p.numel() for p in layer.build().parameters())
+    if isinstance(layer, nn.Module):
+        return sum(p.numel() for p in layer.parameters())
+    return 0
+
+
+class PipelineModule(nn.Module):
+    """This rank's stage of `layers` (LayerSpec, TiedLayerSpec, nn.Module or plain callables, run in
+    order), cut into `num_stages` stages by `partition_method` ("parameters", "uniform" or
+    "type:REGEX", as DeepSpeed). `loss_fn(outputs, labels)` runs on the last stage. With
+    `seed_layers`, layer i is built after torch.manual_seed(base_seed + i), so its initial values do
+    not depend on the partition (a 1-stage module equals any other cut of it)."""
+
+    def __init__(self, layers, num_stages=None, loss_fn=None, partition_method="parameters", seed_layers=False,
+                 base_seed=1234, activation_checkpoint_interval=0):
+        super().__init__()
+        if num_stages is None or int(num_stages) < 1:
+            raise ValueError("tessera.pipe.PipelineModule: num_stages must be >= 1 (pipeline.stages), got %r" % num_stages)
+        if activation_checkpoint_interval:
+            raise ValueError("tessera.pipe.PipelineModule: activation_checkpoint_interval is not supported yet; "
+                             "checkpoint inside the layers (tessera.checkpointing.checkpoint)")
+        layers = list(layers)
+        ctx = comm._get_context("gloo" if not torch.cuda.is_available() else "auto", 1, int(num_stages))
+        self.num_stages = ctx.pipe
+        self.stage_id = ctx.group_rank("pipe")
+        self.loss_fn = loss_fn
+        self.partition_method = partition_method
+        infos = [(_type_name(l), _count_parameters(l)) for l in layers]
+        self.parts = _C.pipeline.partition(infos, self.num_stages, partition_method)
+        if comm.get_rank() == 0:
+            print("tessera.pipe: %d stages by %s\n%s" % (self.num_stages, partition_method,
+                                                        _C.pipeline.describe_partition(infos, self.parts)), end="", flush=True)
+        begin, end = self.parts[self.stage_id], self.parts[self.stage_id + 1]
+        # Which stages hold each tied key (its weights' gradients are summed over them).
+        self._tied_stages = {}
+        for i, layer in enumerate(layers):
+            if isinstance(layer, TiedLayerSpec):
+                stage = next(s for s in range(self.num_stages) if self.parts[s] <= i < self.parts[s + 1])
+                self._tied_stages.setdefault(layer.key, set()).add(stage)
+        self.tied_modules = nn.ModuleDict()
+        self.tied_weight_attrs = {}
+        self.forward_funcs = []
+        self.local_layers = nn.ModuleList()  # the stage's modules, in order, for parameters()
+        self.layers_by_index = {}  # layer index -> its module (or callable) on this stage
+        for i in range(begin, end):
+            layer = layers[i]
+            if seed_layers:
+                torch.manual_seed(base_seed + i)
+            if isinstance(layer, TiedLayerSpec):
+                if layer.key not in self.tied_modules:
+                    self.tied_modules[layer.key] = layer.build()
+                    self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
+                module, fn = self.tied_modules[layer.key], layer.forward_fn
+                self.forward_funcs.append((lambda m, f: (lambda x: f(m, x)) if f else m)(module, fn))
+            elif isinstance(layer, LayerSpec):
+                module = layer.build()
+                self.local_layers.append(module)
+                self.forward_funcs.append(module)
+            elif isinstance(layer, nn.Module):
+                self.local_layers.append(layer)
+                self.forward_funcs.append(layer)
+            elif callable(layer):
+                self.forward_funcs.append(layer)
+            else:
+                raise TypeError("tessera.pipe.PipelineModule: layers[%d] is a %s; expected a LayerSpec, an nn.Module or "
+                                "a callable" % (i, type(layer).__name__))
+            self.layers_by_index[i] = self.tied_modules[layer.key] if isinstance(layer, TiedLayerSpec) else \
+                self.forward_funcs[-1]
+        if self.stage_id == self.num_stages - 1 and loss_fn is None:
+            raise ValueError("tessera.pipe.PipelineModule: loss_fn is required (the last stage computes the loss)")
+        self._context = ctx
+        self._synchronize_tied_weights()
+
+    def tied_groups(self):
+        """[(key, [parameters], [stages])] for every tied key this stage holds and shares."""
+        out = []
+        for key, module in self.tied_modules.items():
+            stages = sorted(self._tied_stages[key])
+            if len(stages) > 1:
+                out.append((key, [getattr(module, a) for a in self.tied_weight_attrs[key]], stages))
+        return out
+
+    def _synchronize_tied_weights(self):
+        # Every holder of a tied key starts from the first holder's values (DeepSpeed does the same).
+        for key, params, stages in self.tied_groups():
+            for p in params:
+                with torch.no_grad():
+                    _C.pipeline.broadcast_between_stages(self._context, p.data, stages, stages[0])
+
+    def forward(self, x):
+        for f in self.forward_funcs:
+            x = f(x)
+        return x
+
+    def is_first_stage(self):
+        return self.stage_id == 0
+
+    def is_last_stage(self):
+        return self.stage_id == self.num_stages - 1
+
+
+class _StageModel(_C.pipeline.StageModel):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, input):
+        return self.module(input)
+
+    def loss(self, output, labels):
+        return self.module.loss_fn(output, labels)
+
+
+class PipelineEngine:
+    """What tessera.initialize returns for a PipelineModule (DeepSpeed's PipelineEngine)."""
+
+    def __init__(self, module, cfg, context, groups, tied):
+        self.module = module
+        self._stage_model = _StageModel(module)
+        self._c = _C.pipeline.Engine(cfg, context, self._stage_model, groups, tied)
+        self._data_iter = None
+
+    def set_dataiterator(self, iterator):
+        self._data_iter = iterator
+
+    def _source(self, data_iter):
+        it = data_iter if data_iter is not None else self._data_iter
+        if it is None:
+            raise ValueError("tessera.pipe: train_batch/eval_batch need a data iterator (or set_dataiterator)")
+        return lambda: tuple(next(it))
+
+    def train_batch(self, data_iter=None):
+        """gradient_accumulation_steps micro-batches through the pipeline and the optimizer step;
+        the batch's mean loss on every rank (a float)."""
+        self.module.train()
+        return self._c.train_batch(self._source(data_iter))
+
+    def eval_batch(self, data_iter):
+        """The same micro-batches forward only, without gradients: the mean loss on every rank."""
+        self.module.eval()
+        try:
+            return self._c.eval_batch(self._source(data_iter))
+        finally:
+            self.module.train()
+
+    def is_first_stage(self):
+        return self.module.is_first_stage()
+
+    def is_last_stage(self):
+        return self.module.is_last_stage()
+
+    @property
+    def global_steps(self):
+        return self._c.global_step
+
+    def get_global_grad_norm(self):
+        return self._c.grad_norm
+
+    def get_lr(self):
+        return [self._c.learning_rate]
+
+    def last_report(self):
+        """The last batch as the executor ran it: activations held, idle fraction, seconds, losses."""
+        return self._c.last_report()
+
+
+def _initialize(module, cfg, weight_decay_groups=None):
+    """tessera.initialize's path for a PipelineModule: the stage's parameters in one group, each
+    shared tied key in a group of its own (listed with its stages)."""
+    if cfg.pipe != module.num_stages:
+        raise ValueError("tessera.initialize: the PipelineModule has %d stages, the config's pipeline.stages is %d"
+                         % (module.num_stages, cfg.pipe))
+    names = {id(p): n for n, p in module.named_parameters()}
+    tied = module.tied_groups()
+    tied_ids = {id(p) for _, params, _ in tied for p in params}
+    own = [p for p in module.parameters() if p.requires_grad and id(p) not in tied_ids]
+    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], [False] * len(own))] if own else []
+    tied_spec = []
+    for key, params, stages in tied:
+        tied_spec.append((len(groups), stages))
+        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], [False] * len(params)))
+    return PipelineEngine(module, cfg, module._context, groups, tied_spec)

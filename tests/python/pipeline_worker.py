@@ -1,0 +1,129 @@
+"""One rank of a pipeline-parallel run (tessera launch): a small tied-embedding language model as a
+tessera.pipe.PipelineModule, trained STEPS steps through tessera.initialize / train_batch, against
+the same layers trained in plain PyTorch in this process on the same data (every rank computes the
+reference whole). Checks each step's loss and global gradient norm, and every parameter of this
+rank's stage; prints "pipeline ok on rank R". Exits non-zero with the first difference.
+
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER    (OPTIMIZER: SGD or AdamW)
+"""
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessera
+from tessera.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+VOCAB, DIM, SEQ, MICRO, ACCUMULATION, STEPS, SEED = 32, 16, 8, 2, 4, 4, 1234
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+def head(module, x):
+    return F.linear(x, module.weight)  # the tied output projection: logits against the embedding
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def specs():
+    return [TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM), *[LayerSpec(Block, DIM) for _ in range(4)],
+            LayerSpec(nn.LayerNorm, DIM), TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM, forward_fn=head)]
+
+
+def micro_batch(step, m, d):
+    g = torch.Generator().manual_seed(100000 * step + 100 * m + d)
+    ids = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def reference_layers():
+    """The layers whole, as PipelineModule(seed_layers=True) builds them; the tied key built once."""
+    layers, tied = [], {}
+    for i, spec in enumerate(specs()):
+        torch.manual_seed(SEED + i)
+        if isinstance(spec, TiedLayerSpec):
+            if spec.key not in tied:
+                tied[spec.key] = spec.build()
+            layers.append(tied[spec.key])
+        else:
+            layers.append(spec.build())
+    return layers
+
+
+def run_reference(layers, optimizer_name, dp):
+    params = list({id(p): p for l in layers for p in l.parameters()}.values())
+    opt = torch.optim.SGD(params, lr=0.1) if optimizer_name == "SGD" else \
+        torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, eps=1e-8)
+    losses, norms = [], []
+    for step in range(STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(ACCUMULATION):
+            for d in range(dp):
+                x, y = micro_batch(step, m, d)
+                for i, l in enumerate(layers):
+                    x = head(l, x) if i == len(layers) - 1 else l(x)
+                loss = loss_fn(x, y) / (ACCUMULATION * dp)
+                loss.backward()
+                total += loss.item()
+        norms.append(torch.nn.utils.clip_grad_norm_(params, 1.0).item())
+        opt.step()
+        losses.append(total)
+    return losses, norms
+
+
+def main():
+    stages, schedule, zero_stage, optimizer_name = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    world = int(os.environ["WORLD_SIZE"])
+    dp = world // stages
+    model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, partition_method="parameters",
+                           seed_layers=True, base_seed=SEED)
+    opt = {"type": "SGD", "params": {"lr": 0.1}} if optimizer_name == "SGD" else \
+        {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-8}}
+    engine = tessera.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
+        "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
+        "pipeline": {"stages": stages, "schedule": schedule}})
+    d = tessera.comm._get_context().group_rank("data")
+    losses, norms = [], []
+    for step in range(STEPS):
+        it = iter([micro_batch(step, m, d) for m in range(ACCUMULATION)])
+        losses.append(engine.train_batch(it))
+        norms.append(engine.get_global_grad_norm())
+
+    ref_layers = reference_layers()
+    ref_losses, ref_norms = run_reference(ref_layers, optimizer_name, dp)
+    for step in range(STEPS):
+        assert abs(losses[step] - ref_losses[step]) < 1e-5, ("loss", step, losses[step], ref_losses[step])
+        assert abs(norms[step] - ref_norms[step]) < 1e-5 * max(1.0, ref_norms[step]), ("grad norm", step, norms[step],
+                                                                                        ref_norms[step])
+    checked = 0
+    for i, layer in model.layers_by_index.items():
+        if not isinstance(layer, nn.Module):
+            continue
+        for (name, p), q in zip(layer.named_parameters(), ref_layers[i].parameters()):
+            diff = (p.detach() - q.detach()).abs().max().item()
+            assert diff < 2e-5, ("layer %d %s differs by %g" % (i, name, diff))
+            checked += 1
+    assert checked > 0
+    print("pipeline ok on rank %d (stage %d, %d tensors checked, losses %s)"
+          % (tessera.comm.get_rank(), model.stage_id, checked, " ".join("%.5f" % l for l in losses)), flush=True)
+    tessera.comm.barrier()
+    os._exit(0)  # leave together, without the interpreter's teardown (tensor_parallel_worker.py)
+
+
+if __name__ == "__main__":
+    main()
