@@ -152,8 +152,11 @@ struct PipelineHandle {
 using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
                               std::vector<std::string>, std::vector<bool>>;
 
+// The data iterator's next() as a MicroBatchSource: it runs with the GIL, which train_batch's
+// C++ (autograd, collectives) runs without.
 MicroBatchSource source_of(const py::function& next) {
   return [next] {
+    py::gil_scoped_acquire gil;
     py::tuple batch = next();
     if (batch.size() != 2) throw std::invalid_argument("tessera.pipe: the data iterator must yield (inputs, labels)");
     return MicroBatch{batch[0].cast<at::Tensor>(), batch[1].cast<at::Tensor>()};
@@ -548,10 +551,20 @@ PYBIND11_MODULE(_C, m) {
              return h;
            }),
            py::arg("config"), py::arg("context"), py::arg("model"), py::arg("groups"), py::arg("tied"))
-      // The stage model's forward and loss, and the data iterator, are Python: these hold the GIL
-      // throughout (one thread per rank; the collectives block it as they would any caller).
-      .def("train_batch", [](PipelineHandle& h, const py::function& next) { return h.engine->train_batch(source_of(next)); })
-      .def("eval_batch", [](PipelineHandle& h, const py::function& next) { return h.engine->eval_batch(source_of(next)); })
+      // Without the GIL (autograd refuses to run under it); the stage model's forward and loss and
+      // the data iterator take it back when the executor calls them.
+      .def("train_batch", [](PipelineHandle& h, const py::function& next) {
+        const MicroBatchSource source = source_of(next);
+        double loss = 0;
+        blocking([&] { loss = h.engine->train_batch(source); });
+        return loss;
+      })
+      .def("eval_batch", [](PipelineHandle& h, const py::function& next) {
+        const MicroBatchSource source = source_of(next);
+        double loss = 0;
+        blocking([&] { loss = h.engine->eval_batch(source); });
+        return loss;
+      })
       .def_property_readonly("stage", [](const PipelineHandle& h) { return h.engine->stage(); })
       .def_property_readonly("stages", [](const PipelineHandle& h) { return h.engine->stages(); })
       .def_property_readonly("global_step", [](PipelineHandle& h) { return h.engine->engine().global_step(); })
