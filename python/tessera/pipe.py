@@ -16,6 +16,8 @@ Weights of a TiedLayerSpec key used on several stages start equal (broadcast fro
 have their gradients summed between those stages before each step (engine/pipeline_engine.h).
 The schedule (pipeline.schedule: 1F1B or GPipe), the executor and the engines are C++.
 """
+import json
+
 import torch
 import torch.nn as nn
 
@@ -81,9 +83,10 @@ class PipelineModule(nn.Module):
         super().__init__()
         if num_stages is None or int(num_stages) < 1:
             raise ValueError("tessera.pipe.PipelineModule: num_stages must be >= 1 (pipeline.stages), got %r" % num_stages)
-        if activation_checkpoint_interval:
-            raise ValueError("tessera.pipe.PipelineModule: activation_checkpoint_interval is not supported yet; "
-                             "checkpoint inside the layers (tessera.checkpointing.checkpoint)")
+        if int(activation_checkpoint_interval) < 0:
+            raise ValueError("tessera.pipe.PipelineModule: activation_checkpoint_interval must be >= 0, got %r"
+                             % activation_checkpoint_interval)
+        self.activation_checkpoint_interval = int(activation_checkpoint_interval)
         layers = list(layers)
         ctx = comm._get_context("gloo" if not torch.cuda.is_available() else "auto", 1, int(num_stages))
         self.num_stages = ctx.pipe
@@ -153,9 +156,24 @@ class PipelineModule(nn.Module):
                     _C.pipeline.broadcast_between_stages(self._context, p.data, stages, stages[0])
 
     def forward(self, x):
-        for f in self.forward_funcs:
-            x = f(x)
+        k = self.activation_checkpoint_interval
+        if k == 0 or not torch.is_grad_enabled():
+            for f in self.forward_funcs:
+                x = f(x)
+            return x
+        # Every k layers run under tessera.checkpointing.checkpoint: only each chunk's input is kept,
+        # the chunk runs again in backward (DeepSpeed's activation_checkpoint_interval).
+        from . import checkpointing
+        for start in range(0, len(self.forward_funcs), k):
+            x = checkpointing.checkpoint(self._run_chunk(start, start + k), x)
         return x
+
+    def _run_chunk(self, begin, end):
+        def run(x):
+            for f in self.forward_funcs[begin:end]:
+                x = f(x)
+            return x
+        return run
 
     def is_first_stage(self):
         return self.stage_id == 0
@@ -232,6 +250,9 @@ class PipelineEngine:
 def _initialize(module, cfg, weight_decay_groups=None):
     """tessera.initialize's path for a PipelineModule: the stage's parameters in one group, each
     shared tied key in a group of its own (listed with its stages)."""
+    interval = json.loads(cfg.to_json()).get("pipeline", {}).get("activation_checkpoint_interval", 0)
+    if interval and not module.activation_checkpoint_interval:
+        module.activation_checkpoint_interval = int(interval)  # the config's, where the module set none
     if cfg.pipe != module.num_stages:
         raise ValueError("tessera.initialize: the PipelineModule has %d stages, the config's pipeline.stages is %d"
                          % (module.num_stages, cfg.pipe))

@@ -4,7 +4,9 @@ the same layers trained in plain PyTorch in this process on the same data (every
 reference whole). Checks each step's loss and global gradient norm, and every parameter of this
 rank's stage; prints "pipeline ok on rank R". Exits non-zero with the first difference.
 
-    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER    (OPTIMIZER: SGD or AdamW)
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL]   (OPTIMIZER: SGD or AdamW)
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE fp16     the loss scaler under a pipeline: an initial
+        scale of 2^20 overflows; every stage must skip the same steps and agree on the scale
 """
 import os
 import sys
@@ -85,12 +87,44 @@ def run_reference(layers, optimizer_name, dp):
     return losses, norms
 
 
+def check_fp16(stages, schedule, zero_stage):
+    model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, seed_layers=True, base_seed=SEED)
+    engine = tessera.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": zero_stage},
+        "fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1},
+        "pipeline": {"stages": stages, "schedule": schedule}})
+    d = tessera.comm._get_context().group_rank("data")
+    scales, losses = [], []
+    for step in range(10):
+        it = iter([micro_batch(step, m, d) for m in range(ACCUMULATION)])
+        losses.append(engine.train_batch(it))
+        scales.append(engine._c.loss_scale)
+    # 2^20 overflows fp16 gradients: the first steps are skipped and the scale halves each time, the
+    # same on every stage (the overflow is decided over the whole pipeline's gradient norm); then
+    # the steps apply and the scale stays
+    assert scales[0] < 2.0 ** 20 and scales[-1] == scales[-2], scales
+    mine = torch.tensor(scales + [float(engine.global_steps)], dtype=torch.float64)
+    lo, hi = mine.clone(), mine.clone()
+    tessera.comm.all_reduce(lo, "min")
+    tessera.comm.all_reduce(hi, "max")
+    assert torch.equal(lo, hi), ("stages disagree on the loss scale", lo.tolist(), hi.tolist())
+    assert all(l == l for l in losses), losses  # finite losses
+    print("pipeline fp16 ok on rank %d (scales %s)" % (tessera.comm.get_rank(), " ".join("%g" % s for s in scales)),
+          flush=True)
+
+
 def main():
     stages, schedule, zero_stage, optimizer_name = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if optimizer_name == "fp16":
+        check_fp16(stages, schedule, zero_stage)
+        tessera.comm.barrier()
+        os._exit(0)
+    interval = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     world = int(os.environ["WORLD_SIZE"])
     dp = world // stages
     model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, partition_method="parameters",
-                           seed_layers=True, base_seed=SEED)
+                           seed_layers=True, base_seed=SEED, activation_checkpoint_interval=interval)
     opt = {"type": "SGD", "params": {"lr": 0.1}} if optimizer_name == "SGD" else \
         {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-8}}
     engine = tessera.initialize(model=model, config={
