@@ -72,8 +72,10 @@ class MlpStage final : public PipelineStage {
   at::Tensor forward(int, const at::Tensor& input) override {
     at::Tensor x = first_ ? input_ : input;
     for (int l = begin_; l < end_; ++l) x = apply(layers_[l], l, x);
+    if (loss_on_first_ && first_) return x.sum();  // the mistake the executor must name
     return last_ ? at::mse_loss(x, target_) / m_ : x;  // the batch's loss is the mean over micro-batches
   }
+  bool loss_on_first_ = false;
   void step() override { sgd(layers_, begin_, end_); }
 
  private:
@@ -97,6 +99,7 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
   std::vector<LayerInfo> infos(kLayers, LayerInfo{"Linear", kWidth * kWidth + kWidth});
   infos.back().parameters = kOut * kWidth + kOut;
   const std::vector<int> bounds = partition_layers(infos, p, "parameters");
+  std::string schedule_name_used = schedule_name;
   if (ctx.rank() == 0) std::printf("%s", describe_partition(infos, bounds).c_str());
 
   // The reference: the whole model in this process, micro-batches accumulated in order.
@@ -118,7 +121,9 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
   // The pipeline: each stage holds every layer's initial values (same seed) but trains only its own.
   std::vector<Layer> model = build_model();
   MlpStage stage(model, bounds[s], bounds[s + 1], s == 0, s == p - 1, m);
-  PipelineExecutor executor(pipe, make_schedule(schedule_name, p, m), dynamic_shape);
+  stage.loss_on_first_ = schedule_name == "loss-on-first-stage";
+  if (stage.loss_on_first_) schedule_name_used = "1f1b";
+  PipelineExecutor executor(pipe, make_schedule(schedule_name_used, p, m), dynamic_shape);
   const Simulation simulated = simulate(executor.schedule());
   BatchReport report;
   for (int step = 0; step < kSteps; ++step) {

@@ -11,8 +11,9 @@
 // in docs/config.md: allgather_bucket_size, contiguous_gradients, allgather_partitions,
 // round_robin_gradients); tensor_parallel.tp_size and .sequence_parallel (the model applies them:
 // parallel/tensor_parallel/); pipeline.stages (checked against the parallel context; more than one
-// runs through PipelineEngine), .schedule, .dynamic_shape and .partition_method (PipelineEngine
-// and the stage model); pipeline.micro_batches (must equal gradient_accumulation_steps);
+// runs through PipelineEngine), .schedule, .dynamic_shape, .partition_method and
+// .activation_checkpoint_interval (PipelineEngine, tessera.pipe.PipelineModule; a C++ stage model
+// checkpoints its own layers); pipeline.micro_batches (must equal gradient_accumulation_steps);
 // unknown_keys (the parser); csv_monitor (the Python API writes the metrics).
 #include "engine/config/config_support.h"
 
@@ -62,9 +63,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"zero_optimization.offload_param.*", kWarning, "", "it tunes parameter offload, which the engine does not do",
      {kOffloadParam}},
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
-    {"pipeline.activation_checkpoint_interval", kWarning, "",
-     "PipelineEngine does not checkpoint layers by itself; a stage model checkpoints its own (activation_checkpointing)",
-     {}},
     {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
     {"optimizer.params.freeze_step", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",

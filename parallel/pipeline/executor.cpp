@@ -41,6 +41,10 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
       case Op::RecvActivation: inputs[mb] = link_.recv(s - 1).requires_grad_(true); break;
       case Op::Forward: {
         outputs[mb] = stage.forward(mb, inputs[mb]);
+        if (!last && outputs[mb].dim() == 0)
+          throw std::invalid_argument("pipeline: stage " + std::to_string(s) + " of " + std::to_string(schedule_.stages) +
+                                      " returned a scalar from its forward (micro-batch " + std::to_string(mb) +
+                                      "): only the last stage computes the loss; the others return their activations");
         if (last) {
           if (outputs[mb].numel() != 1)
             throw std::invalid_argument("pipeline: the last stage's forward must return the micro-batch's loss (a scalar), got shape " +
