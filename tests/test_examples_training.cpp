@@ -106,49 +106,47 @@ constexpr double kParameterTolerance = 1e-4;
 
 }  // namespace
 
+// Runs train_gpt on `ranks` ranks for 10 steps and checks it against the 1-rank run: final loss,
+// every printed gradient norm, and every parameter (gathered from slices, partitions and stages).
+// Returns the output for further checks; `what` names the layout in a failure.
+std::string check_against_reference(int ranks, const std::string& config, const std::string& what) {
+  const Reference& ref = reference();
+  REQUIRE(!ref.parameters.empty());
+  tessera::testing::TempDir dir;
+  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(),
+                         {"--save-parameters", dir.file("parameters.bin")});
+  INFO(what << "\n" << run.output);
+  REQUIRE(run.status == 0);
+  CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
+  CHECK(same_norms(grad_norms(run.output), ref.grad_norms));
+  CHECK(max_difference(read_parameters(dir.file("parameters.bin")), ref.parameters) < kParameterTolerance);
+  return run.output;
+}
+
 TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss and parameters on the same global batch") {
   const Reference& ref = reference();
   CHECK(ref.loss > 0);
   CHECK(ref.loss < 5.4);  // from ln(256) = 5.55 at the start
-  for (int stage : {1, 2, 3}) {
-    tessera::testing::TempDir dir;
-    auto two = run_example(TESSERA_TRAIN_GPT_PATH, 2, gpt_config(8, stage), 10, tessera::testing::free_port(),
-                           {"--save-parameters", dir.file("dp.bin")});
-    INFO(two.output);
-    REQUIRE(two.status == 0);
-    CHECK(std::abs(final_loss(two.output) - ref.loss) < 1e-4);
-    CHECK(same_norms(grad_norms(two.output), ref.grad_norms));
-    CHECK(max_difference(read_parameters(dir.file("dp.bin")), ref.parameters) < kParameterTolerance);
-  }
+  for (int stage : {1, 2, 3}) check_against_reference(2, gpt_config(8, stage), "2 ranks, ZeRO " + std::to_string(stage));
 }
 
 TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence parallelism - tp 2 x dp 2 with "
           "ZeRO 1-3) reaches the 1-rank loss and parameters") {
-  const Reference& ref = reference();
-  REQUIRE(!ref.parameters.empty());
   struct Run { int ranks, tp, micro, stage; bool sp; };
   for (Run r : {Run{2, 2, 16, 1, false}, Run{2, 2, 16, 2, true}, Run{4, 2, 8, 1, false}, Run{4, 2, 8, 2, true},
                 Run{4, 2, 8, 3, true}, Run{4, 4, 16, 1, false}, Run{4, 4, 16, 2, true}}) {
     const std::string config =
         with_sections(gpt_config(r.micro, r.stage), "\"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
                                                         ", \"sequence_parallel\": " + (r.sp ? "true" : "false") + "}");
-    tessera::testing::TempDir dir;
-    auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, config, 10, tessera::testing::free_port(),
-                           {"--save-parameters", dir.file("tp.bin")});
-    INFO("ranks " << r.ranks << " tp " << r.tp << " ZeRO " << r.stage << " sp " << r.sp << "\n" << run.output);
-    REQUIRE(run.status == 0);
-    CHECK(contains(run.output, "tensor " + std::to_string(r.tp)));
-    CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
-    CHECK(same_norms(grad_norms(run.output), ref.grad_norms));
-    // Every parameter, gathered from its tensor-parallel slices (and ZeRO partitions).
-    CHECK(max_difference(read_parameters(dir.file("tp.bin")), ref.parameters) < kParameterTolerance);
+    const std::string output = check_against_reference(
+        r.ranks, config, "ranks " + std::to_string(r.ranks) + " tp " + std::to_string(r.tp) + " ZeRO " +
+                             std::to_string(r.stage) + (r.sp ? " sp" : ""));  // parameters gathered from their slices
+    CHECK(contains(output, "tensor " + std::to_string(r.tp)));
   }
 }
 
 TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 2 with ZeRO 0-2 - pp 2 x tp 2 - "
           "pp 2 x dp 2 x tp 2) reach the 1-rank loss and parameters") {
-  const Reference& ref = reference();
-  REQUIRE(!ref.parameters.empty());
   // 4 micro-batches a step through the pipeline; micro x dp x 4 = the reference's 16 sequences.
   struct Run { int ranks, pp, tp, micro, stage; const char* schedule; bool sp; };
   for (Run r : {Run{2, 2, 1, 4, 1, "1f1b", false}, Run{2, 2, 1, 4, 0, "gpipe", false}, Run{4, 4, 1, 4, 2, "1f1b", false},
@@ -159,17 +157,12 @@ TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 
         "\"pipeline\": {\"stages\": " + std::to_string(r.pp) + ", \"schedule\": \"" + r.schedule +
             "\"}, \"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
             ", \"sequence_parallel\": " + (r.sp ? "true" : "false") + "}");
-    tessera::testing::TempDir dir;
-    auto run = run_example(TESSERA_TRAIN_GPT_PATH, r.ranks, config, 10, tessera::testing::free_port(),
-                           {"--save-parameters", dir.file("pp.bin")});
-    INFO("ranks " << r.ranks << " pp " << r.pp << " tp " << r.tp << " ZeRO " << r.stage << " " << r.schedule << "\n"
-                  << run.output);
-    REQUIRE(run.status == 0);
-    CHECK(contains(run.output, std::to_string(r.pp) + " pipeline stages"));
-    CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
-    CHECK(same_norms(grad_norms(run.output), ref.grad_norms));  // the tied wte counted once
-    // Every stage's parameters (the tied wte from the first stage; the last stage's copy is the same).
-    CHECK(max_difference(read_parameters(dir.file("pp.bin")), ref.parameters) < kParameterTolerance);
+    // The gradient norms count the tied wte once; the parameters come from every stage (the tied
+    // wte from the first; the last stage's copy is the same).
+    const std::string output = check_against_reference(
+        r.ranks, config, "ranks " + std::to_string(r.ranks) + " pp " + std::to_string(r.pp) + " tp " +
+                             std::to_string(r.tp) + " ZeRO " + std::to_string(r.stage) + " " + r.schedule);
+    CHECK(contains(output, std::to_string(r.pp) + " pipeline stages"));
   }
 }
 
