@@ -76,10 +76,12 @@ class PipelineModule(nn.Module):
     order), cut into `num_stages` stages by `partition_method` ("parameters", "uniform" or
     "type:REGEX", as DeepSpeed). `loss_fn(outputs, labels)` runs on the last stage. With
     `seed_layers`, layer i is built after torch.manual_seed(base_seed + i), so its initial values do
-    not depend on the partition (a 1-stage module equals any other cut of it)."""
+    not depend on the partition (a 1-stage module equals any other cut of it). `tensor_parallel` t
+    makes the process groups for t x num_stages when none exist; split the stage's layers then with
+    tessera.tensor_parallel.parallelize(model, {"local_layers.*.<linear>": "colwise", ...})."""
 
     def __init__(self, layers, num_stages=None, loss_fn=None, partition_method="parameters", seed_layers=False,
-                 base_seed=1234, activation_checkpoint_interval=0):
+                 base_seed=1234, activation_checkpoint_interval=0, tensor_parallel=None):
         super().__init__()
         if num_stages is None or int(num_stages) < 1:
             raise ValueError("tessera.pipe.PipelineModule: num_stages must be >= 1 (pipeline.stages), got %r" % num_stages)
@@ -88,7 +90,16 @@ class PipelineModule(nn.Module):
                              % activation_checkpoint_interval)
         self.activation_checkpoint_interval = int(activation_checkpoint_interval)
         layers = list(layers)
-        ctx = comm._get_context("gloo" if not torch.cuda.is_available() else "auto", 1, int(num_stages))
+        # The process groups: those already made (tessera.comm.init_distributed(tensor_parallel=t,
+        # pipeline_stages=p)), else made here with `tensor_parallel` (default 1) x num_stages.
+        if comm.is_initialized() and tensor_parallel is None:
+            ctx = comm._get_context()
+            if ctx.pipe != int(num_stages):
+                raise ValueError("tessera.pipe.PipelineModule: num_stages is %d but the process groups were made for "
+                                 "pipeline_stages %d" % (int(num_stages), ctx.pipe))
+        else:
+            ctx = comm._get_context("gloo" if not torch.cuda.is_available() else "auto", int(tensor_parallel or 1),
+                                    int(num_stages))
         self.num_stages = ctx.pipe
         self.stage_id = ctx.group_rank("pipe")
         self.loss_fn = loss_fn
@@ -256,13 +267,23 @@ def _initialize(module, cfg, weight_decay_groups=None):
     if cfg.pipe != module.num_stages:
         raise ValueError("tessera.initialize: the PipelineModule has %d stages, the config's pipeline.stages is %d"
                          % (module.num_stages, cfg.pipe))
+    if cfg.tensor != module._context.tensor:
+        raise ValueError("tessera.initialize: the PipelineModule was built for tensor_parallel %d, the config's "
+                         "tensor_parallel.tp_size is %d" % (module._context.tensor, cfg.tensor))
+    if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in module.parameters()):
+        raise ValueError("tessera.initialize: tensor_parallel.tp_size is %d but no layer of this stage is split; apply "
+                         "tessera.tensor_parallel.parallelize(model, plan) to the PipelineModule first (its layers are "
+                         "model.local_layers.<i>)" % cfg.tensor)
     names = {id(p): n for n, p in module.named_parameters()}
     tied = module.tied_groups()
     tied_ids = {id(p) for _, params, _ in tied for p in params}
     own = [p for p in module.parameters() if p.requires_grad and id(p) not in tied_ids]
-    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], [False] * len(own))] if own else []
+
+    def sliced(params):  # tensor-parallel slices (tessera.tensor_parallel.parallelize on the stage's layers)
+        return [hasattr(p, "_tessera_tensor_parallel") for p in params]
+    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], sliced(own))] if own else []
     tied_spec = []
     for key, params, stages in tied:
         tied_spec.append((len(groups), stages))
-        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], [False] * len(params)))
+        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], sliced(params)))
     return PipelineEngine(module, cfg, module._context, groups, tied_spec)

@@ -4,7 +4,8 @@ the same layers trained in plain PyTorch in this process on the same data (every
 reference whole). Checks each step's loss and global gradient norm, and every parameter of this
 rank's stage; prints "pipeline ok on rank R". Exits non-zero with the first difference.
 
-    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL]   (OPTIMIZER: SGD or AdamW)
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL [TP]]   (OPTIMIZER: SGD or AdamW;
+        TP > 1 splits each block's MLP over a tensor group of TP ranks)
     pipeline_worker.py STAGES SCHEDULE ZERO_STAGE fp16     the loss scaler under a pipeline: an initial
         scale of 2^20 overflows; every stage must skip the same steps and agree on the scale
 """
@@ -121,16 +122,20 @@ def main():
         tessera.comm.barrier()
         os._exit(0)
     interval = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    tp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     world = int(os.environ["WORLD_SIZE"])
-    dp = world // stages
+    dp = world // (stages * tp)
     model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, partition_method="parameters",
-                           seed_layers=True, base_seed=SEED, activation_checkpoint_interval=interval)
+                           seed_layers=True, base_seed=SEED, activation_checkpoint_interval=interval,
+                           tensor_parallel=tp)
+    if tp > 1:  # each block's MLP split over the tensor group (Megatron's column- then row-parallel)
+        tessera.tensor_parallel.parallelize(model, {"local_layers.*.up": "colwise", "local_layers.*.down": "rowwise"})
     opt = {"type": "SGD", "params": {"lr": 0.1}} if optimizer_name == "SGD" else \
         {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-8}}
     engine = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
         "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
-        "pipeline": {"stages": stages, "schedule": schedule}})
+        "pipeline": {"stages": stages, "schedule": schedule}, "tensor_parallel": {"tp_size": tp}})
     d = tessera.comm._get_context().group_rank("data")
     losses, norms = [], []
     for step in range(STEPS):
@@ -149,7 +154,7 @@ def main():
         if not isinstance(layer, nn.Module):
             continue
         for (name, p), q in zip(layer.named_parameters(), ref_layers[i].parameters()):
-            diff = (p.detach() - q.detach()).abs().max().item()
+            diff = (tessera.tensor_parallel.full_tensor(p) - q.detach()).abs().max().item()
             assert diff < 2e-5, ("layer %d %s differs by %g" % (i, name, diff))
             checked += 1
     assert checked > 0
