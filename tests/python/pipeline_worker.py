@@ -130,12 +130,18 @@ def main():
                            tensor_parallel=tp)
     if tp > 1:  # each block's MLP split over the tensor group (Megatron's column- then row-parallel)
         tessera.tensor_parallel.parallelize(model, {"local_layers.*.up": "colwise", "local_layers.*.down": "rowwise"})
+    bf16 = optimizer_name == "bf16"  # SGD in bf16 (fp32 master weights) against the fp32 reference
+    if bf16:
+        optimizer_name = "SGD"
     opt = {"type": "SGD", "params": {"lr": 0.1}} if optimizer_name == "SGD" else \
         {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-8}}
     engine = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
         "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
-        "pipeline": {"stages": stages, "schedule": schedule}, "tensor_parallel": {"tp_size": tp}})
+        "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule},
+        "tensor_parallel": {"tp_size": tp}})
+    # bf16 keeps 8 bits of mantissa in the activations and the compute copy of the weights
+    loss_tol, norm_tol, param_tol = (2e-2, 5e-2, 1e-2) if bf16 else (1e-5, 1e-5, 2e-5)
     d = tessera.comm._get_context().group_rank("data")
     losses, norms = [], []
     for step in range(STEPS):
@@ -146,20 +152,22 @@ def main():
     ref_layers = reference_layers()
     ref_losses, ref_norms = run_reference(ref_layers, optimizer_name, dp)
     for step in range(STEPS):
-        assert abs(losses[step] - ref_losses[step]) < 1e-5, ("loss", step, losses[step], ref_losses[step])
-        assert abs(norms[step] - ref_norms[step]) < 1e-5 * max(1.0, ref_norms[step]), ("grad norm", step, norms[step],
-                                                                                        ref_norms[step])
+        assert abs(losses[step] - ref_losses[step]) < loss_tol * max(1.0, abs(ref_losses[step])), \
+            ("loss", step, losses[step], ref_losses[step])
+        assert abs(norms[step] - ref_norms[step]) < norm_tol * max(1.0, ref_norms[step]), \
+            ("grad norm", step, norms[step], ref_norms[step])
     checked = 0
     for i, layer in model.layers_by_index.items():
         if not isinstance(layer, nn.Module):
             continue
         for (name, p), q in zip(layer.named_parameters(), ref_layers[i].parameters()):
-            diff = (tessera.tensor_parallel.full_tensor(p) - q.detach()).abs().max().item()
-            assert diff < 2e-5, ("layer %d %s differs by %g" % (i, name, diff))
+            diff = (tessera.tensor_parallel.full_tensor(p).float() - q.detach()).abs().max().item()
+            assert diff < param_tol * max(1.0, q.detach().abs().max().item()), ("layer %d %s differs by %g" % (i, name, diff))
             checked += 1
     assert checked > 0
-    print("pipeline ok on rank %d (stage %d, %d tensors checked, losses %s)"
-          % (tessera.comm.get_rank(), model.stage_id, checked, " ".join("%.5f" % l for l in losses)), flush=True)
+    print("pipeline ok on rank %d (stage %d, %d tensors checked, losses %s; reference %s)"
+          % (tessera.comm.get_rank(), model.stage_id, checked, " ".join("%.5f" % l for l in losses),
+             " ".join("%.5f" % l for l in ref_losses)), flush=True)
     tessera.comm.barrier()
     os._exit(0)  # leave together, without the interpreter's teardown (tensor_parallel_worker.py)
 

@@ -11,15 +11,16 @@ from conftest import check, launch
 
 CASES = [(2, 2, "1f1b", 0, "SGD", 0, 1), (2, 2, "gpipe", 1, "AdamW", 0, 1), (4, 2, "1f1b", 2, "AdamW", 0, 1),
          (4, 4, "1f1b", 1, "SGD", 0, 1), (2, 2, "1f1b", 1, "SGD", 2, 1), (4, 2, "1f1b", 1, "SGD", 0, 2),
-         (8, 2, "1f1b", 2, "AdamW", 0, 2)]
+         (8, 2, "1f1b", 2, "AdamW", 0, 2), (2, 2, "1f1b", 1, "bf16", 0, 1)]
 
 
 @pytest.mark.parametrize("ranks,stages,schedule,zero,optimizer,interval,tp", CASES,
                          ids=["pp2-1f1b-z0-sgd", "pp2-gpipe-z1-adamw", "pp2xdp2-z2-adamw", "pp4-z1-sgd",
-                              "pp2-checkpoint-every-2", "pp2xtp2-z1-sgd", "pp2xdp2xtp2-z2-adamw"])
+                              "pp2-checkpoint-every-2", "pp2xtp2-z1-sgd", "pp2xdp2xtp2-z2-adamw", "pp2-bf16-sgd"])
 def test_pipeline_module_matches_plain_pytorch(ranks, stages, schedule, zero, optimizer, interval, tp):
     """(with activation_checkpoint_interval 2: every 2 layers recomputed in backward, same results;
-    with tp 2: each block's MLP split over the tensor group, parameters gathered for the comparison)"""
+    with tp 2: each block's MLP split over the tensor group, parameters gathered for the comparison;
+    bf16: against the fp32 reference within bf16's rounding, 2% of the loss)"""
     result = check(launch(ranks, ["tests/python/pipeline_worker.py", str(stages), schedule, str(zero), optimizer,
                                   str(interval), str(tp)]))
     for rank in range(ranks):
