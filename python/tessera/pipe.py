@@ -16,6 +16,7 @@ Weights of a TiedLayerSpec key used on several stages start equal (broadcast fro
 have their gradients summed between those stages before each step (engine/pipeline_engine.h).
 The schedule (pipeline.schedule: 1F1B or GPipe), the executor and the engines are C++.
 """
+import functools
 import json
 
 import torch
@@ -42,8 +43,9 @@ class LayerSpec:
 
 
 class TiedLayerSpec(LayerSpec):
-    """A layer whose `tied_weight_attr` parameters are shared by every occurrence of `key` (the GPT's
-    embedding and output projection); `forward_fn(module, x)` replaces module(x) where given."""
+    """A layer whose `tied_weight_attr` parameters (names, dotted for submodules: "wte.weight") are
+    shared by every occurrence of `key` (the GPT's embedding and output projection);
+    `forward_fn(module, x)` replaces module(x) where given."""
 
     def __init__(self, key, typename, *module_args, forward_fn=None, tied_weight_attr="weight", **module_kwargs):
         super().__init__(typename, *module_args, **module_kwargs)
@@ -156,7 +158,8 @@ class PipelineModule(nn.Module):
         for key, module in self.tied_modules.items():
             stages = sorted(self._tied_stages[key])
             if len(stages) > 1:
-                out.append((key, [getattr(module, a) for a in self.tied_weight_attrs[key]], stages))
+                out.append((key, [functools.reduce(getattr, a.split("."), module) for a in self.tied_weight_attrs[key]],
+                            stages))
         return out
 
     def _synchronize_tied_weights(self):
