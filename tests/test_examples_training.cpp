@@ -109,12 +109,13 @@ constexpr double kParameterTolerance = 1e-4;
 // Runs train_gpt on `ranks` ranks for 10 steps and checks it against the 1-rank run: final loss,
 // every printed gradient norm, and every parameter (gathered from slices, partitions and stages).
 // Returns the output for further checks; `what` names the layout in a failure.
-std::string check_against_reference(int ranks, const std::string& config, const std::string& what) {
+std::string check_against_reference(int ranks, const std::string& config, const std::string& what,
+                                    std::vector<std::string> flags = {}) {
   const Reference& ref = reference();
   REQUIRE(!ref.parameters.empty());
   tessera::testing::TempDir dir;
-  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(),
-                         {"--save-parameters", dir.file("parameters.bin")});
+  flags.insert(flags.end(), {"--save-parameters", dir.file("parameters.bin")});
+  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(), flags);
   INFO(what << "\n" << run.output);
   REQUIRE(run.status == 0);
   CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
@@ -146,7 +147,7 @@ TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence p
 }
 
 TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 2 with ZeRO 0-2 - pp 2 x tp 2 - "
-          "pp 2 x dp 2 x tp 2) reach the 1-rank loss and parameters") {
+          "pp 2 x dp 2 x tp 2 - checkpointed blocks) reach the 1-rank loss and parameters") {
   // 4 micro-batches a step through the pipeline; micro x dp x 4 = the reference's 16 sequences.
   struct Run { int ranks, pp, tp, micro, stage; const char* schedule; bool sp; };
   for (Run r : {Run{2, 2, 1, 4, 1, "1f1b", false}, Run{2, 2, 1, 4, 0, "gpipe", false}, Run{4, 4, 1, 4, 2, "1f1b", false},
@@ -164,6 +165,9 @@ TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 
                              std::to_string(r.tp) + " ZeRO " + std::to_string(r.stage) + " " + r.schedule);
     CHECK(contains(output, std::to_string(r.pp) + " pipeline stages"));
   }
+  // Each stage's blocks recomputed in backward (the GPT's own checkpointing, inside its stage).
+  check_against_reference(2, with_sections(gpt_config(4, 1, 4), R"("pipeline": {"stages": 2})"),
+                          "pp 2 with --checkpoint-activations", {"--checkpoint-activations"});
 }
 
 TEST_CASE("train_gpt: eval_batch through 2 pipeline stages gives the 1-rank validation loss") {
