@@ -2,6 +2,10 @@
 // against values computed by hand (tests/test_worker.cpp), including uneven lengths.
 #include <catch2/catch.hpp>
 
+#include <map>
+
+#include "csrc/sign_pack.h"
+
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -16,12 +20,13 @@
 using tessera::testing::contains;
 
 namespace {
-tessera::testing::RunResult launch(int ranks, std::vector<std::string> worker_args, int port) {
+tessera::testing::RunResult launch(int ranks, std::vector<std::string> worker_args, int port,
+                                   const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
                                    "--master-port", std::to_string(port), "--timeout", "60", "--",
                                    TESSERA_WORKER_PATH};
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return tessera::testing::run(argv, {}, 120);
+  return tessera::testing::run(argv, env, 120);
 }
 }  // namespace
 
@@ -164,4 +169,28 @@ TEST_CASE("pipeline executor: a loss computed on a non-final stage is named") {
   CHECK(out.status != 0);
   CHECK(contains(out.output, "stage 0 of 2 returned a scalar from its forward"));
   CHECK(contains(out.output, "only the last stage computes the loss"));
+}
+
+// The 1-bit compressed allreduce (parallel/compressed_allreduce.h) against a plain simulation of
+// the algorithm, 3 calls (the error buffers carry over), lengths that do not divide, 2 and 4 ranks.
+// Each sign-packing kernel the CPU has, forced in turn by TESSERA_SIGN_PACK_ISA.
+TEST_CASE("compressed allreduce: results and error buffers equal the plain algorithm on 2 and 4 ranks") {
+  for (int ranks : {2, 4}) {
+    auto out = launch(ranks, {"compressed-allreduce"}, tessera::testing::free_port());
+    INFO(out.output);
+    REQUIRE(out.status == 0);
+    for (int rank = 0; rank < ranks; ++rank)
+      CHECK(contains(out.output, "compressed allreduce ok on rank " + std::to_string(rank) + ": n 4101"));
+  }
+  for (tessera::Isa isa : {tessera::Isa::Scalar, tessera::Isa::Avx2, tessera::Isa::Avx512}) {
+    if (!tessera::cpu_supports(isa)) {
+      WARN("compressed allreduce: this CPU has no " << tessera::isa_name(isa) << "; not forced");
+      continue;
+    }
+    auto out = launch(2, {"compressed-allreduce"}, tessera::testing::free_port(),
+                      {{"TESSERA_SIGN_PACK_ISA", tessera::isa_name(isa)}});
+    INFO(tessera::isa_name(isa) << "\n" << out.output);
+    REQUIRE(out.status == 0);
+    CHECK(contains(out.output, "compressed allreduce ok on rank 1: n 4101"));
+  }
 }

@@ -5,6 +5,8 @@
 //   tessera_test_worker pipeline --pp N [--schedule 1f1b|gpipe] [--micro M] [--dynamic-shape]
 //                                              an MLP through the pipeline executor against the
 //                                              same MLP in one process (test_worker_pipeline.cpp)
+//   tessera_test_worker compressed-allreduce  the 1-bit allreduce against a plain simulation of it
+//                                              (test_worker_compressed.cpp)
 //   tessera_test_worker dead-peer              the last rank exits; the others call all_reduce
 //   tessera_test_worker grad-norm [--tp N] [--pp N]   the global gradient norm (optim/grad_norm.h)
 //                                              over parts flagged data-/tensor-sharded, against
@@ -219,6 +221,10 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
   }
   if (mode == "grad-norm") {
     check_grad_norm(*ctx);
+    return 0;
+  }
+  if (mode == "compressed-allreduce") {
+    check_compressed_allreduce(*ctx);
     return 0;
   }
   if (mode == "dead-peer") {

@@ -12,3 +12,6 @@ class ParallelContext;
 // data, and checks its stage's parameters and (last stage) the losses against it. Throws on a
 // difference; prints "pipeline ok on rank R" and the measured and simulated activations.
 void check_pipeline(tessera::ParallelContext& ctx, const std::string& schedule, int micro_batches, bool dynamic_shape);
+
+// The compressed-allreduce scenario (test_worker_compressed.cpp).
+void check_compressed_allreduce(tessera::ParallelContext& ctx);
