@@ -183,7 +183,10 @@ void Engine::backward(const at::Tensor& loss) {
   last_loss_ = loss.detach().to(at::kDouble).reshape({1});
   // DeepSpeed's scaling: the loss of one micro-batch is 1/gas of the step's loss; fp16 scales up.
   run_backward([&] { (loss * (scaler_->scale() / double(gradient_accumulation_steps_))).backward(); });
-  at::Tensor on_group = last_loss_.to(parallel_.data().device());
+  add_interval_loss(last_loss_.to(parallel_.data().device()));
+}
+
+void Engine::add_interval_loss(const at::Tensor& on_group) {
   interval_loss_sum_ = interval_loss_sum_.defined() ? interval_loss_sum_.add_(on_group) : on_group.clone();
   ++interval_losses_;
 }
@@ -200,10 +203,8 @@ void Engine::sum_tied_gradients(int group, Communicator& across, bool counted_he
 }
 
 void Engine::record_loss(double loss) {
-  at::Tensor value = at::full({1}, loss, parallel_.data().options(at::kDouble));
-  last_loss_ = value;
-  interval_loss_sum_ = interval_loss_sum_.defined() ? interval_loss_sum_.add_(value) : value.clone();
-  ++interval_losses_;
+  last_loss_ = at::full({1}, loss, parallel_.data().options(at::kDouble));
+  add_interval_loss(last_loss_);
 }
 
 void Engine::run_backward(const std::function<void()>& autograd) {

@@ -151,6 +151,7 @@ class Engine {
 
  private:
   void run_backward(const std::function<void()>& autograd);
+  void add_interval_loss(const at::Tensor& on_group);  // a loss for the next progress line's mean
   void optimizer_step();
   void print_overflow(const UpdateResult& update) const;
   void print_progress();

@@ -15,24 +15,21 @@ namespace tessera {
 
 namespace {
 
-// s·sign(t) for the packed signs of t, and the scale ‖t‖/√len: the 1-bit compression of t.
+// The 1-bit compression of t: its packed signs (t.numel() / 8 bytes) and scale ‖t‖/√len.
+// `error` (as long as t) receives what the compression lost, t − scale·sign(t).
 struct Compressed {
-  at::Tensor bits;  // len / 8 bytes
+  at::Tensor bits;
   float scale = 0;
 };
 
-Compressed compress(const at::Tensor& t) {
+Compressed compress(const at::Tensor& t, at::Tensor& error) {
   Compressed c;
   c.scale = static_cast<float>(t.norm().item<double>() / std::sqrt(static_cast<double>(t.numel())));
   c.bits = at::empty({t.numel() / 8}, t.options().dtype(at::kByte));
   pack_signs(t.data_ptr<float>(), t.numel(), c.bits.data_ptr<uint8_t>());
+  unpack_signs(c.bits.data_ptr<uint8_t>(), t.numel(), c.scale, error.data_ptr<float>());
+  error.neg_().add_(t);
   return c;
-}
-
-at::Tensor decompress(const uint8_t* bits, int64_t len, float scale, const at::TensorOptions& options) {
-  at::Tensor out = at::empty({len}, options);
-  unpack_signs(bits, len, scale, out.data_ptr<float>());
-  return out;
 }
 
 }  // namespace
@@ -63,8 +60,7 @@ void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator
   // Worker: compensate, compress, keep what was lost.
   at::Tensor b = errors.worker.clone();
   b.narrow(0, 0, n).add_(x.reshape({-1}));
-  Compressed worker = compress(b);
-  errors.worker.copy_(b.sub_(decompress(worker.bits.data_ptr<uint8_t>(), padded, worker.scale, f32)));
+  const Compressed worker = compress(b, errors.worker);
 
   // Chunk j of the signs to rank j; every rank's scale to everyone.
   at::Tensor received = at::empty({padded / 8}, worker.bits.options());
@@ -73,21 +69,23 @@ void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator
   group.all_gather(my_scale, scales);
 
   // Server: average my chunk over the ranks, compensate with my server error, compress again.
-  at::Tensor c = at::zeros({chunk}, f32);
-  const uint8_t* from = received.data_ptr<uint8_t>();
-  for (int j = 0; j < p; ++j) c.add_(decompress(from + j * chunk / 8, chunk, scales[j].item<float>(), f32));
+  at::Tensor c = at::zeros({chunk}, f32), decoded = at::empty({chunk}, f32);
+  for (int j = 0; j < p; ++j) {
+    unpack_signs(received.data_ptr<uint8_t>() + j * chunk / 8, chunk, scales.data_ptr<float>()[j],
+                 decoded.data_ptr<float>());
+    c.add_(decoded);
+  }
   c.mul_(1.0 / p).add_(errors.server);
-  Compressed server = compress(c);
-  errors.server.copy_(c.sub_(decompress(server.bits.data_ptr<uint8_t>(), chunk, server.scale, f32)));
+  const Compressed server = compress(c, errors.server);
 
-  // Everyone gets every server's chunk.
+  // Everyone gets every server's chunk, decoded straight into x's padded copy.
   at::Tensor all_bits = at::empty({padded / 8}, server.bits.options());
   group.all_gather(server.bits, all_bits);
   at::Tensor server_scale = at::full({1}, server.scale, f32), server_scales = at::empty({p}, f32);
   group.all_gather(server_scale, server_scales);
   at::Tensor result = at::empty({padded}, f32);
   for (int j = 0; j < p; ++j)
-    unpack_signs(all_bits.data_ptr<uint8_t>() + j * chunk / 8, chunk, server_scales[j].item<float>(),
+    unpack_signs(all_bits.data_ptr<uint8_t>() + j * chunk / 8, chunk, server_scales.data_ptr<float>()[j],
                  result.data_ptr<float>() + j * chunk);
   x.reshape({-1}).copy_(result.narrow(0, 0, n));
 }

@@ -164,7 +164,7 @@ TEST_CASE("pipeline executor: 1f1b and gpipe on 2 and 4 stages train as one proc
 }
 
 TEST_CASE("pipeline executor: a loss computed on a non-final stage is named") {
-  auto out = launch(2, {"pipeline", "--pp", "2", "--schedule", "loss-on-first-stage"}, tessera::testing::free_port());
+  auto out = launch(2, {"pipeline", "--pp", "2", "--loss-on-first-stage"}, tessera::testing::free_port());
   INFO(out.output);
   CHECK(out.status != 0);
   CHECK(contains(out.output, "stage 0 of 2 returned a scalar from its forward"));

@@ -3,6 +3,7 @@
 //   tessera_test_worker collectives [--tp N]   every collective against values computed by hand
 //   tessera_test_worker context                rendezvous, print the context, exit
 //   tessera_test_worker pipeline --pp N [--schedule 1f1b|gpipe] [--micro M] [--dynamic-shape]
+//                                              [--loss-on-first-stage]
 //                                              an MLP through the pipeline executor against the
 //                                              same MLP in one process (test_worker_pipeline.cpp)
 //   tessera_test_worker compressed-allreduce  the 1-bit allreduce against a plain simulation of it
@@ -32,6 +33,7 @@
 
 #include "optim/grad_norm.h"
 #include "parallel/parallel_context.h"
+#include "test_worker_compressed.h"
 #include "test_worker_pipeline.h"
 
 using namespace tessera;
@@ -247,7 +249,7 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
   int tp = 1, pp = 1, micro = 4;
-  bool force_alltoall = false, native_only = false, dynamic_shape = false;
+  bool force_alltoall = false, native_only = false, dynamic_shape = false, loss_on_first_stage = false;
   std::string schedule = "1f1b";
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tp") && i + 1 < argc) tp = std::atoi(argv[++i]);
@@ -257,6 +259,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--micro") && i + 1 < argc) micro = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--dynamic-shape")) dynamic_shape = true;
+    else if (!std::strcmp(argv[i], "--loss-on-first-stage")) loss_on_first_stage = true;
   }
   try {
     if (mode == "pipeline") {
@@ -264,7 +267,7 @@ int main(int argc, char** argv) {
       options.pipe = pp;
       options.backend = "gloo";
       auto ctx = ParallelContext::from_environment(options);
-      check_pipeline(*ctx, schedule, micro, dynamic_shape);
+      check_pipeline(*ctx, schedule, micro, dynamic_shape, loss_on_first_stage);
       return 0;
     }
     return run(mode, tp, pp, force_alltoall, native_only);

@@ -16,7 +16,7 @@
 
 #include "parallel/compressed_allreduce.h"
 #include "parallel/parallel_context.h"
-#include "test_worker_pipeline.h"
+#include "test_worker_compressed.h"
 
 using namespace tessera;
 

@@ -93,13 +93,13 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
 
 }  // namespace
 
-void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int m, bool dynamic_shape) {
+void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int m, bool dynamic_shape,
+                    bool loss_on_first_stage) {
   Communicator& pipe = ctx.pipe();
   const int p = pipe.size(), s = pipe.rank();
   std::vector<LayerInfo> infos(kLayers, LayerInfo{"Linear", kWidth * kWidth + kWidth});
   infos.back().parameters = kOut * kWidth + kOut;
   const std::vector<int> bounds = partition_layers(infos, p, "parameters");
-  std::string schedule_name_used = schedule_name;
   if (ctx.rank() == 0) std::printf("%s", describe_partition(infos, bounds).c_str());
 
   // The reference: the whole model in this process, micro-batches accumulated in order.
@@ -121,9 +121,8 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
   // The pipeline: each stage holds every layer's initial values (same seed) but trains only its own.
   std::vector<Layer> model = build_model();
   MlpStage stage(model, bounds[s], bounds[s + 1], s == 0, s == p - 1, m);
-  stage.loss_on_first_ = schedule_name == "loss-on-first-stage";
-  if (stage.loss_on_first_) schedule_name_used = "1f1b";
-  PipelineExecutor executor(pipe, make_schedule(schedule_name_used, p, m), dynamic_shape);
+  stage.loss_on_first_ = loss_on_first_stage;
+  PipelineExecutor executor(pipe, make_schedule(schedule_name, p, m), dynamic_shape);
   const Simulation simulated = simulate(executor.schedule());
   BatchReport report;
   for (int step = 0; step < kSteps; ++step) {

@@ -11,7 +11,6 @@ class ParallelContext;
 // `schedule` and `micro_batches`; every rank also trains the whole model in-process on the same
 // data, and checks its stage's parameters and (last stage) the losses against it. Throws on a
 // difference; prints "pipeline ok on rank R" and the measured and simulated activations.
-void check_pipeline(tessera::ParallelContext& ctx, const std::string& schedule, int micro_batches, bool dynamic_shape);
-
-// The compressed-allreduce scenario (test_worker_compressed.cpp).
-void check_compressed_allreduce(tessera::ParallelContext& ctx);
+// `loss_on_first_stage`: the first stage returns a scalar, which the executor must refuse.
+void check_pipeline(tessera::ParallelContext& ctx, const std::string& schedule, int micro_batches, bool dynamic_shape,
+                    bool loss_on_first_stage = false);

@@ -234,10 +234,10 @@ ModelDescription Gpt::groups_of(const std::vector<int64_t>& indices, double weig
   std::vector<at::Tensor> params;
   for (int64_t i : indices) params.push_back(params_[i]);
   ModelDescription model = decay_groups(params, weight_decay);
-  for (ParamGroup& g : model.groups)  // which ones are tensor-parallel slices (their norm is summed over the group)
-    for (const at::Tensor& q : g.params)
-      for (size_t i = 0; i < params_.size(); ++i)
-        if (params_[i].is_same(q)) g.tensor_sharded.push_back(splits_[i].dim >= 0);
+  // Which ones are tensor-parallel slices (their norm is summed over the group), in each group's
+  // order: decay_groups keeps the order within "decay" (dim >= 2) and "no_decay".
+  for (int64_t i : indices)
+    model.groups[params_[i].dim() >= 2 ? 0 : 1].tensor_sharded.push_back(splits_[i].dim >= 0);
   return model;
 }
 

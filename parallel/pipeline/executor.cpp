@@ -1,7 +1,9 @@
 #include "parallel/pipeline/executor.h"
 
+#include <ATen/ops/stack.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -28,6 +30,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
   // Per micro-batch, from its Forward to its Backward: the stage's input (a leaf whose gradient
   // goes back) and its output (or the loss); then the input's gradient until SendGrad.
   std::vector<at::Tensor> inputs(m), outputs(m), grads(m), input_grads(m);
+  std::vector<at::Tensor> losses;  // the last stage's, read to the host once at the end
   BatchReport report;
   int held = 0;
   const auto began = clock::now();
@@ -49,7 +52,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
           if (outputs[mb].numel() != 1)
             throw std::invalid_argument("pipeline: the last stage's forward must return the micro-batch's loss (a scalar), got shape " +
                                         c10::str(outputs[mb].sizes()));
-          report.losses.push_back(outputs[mb].item<double>());
+          losses.push_back(outputs[mb].detach().reshape({}));
         }
         report.peak_activations = std::max(report.peak_activations, ++held);
         if (!schedule_.training && last) {
@@ -92,6 +95,10 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     report.timeline.push_back({ins, since(start), since(end)});
   }
   if (!schedule_.training) link_.wait_sends();
+  if (!losses.empty()) {
+    const at::Tensor values = at::stack(losses).to(at::kCPU, at::kDouble);
+    report.losses.assign(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
+  }
   report.seconds = since(clock::now());
   return report;
 }

@@ -34,7 +34,8 @@ class PipelineStage {
 
 struct BatchReport {
   std::vector<TimedInstruction> timeline;  // seconds since the batch began, in program order
-  std::vector<double> losses;              // the last stage: each micro-batch's loss, as returned
+  std::vector<double> losses;              // the last stage: each micro-batch's loss, as returned (read
+                                           // from the device once, after the batch)
   int peak_activations = 0;                // most micro-batches held at once
   double seconds = 0;                      // the whole batch
   double compute_seconds = 0;              // in forward() and backward()

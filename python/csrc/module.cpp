@@ -54,18 +54,41 @@ struct ConfigHandle {
 // the engine goes, the hooks it installed go too (unless a newer engine has replaced them): the
 // parameters become ordinary leaf tensors again, still holding the last values (they keep the flat
 // buffer's storage alive).
-struct EngineHandle {
-  std::shared_ptr<ParallelContext> context;
-  std::unique_ptr<Engine> engine;
+//
+// The hooks an engine put on its parameters (recorded right after it was built), taken off again
+// when the handle goes; declared after the engine, so taken off before it is destroyed.
+struct GradHooks {
   std::vector<std::pair<at::Tensor, const void*>> hooks;  // a parameter, the hook the engine put on it
 
-  ~EngineHandle() {
+  void record(const ModelDescription& model) {
+    for (const auto& g : model.groups)
+      for (const auto& p : g.params)
+        hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
+  }
+  ~GradHooks() {
     for (auto& [param, hook] : hooks) {
       auto& slot = torch::autograd::impl::post_acc_grad_hooks(param);
       if (slot && static_cast<const void*>(slot.get()) == hook) slot.reset();
     }
   }
 };
+
+struct EngineHandle {
+  std::shared_ptr<ParallelContext> context;
+  std::unique_ptr<Engine> engine;
+  GradHooks hooks;
+};
+
+// A parameter group as Python passes it: (params, lr, weight_decay, name, names, tensor_sharded).
+using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
+                              std::vector<std::string>, std::vector<bool>>;
+
+ModelDescription description_of(const std::vector<GroupTuple>& groups) {
+  ModelDescription model;
+  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
+    model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+  return model;
+}
 
 // tessera.zero.Init's C++ half (zero/partitioned_init.h), with the context its communicator lives in.
 struct InitHandle {
@@ -134,23 +157,19 @@ class PyStageModel : public PipelineStageModel {
   }
 };
 
-// PipelineEngine with what it runs on kept alive, and its engine's gradient hooks taken off the
-// parameters when it goes (as EngineHandle).
+// PipelineEngine with what it runs on kept alive, and its engine's gradient hooks (as EngineHandle).
 struct PipelineHandle {
   std::shared_ptr<ParallelContext> context;
   py::object model;  // the PyStageModel
   std::unique_ptr<PipelineEngine> engine;
-  std::vector<std::pair<at::Tensor, const void*>> hooks;
-  ~PipelineHandle() {
-    for (auto& [param, hook] : hooks) {
-      auto& slot = torch::autograd::impl::post_acc_grad_hooks(param);
-      if (slot && static_cast<const void*>(slot.get()) == hook) slot.reset();
-    }
-  }
+  GradHooks hooks;
 };
 
-using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
-                              std::vector<std::string>, std::vector<bool>>;
+std::vector<pipeline::LayerInfo> layer_infos_of(const std::vector<std::pair<std::string, int64_t>>& layers) {
+  std::vector<pipeline::LayerInfo> infos;
+  for (const auto& [type, params] : layers) infos.push_back({type, params});
+  return infos;
+}
 
 // The data iterator's next() as a MicroBatchSource: it runs with the GIL, which train_batch's
 // C++ (autograd, collectives) runs without.
@@ -311,28 +330,22 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<EngineHandle>(m, "Engine")
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
-                       const std::vector<std::tuple<std::vector<at::Tensor>, std::optional<double>,
-                                                    std::optional<double>, std::string, std::vector<std::string>,
-                                                    std::vector<bool>>>& groups,
+                       const std::vector<GroupTuple>& groups,
                        const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units,
                        const std::vector<std::shared_ptr<InitHandle>>& inits) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");
-             ModelDescription model;
-             for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
-               model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+             ModelDescription model = description_of(groups);
              for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
              for (const auto& init : inits)  // a model built under tessera.zero.Init: its chunks
                if (init) init->init->take_shards(model);
              auto e = std::make_unique<EngineHandle>();
              e->context = context;
-             std::vector<at::Tensor> params;
-             for (const auto& g : model.groups) params.insert(params.end(), g.params.begin(), g.params.end());
+             const ModelDescription parameters = model;  // the tensors, for the hooks
              {
                py::gil_scoped_release release;  // may run collectives
                e->engine = std::make_unique<Engine>(config.config, *context, std::move(model));
              }
-             for (auto& p : params)
-               e->hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
+             e->hooks.record(parameters);
              return e;
            }),
            py::arg("config"), py::arg("context"), py::arg("groups"), py::arg("units"),
@@ -507,15 +520,11 @@ PYBIND11_MODULE(_C, m) {
   py::module pipe = m.def_submodule("pipeline", "pipeline stages: partitioning, PipelineEngine");
   pipe.def("partition",
            [](const std::vector<std::pair<std::string, int64_t>>& layers, int stages, const std::string& method) {
-             std::vector<pipeline::LayerInfo> infos;
-             for (const auto& [type, params] : layers) infos.push_back({type, params});
-             return pipeline::partition_layers(infos, stages, method);
+             return pipeline::partition_layers(layer_infos_of(layers), stages, method);
            },
            py::arg("layers"), py::arg("stages"), py::arg("method"));
   pipe.def("describe_partition", [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds) {
-    std::vector<pipeline::LayerInfo> infos;
-    for (const auto& [type, params] : layers) infos.push_back({type, params});
-    return pipeline::describe_partition(infos, bounds);
+    return pipeline::describe_partition(layer_infos_of(layers), bounds);
   });
   pipe.def("broadcast_between_stages",
            [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
@@ -534,20 +543,16 @@ PYBIND11_MODULE(_C, m) {
              auto h = std::make_unique<PipelineHandle>();
              h->context = context;
              h->model = model;
-             ModelDescription description;
-             for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
-               description.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+             ModelDescription description = description_of(groups);
+             const ModelDescription parameters = description;  // the tensors, for the hooks
              std::vector<TiedGroup> tied_groups;
              for (const auto& [group, stages] : tied) tied_groups.push_back({group, stages});
-             std::vector<at::Tensor> params;
-             for (const auto& g : description.groups) params.insert(params.end(), g.params.begin(), g.params.end());
              {
                py::gil_scoped_release release;  // collectives
                h->engine = std::make_unique<PipelineEngine>(config.config, *context, model.cast<PipelineStageModel&>(),
                                                             std::move(description), std::move(tied_groups));
              }
-             for (auto& p : params)
-               h->hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
+             h->hooks.record(parameters);
              return h;
            }),
            py::arg("config"), py::arg("context"), py::arg("model"), py::arg("groups"), py::arg("tied"))
