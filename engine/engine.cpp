@@ -15,6 +15,7 @@
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
 #include "engine/progress.h"
+#include "optim/flat_optimizer.h"
 #include "optim/grad_norm.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -37,7 +38,7 @@ std::unordered_map<const void*, std::string> parameter_names(const ModelDescript
 }
 
 // What ZeRO takes from the config.
-ZeroOptions zero_options(const Config& c, int rank) {
+ZeroOptions zero_options(const Config& c, int rank, int data_size) {
   ZeroOptions o;
   o.stage = c.zero_optimization.stage;
   o.overlap_allgather = c.zero_optimization.overlap_comm.value_or(false);
@@ -46,6 +47,7 @@ ZeroOptions zero_options(const Config& c, int rank) {
   const std::string wire = c.communication_data_type.value_or(c.data_types.grad_accum_dtype);
   o.communication_dtype = wire == "bf16" ? at::kBFloat16 : wire == "fp16" ? at::kHalf : at::kFloat;
   o.reduce_bucket_numel = c.zero_optimization.reduce_bucket_size;
+  o.predivide_factor = c.prescale_gradients ? double(data_size) : c.gradient_predivide_factor;
   o.ignore_unused_parameters = c.zero_optimization.ignore_unused_parameters;
   o.compute_dtype = c.bf16.enabled ? at::kBFloat16 : c.fp16.enabled ? at::kHalf : at::kFloat;
   o.optimizer = c.optimizer->type;
@@ -70,6 +72,41 @@ ZeroOptions zero_options(const Config& c, int rank) {
     o.nvme_optimizer = nvme;
   }
   return o;
+}
+
+// The 1-bit family (optim/onebit.h) runs at ZeRO stage 0 on the data group's own backend.
+void check_onebit(const Config& c, ParallelContext& parallel, const ModelDescription& model) {
+  const std::string& type = c.optimizer->type;
+  const std::string& backend = c.optimizer->params.comm_backend_name;
+  const bool gpu = !parallel.data().device().is_cpu();
+  if (backend == "mpi" || backend == "hccl")
+    throw ConfigError("tessera: optimizer.params.comm_backend_name: \"" + backend + "\" is not available: tessera's "
+                      "compressed allreduce runs on the data-parallel group's own backend (" +
+                      std::string(gpu ? "NCCL on these GPU ranks" : "Gloo on these CPU ranks") +
+                      "); expected \"" + (gpu ? "nccl" : "gloo") + "\" (or \"compressed\")");
+  const int stage = c.zero_optimization.stage;
+  if (stage == 0) return;
+  // Why not ZeRO: the exchange averages the whole momentum on every rank (whole error buffers
+  // too), so only the variance could be partitioned, while the updated parameters would have to be
+  // all-gathered every step: far more bytes than the compression saves.
+  int64_t numel = 0;
+  for (const ParamGroup& g : model.groups)
+    for (const at::Tensor& p : g.params) numel += p.defined() ? p.numel() : 0;
+  const int ranks = parallel.data().size();
+  const double share = ranks > 1 ? double(ranks - 1) / ranks : 0.5;  // what a rank sends of a gathered buffer
+  const double param_bytes = (c.bf16.enabled || c.fp16.enabled) ? 2 : 4;
+  const double gather = share * param_bytes * numel, compressed = 2 * share * numel / 8.0;
+  char numbers[512];
+  std::snprintf(numbers, sizeof(numbers),
+                "for this model (%lld parameters on this rank, %d data-parallel ranks) a step would send %.2f MB "
+                "for the parameter all-gather plus %.2f MB of compressed momentum, against %.2f MB at stage 0 "
+                "(%.1fx the traffic), to partition only the variance (%.2f MB per rank)",
+                (long long)numel, ranks, gather / 1e6, compressed / 2e6, compressed / 1e6,
+                (gather + compressed / 2) / compressed, 4.0 * numel * share / 1e6);
+  throw ConfigError("tessera: optimizer.type " + type + " runs with zero_optimization.stage 0 only (found " +
+                    std::to_string(stage) + "). Its compressed exchange averages the whole momentum on every rank, "
+                    "so ZeRO would partition little and add an all-gather of the updated parameters each step: " +
+                    numbers + ". Use stage 0 with " + type + ", or Adam with ZeRO (docs/onebit.md)");
 }
 }  // namespace
 
@@ -155,7 +192,8 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
     throw ConfigError("tessera: zero_optimization.offload_optimizer.device: \"" + offload +
                       "\" runs on CPU ranks only so far, not on " + parallel_.data().device().str() +
                       "; use \"none\" there");
-  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank()), parallel_, model, &units_);
+  if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
+  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank(), parallel_.data().size()), parallel_, model, &units_);
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);
   schedule_ = config_.scheduler ? make_lr_schedule(config_.scheduler->type, config_.scheduler->params,
                                                    config_.optimizer->params.lr)
@@ -331,8 +369,22 @@ void Engine::print_progress() {
   if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
   interval_loss_sum_ = at::Tensor();
   interval_losses_ = 0;
+  // The 1-bit family: the phase of the last step and what this rank sent per step on the data group.
+  std::string extra;
+  const std::string phase = zero_->optimizer_phase();
+  if (!phase.empty()) {
+    int64_t sent = 0;
+    for (const auto& [name, stats] : parallel_.data().stats()) sent += stats.sent_bytes;
+    const int64_t steps = global_step_ - steps_at_last_print_;
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " | %s | sent %.1f KB/step", phase.c_str(),
+                  steps > 0 ? double(sent - sent_at_last_print_) / steps / 1e3 : 0.0);
+    extra = buf;
+    sent_at_last_print_ = sent;
+  }
+  steps_at_last_print_ = global_step_;
   std::string line = progress_->line(global_step_, mean.item<double>(), learning_rate(), scaler_->scale(),
-                                     last_grad_norm_);
+                                     last_grad_norm_, extra);
   if (progress_->printer()) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -375,6 +427,10 @@ Engine::GatheredScope::~GatheredScope() {
 }
 
 bool Engine::parameters_in_flight() const { return zero_->parameters_in_flight(); }
+
+std::string Engine::optimizer_phase() const { return zero_->optimizer_phase(); }
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::optimizer_state() const { return zero_->optimizer_state(); }
 
 MemoryReport Engine::memory() const { return zero_->memory(); }
 

@@ -148,6 +148,11 @@ class Engine {
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }
   MemoryReport memory() const;
+  // The optimizer's phase ("warm-up", "compressed", "local": the 1-bit family; empty otherwise).
+  std::string optimizer_phase() const;
+  // The optimizer's state by name, "group.name" (exp_avg, exp_avg_sq, the 1-bit family's error
+  // buffers...), as tensors the optimizer updates in place: what a checkpoint saves and restores.
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
 
  private:
   void run_backward(const std::function<void()>& autograd);
@@ -172,6 +177,7 @@ class Engine {
   at::Tensor last_loss_;          // the last micro-batch's loss, on its device
   at::Tensor interval_loss_sum_;  // losses since the last progress line, on the data group's device
   int64_t interval_losses_ = 0;
+  int64_t steps_at_last_print_ = 0, sent_at_last_print_ = 0;  // the progress line's bytes per step
   bool warned_no_units_ = false;
   std::chrono::steady_clock::time_point last_step_end_;
 };

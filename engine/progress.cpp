@@ -34,13 +34,14 @@ void ProgressMeter::add_times(const StepTimes& t) {
 }
 
 std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr, double loss_scale,
-                                double grad_norm) {
+                                double grad_norm, const std::string& extra) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - interval_start_).count();
   const double steps = times_.optimizer_steps ? double(times_.optimizer_steps) : 1.0;
   char buf[512];
   int n = std::snprintf(buf, sizeof(buf), "step %lld | loss %.4f | lr %.3e | loss scale %g | grad norm %.4f",
                         (long long)global_step, mean_loss, lr, loss_scale, grad_norm);
+  n += std::snprintf(buf + n, sizeof(buf) - n, "%s", extra.c_str());
   // Every data-parallel rank draws the same number of samples: this rank's count times dp.
   if (samples_ > 0) n += std::snprintf(buf + n, sizeof(buf) - n, " | %.1f samples/s", samples_ * dp_ / seconds);
   if (tokens_ > 0) n += std::snprintf(buf + n, sizeof(buf) - n, " | %.0f tokens/s", tokens_ * dp_ / seconds);

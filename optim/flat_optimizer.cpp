@@ -14,14 +14,11 @@
 
 #include "csrc/cpu_adam.h"
 #include "optim/device_adam.h"
+#include "optim/onebit.h"
 
 namespace tessera {
 
 namespace {
-
-void write_compute_copy(const ShardSegment& s) {
-  if (s.compute_copy.defined()) s.compute_copy.copy_(s.params);
-}
 
 // The SIMD CPU kernel applies to fp32 CPU tensors in one contiguous run (csrc/cpu_adam.h), with
 // fp32 or bf16 gradients (data_types.grad_accum_dtype).
@@ -88,6 +85,9 @@ class Adam final : public FlatOptimizer {
   }
   int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   const char* name() const override { return p_.adam_w_mode ? "AdamW" : "Adam"; }
+  std::vector<std::pair<std::string, at::Tensor>> named_state() const override {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
 
  private:
   OptimizerHyperparams p_;
@@ -126,6 +126,10 @@ class Sgd final : public FlatOptimizer {
   }
   int64_t state_bytes() const override { return momentum_buffer_.defined() ? momentum_buffer_.nbytes() : 0; }
   const char* name() const override { return "SGD"; }
+  std::vector<std::pair<std::string, at::Tensor>> named_state() const override {
+    if (!momentum_buffer_.defined()) return {};
+    return {{"momentum_buffer", momentum_buffer_}};
+  }
 
  private:
   OptimizerHyperparams p_;
@@ -134,7 +138,7 @@ class Sgd final : public FlatOptimizer {
 
 class Lamb final : public FlatOptimizer {
  public:
-  Lamb(const OptimizerHyperparams& p, int64_t n, const at::TensorOptions& o, LambContext ctx)
+  Lamb(const OptimizerHyperparams& p, int64_t n, const at::TensorOptions& o, OptimizerContext ctx)
       : p_(p), exp_avg_(at::zeros({n}, o)), exp_avg_sq_(at::zeros({n}, o)), ctx_(std::move(ctx)) {}
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
@@ -172,9 +176,9 @@ class Lamb final : public FlatOptimizer {
     // trust = clamp(‖p‖/‖u‖, min_coeff, max_coeff), and 1 where either norm is 0 (DeepSpeed's FusedLamb).
     at::Tensor w = sums.select(0, 0).sqrt(), un = sums.select(0, 1).sqrt();
     at::Tensor trust = at::where((w > 0).logical_and(un > 0), w / un, at::ones_like(w))
-                           .clamp_(p_.min_coeff, p_.max_coeff)
-                           .mul_(-in.lr)
-                           .to(at::kFloat);
+                           .clamp_(p_.min_coeff, p_.max_coeff);
+    if (ctx_.on_trust_ratios) ctx_.on_trust_ratios(trust);
+    trust = trust.mul(-in.lr).to(at::kFloat);
     // Phase 2: p ← p − lr · trust · u, with the trust ratio of the whole parameter.
     for_each_piece(segments, updates, [&](const ShardPiece& piece, const at::Tensor& p, const at::Tensor& u) {
       p.addcmul_(u, trust.select(0, piece.param));
@@ -184,6 +188,9 @@ class Lamb final : public FlatOptimizer {
   bool elementwise() const override { return false; }
   int64_t state_bytes() const override { return exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   const char* name() const override { return "Lamb"; }
+  std::vector<std::pair<std::string, at::Tensor>> named_state() const override {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
 
  private:
   // Calls f(piece, params view, update view) for each parameter piece inside the segments.
@@ -202,7 +209,7 @@ class Lamb final : public FlatOptimizer {
 
   OptimizerHyperparams p_;
   at::Tensor exp_avg_, exp_avg_sq_;
-  LambContext ctx_;
+  OptimizerContext ctx_;
 };
 
 }  // namespace
@@ -213,12 +220,16 @@ void FlatOptimizer::step_with_state(const StepInputs&, const std::vector<ShardSe
 }
 
 std::unique_ptr<FlatOptimizer> make_flat_optimizer(const std::string& t, const OptimizerHyperparams& params, int64_t shard_numel,
-                                                   const at::TensorOptions& options, LambContext lamb) {
+                                                   const at::TensorOptions& options, OptimizerContext context) {
   if (t == "Adam" || t == "AdamW") return std::make_unique<Adam>(params, shard_numel, options);
   if (t == "SGD") return std::make_unique<Sgd>(params, shard_numel, options);
-  if (t == "Lamb") return std::make_unique<Lamb>(params, shard_numel, options, std::move(lamb));
+  if (t == "Lamb") return std::make_unique<Lamb>(params, shard_numel, options, std::move(context));
+  if (is_onebit_optimizer(t)) return make_onebit_optimizer(t, params, shard_numel, options, std::move(context));
   throw std::invalid_argument("tessera: optimizer.type \"" + t +
-                              "\" is not available in the engine yet (Adam, AdamW, SGD and Lamb are)");
+                              "\" is not available in the engine (Adam, AdamW, SGD, Lamb, OneBitAdam, ZeroOneAdam and "
+                              "OneBitLamb are)");
 }
+
+bool is_onebit_optimizer(const std::string& t) { return t == "OneBitAdam" || t == "ZeroOneAdam" || t == "OneBitLamb"; }
 
 }  // namespace tessera

@@ -17,12 +17,16 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/options.h"
 #include "optim/shard.h"
 
 namespace tessera {
+
+class Communicator;
 
 struct StepInputs {
   int64_t step = 1;  // 1-based count of applied optimizer steps (Adam's bias correction; SGD starts
@@ -51,16 +55,40 @@ class FlatOptimizer {
   virtual void step_with_state(const StepInputs& in, const std::vector<ShardSegment>& segments,
                                const std::vector<at::Tensor>& state, int64_t state_offset);
   virtual const char* name() const = 0;
+
+  // The optimizer's state by name (DeepSpeed's: exp_avg, exp_avg_sq, momentum_buffer, and the
+  // 1-bit family's error buffers and frozen variance), each a tensor laid out like the shard that
+  // this optimizer updates in place: what a checkpoint saves and loads.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_state() const { return {}; }
+  // Whether the coming step needs its gradients averaged over the data-parallel group first (the
+  // engine's reduction during backward). The 1-bit family (optim/onebit.h) answers false once it
+  // communicates its own compressed state instead; the gradients then stay this rank's own.
+  virtual bool wants_averaged_gradients() const { return true; }
+  // The phase of the coming step for the progress line ("warm-up", "compressed", ...); empty: none.
+  virtual std::string phase() const { return {}; }
 };
 
-// What LAMB needs to take norms over whole parameters that straddle ranks.
-struct LambContext {
+// What an optimizer may need beyond its shard: LAMB's norms over whole parameters that straddle
+// ranks, and the group the 1-bit family averages its compressed state over.
+struct OptimizerContext {
   std::vector<ShardPiece> pieces;  // this rank's pieces of each parameter, in local order
   int num_params = 0;
-  std::function<void(at::Tensor&)> sum_across_ranks;  // in place, over the data-parallel group
+  // In place on a [.., num_params] tensor of per-parameter partial sums (maxima): over the ranks
+  // holding the other pieces or tensor-parallel slices of each parameter; empty: none do.
+  std::function<void(at::Tensor&)> sum_across_ranks;
+  std::function<void(at::Tensor&)> max_across_ranks;
+  // LAMB: called each step with the per-parameter trust ratios it applied (1-bit LAMB's warm-up
+  // averages them).
+  std::function<void(const at::Tensor&)> on_trust_ratios;
+  // The 1-bit family: the data-parallel group its compressed allreduce runs over (null: one rank).
+  Communicator* data = nullptr;
 };
 
+// Adam, AdamW, SGD, Lamb, and the 1-bit family (OneBitAdam, ZeroOneAdam, OneBitLamb: optim/onebit.h).
 std::unique_ptr<FlatOptimizer> make_flat_optimizer(const std::string& type, const OptimizerHyperparams& params, int64_t shard_numel,
-                                                   const at::TensorOptions& state_options, LambContext lamb = {});
+                                                   const at::TensorOptions& state_options, OptimizerContext context = {});
+
+// Whether `type` is one of the 1-bit family (they run at ZeRO stage 0 only).
+bool is_onebit_optimizer(const std::string& type);
 
 }  // namespace tessera

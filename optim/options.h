@@ -25,6 +25,16 @@ struct OptimizerHyperparams {
   bool nesterov = false;    // SGD
   double max_coeff = 10.0;  // Lamb trust-ratio clamp
   double min_coeff = 0.01;  // Lamb
+  // The 1-bit family (optim/onebit.h), DeepSpeed's names and defaults (runtime/fp16/onebit/).
+  int64_t freeze_step = 100000;       // OneBitAdam, OneBitLamb: full-precision warm-up steps
+  int64_t var_freeze_step = 100000;   // ZeroOneAdam: the last step that may update the variance
+  int64_t var_update_scaler = 16;     // ZeroOneAdam: variance updates before their interval doubles
+  int64_t local_step_scaler = 32678;  // ZeroOneAdam: steps before the local-step interval doubles
+  int64_t local_step_clipper = 16;    // ZeroOneAdam: the longest local-step interval
+  double coeff_beta = 0.9;            // OneBitLamb: the warm-up's moving average of trust ratios
+  double factor_max = 4.0;            // OneBitLamb: bounds of the compressed phase's variance factor
+  double factor_min = 0.5;
+  double factor_threshold = 0.1;      // OneBitLamb: its largest relative change per step
 };
 
 // Loss scaling (optim/loss_scaler.h): DeepSpeed's "fp16" section.

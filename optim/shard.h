@@ -19,6 +19,11 @@ struct ShardSegment {
   at::Tensor compute_copy;  // mixed precision: the bf16/fp16 chunk to receive the updated params
 };
 
+// After an optimizer updated s.params: the compute copy takes them (mixed precision).
+inline void write_compute_copy(const ShardSegment& s) {
+  if (s.compute_copy.defined()) s.compute_copy.copy_(s.params);
+}
+
 // A piece of one parameter inside a rank's local shard (what LAMB needs for per-parameter norms).
 struct ShardPiece {
   int param = 0;

@@ -111,7 +111,7 @@ std::string Communicator::label(const char* collective, const at::Tensor& t) con
          " elements on " + describe();
 }
 
-CommHandle Communicator::issue(const char* collective, int64_t bytes, const std::string& what,
+CommHandle Communicator::issue(const char* collective, int64_t bytes, int64_t sent, const std::string& what,
                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                std::function<void()> finish) {
   // TESSERA_TRACE_COMM=1: every collective as it is issued, on stderr (finds a mismatch between ranks).
@@ -120,6 +120,7 @@ CommHandle Communicator::issue(const char* collective, int64_t bytes, const std:
   CollectiveStats& entry = stats_[collective];
   ++entry.calls;
   entry.bytes += bytes;
+  entry.sent_bytes += sent;
   try {
     return CommHandle(start(), std::move(finish), what, &entry);
   } catch (const CommError&) {
@@ -133,7 +134,7 @@ CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce");
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [tensor, p = size()]() mutable { tensor.div_(p); };
-  return issue("all_reduce", tensor.nbytes(), label("all_reduce", tensor), [&] {
+  return issue("all_reduce", tensor.nbytes(), 2 * (size() - 1) * tensor.nbytes() / size(), label("all_reduce", tensor), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
@@ -154,7 +155,7 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [output, p = size()]() mutable { output.div_(p); };
   ++native_reduce_scatters_;
-  return issue("reduce_scatter", input.nbytes(), label("reduce_scatter", input), [&] {
+  return issue("reduce_scatter", input.nbytes(), input.nbytes() - output.nbytes(), label("reduce_scatter", input), [&] {
     at::Tensor in = input.view({-1}), out = output.view({-1});
     c10d::ReduceScatterOptions o;
     o.reduceOp = to_c10d(op);
@@ -178,7 +179,7 @@ CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at:
     else at::sum_out(out, rows, {0});
     if (op == ReduceOp::Avg) out.div_(p);
   };
-  return issue("reduce_scatter", input.nbytes(), label("reduce_scatter (all-to-all)", input), [&] {
+  return issue("reduce_scatter", input.nbytes(), input.nbytes() - output.nbytes(), label("reduce_scatter (all-to-all)", input), [&] {
     at::Tensor in = input.view({-1});
     return backend_->alltoall_base(received, in, recv_counts, send_counts);
   }, std::move(finish));
@@ -193,7 +194,7 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
               " elements, this rank's chunk of ", n, " has ", chunk_range(n, p, rank_).size());
   if (options_.pairwise_all_gather > 0) return all_gather_pairwise(input, output);
   if (n % p == 0) {
-    return issue("all_gather", output.nbytes(), label("all_gather", output), [&] {
+    return issue("all_gather", output.nbytes(), (p - 1) * input.nbytes(), label("all_gather", output), [&] {
       at::Tensor in = input.view({-1}), out = output.view({-1});
       return backend_->_allgather_base(out, in);
     });
@@ -210,7 +211,7 @@ CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& o
       out.narrow(0, c.begin, c.size()).copy_(padded_out.narrow(0, r * row, c.size()));
     }
   };
-  return issue("all_gather", output.nbytes(), label("all_gather", output), [&] { return backend_->_allgather_base(padded_out, padded_in); },
+  return issue("all_gather", output.nbytes(), (p - 1) * input.nbytes(), label("all_gather", output), [&] { return backend_->_allgather_base(padded_out, padded_in); },
                std::move(finish));
 }
 
@@ -226,6 +227,7 @@ CommHandle Communicator::all_gather_pairwise(const at::Tensor& input, at::Tensor
   CollectiveStats& entry = stats_["all_gather"];
   ++entry.calls;
   entry.bytes += output.nbytes();
+  entry.sent_bytes += (p - 1) * input.nbytes();
   const std::string what = label("all_gather", output);
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
@@ -246,7 +248,7 @@ CommHandle Communicator::all_gather_pairwise(const at::Tensor& input, at::Tensor
 
 CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast");
-  return issue("broadcast", tensor.nbytes(), label("broadcast", tensor), [&] {
+  return issue("broadcast", tensor.nbytes(), root == rank_ ? tensor.nbytes() : 0, label("broadcast", tensor), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -259,7 +261,7 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
   check_tensor(output, "all_to_all");
   TORCH_CHECK(input.numel() == output.numel() && input.numel() % size() == 0,
               "tessera: all_to_all needs input and output of the same size, divisible by the group size");
-  return issue("all_to_all", input.nbytes(), label("all_to_all", input), [&] {
+  return issue("all_to_all", input.nbytes(), (size() - 1) * input.nbytes() / size(), label("all_to_all", input), [&] {
     at::Tensor in = input.view({-1}), out = output.view({-1});
     std::vector<int64_t> equal;  // empty split lists mean equal splits
     return backend_->alltoall_base(out, in, equal, equal);
@@ -268,7 +270,7 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
 
 CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "send");
-  return issue("send", tensor.nbytes(), label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
+  return issue("send", tensor.nbytes(), tensor.nbytes(), label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->send(tensors, peer, tag);
   });
@@ -276,14 +278,14 @@ CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
 
 CommHandle Communicator::recv_async(at::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "recv");
-  return issue("recv", tensor.nbytes(), label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
+  return issue("recv", tensor.nbytes(), 0, label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->recv(tensors, peer, tag);
   });
 }
 
 CommHandle Communicator::barrier_async() {
-  return issue("barrier", 0, "barrier on " + describe(), [&] { return backend_->barrier(); });
+  return issue("barrier", 0, 0, "barrier on " + describe(), [&] { return backend_->barrier(); });
 }
 
 void Communicator::all_reduce(at::Tensor& t, ReduceOp op) { all_reduce_async(t, op).wait(); }

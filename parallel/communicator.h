@@ -51,11 +51,17 @@ ChunkRange chunk_range(int64_t n, int p, int r);
 //   bytes    the size of each call's whole flat buffer, summed (the tensor of an all_reduce or
 //            broadcast, the input of a reduce_scatter or all_to_all, the output of an all_gather,
 //            the message of a send/recv): the size NCCL's own tests report
+//   sent_bytes  what this rank puts on the wire for it under the bandwidth-optimal algorithm (the
+//            bytes a slow link carries): all_reduce 2(p−1)/p of the buffer (a ring), reduce_scatter
+//            the input less this rank's chunk, all_gather (p−1) times this rank's chunk, all_to_all
+//            (p−1)/p of the input, broadcast the buffer at the root and 0 elsewhere, send the
+//            message, recv and barrier 0
 //   seconds  from the call until the caller's wait() returned, summed; for an async collective that
 //            includes whatever the caller did meanwhile (so it bounds the communication time)
 struct CollectiveStats {
   int64_t calls = 0;
   int64_t bytes = 0;
+  int64_t sent_bytes = 0;
   double seconds = 0;
 };
 
@@ -172,7 +178,7 @@ class Communicator {
  private:
   CommHandle reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op);
   CommHandle all_gather_pairwise(const at::Tensor& input, at::Tensor& output);
-  CommHandle issue(const char* collective, int64_t bytes, const std::string& what,
+  CommHandle issue(const char* collective, int64_t bytes, int64_t sent, const std::string& what,
                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> finish = {});
   std::string label(const char* collective, const at::Tensor& t) const;
   void check_tensor(const at::Tensor& t, const char* collective) const;  // defined, contiguous, on device()

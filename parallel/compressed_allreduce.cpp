@@ -1,9 +1,9 @@
 #include "parallel/compressed_allreduce.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -15,21 +15,59 @@ namespace tessera {
 
 namespace {
 
-// The 1-bit compression of t: its packed signs (t.numel() / 8 bytes) and scale ‖t‖/√len.
-// `error` (as long as t) receives what the compression lost, t − scale·sign(t).
-struct Compressed {
-  at::Tensor bits;
-  float scale = 0;
+// The scale blocks over the padded buffer: block b is [start[b], start[b + 1]).
+struct Blocks {
+  std::vector<int64_t> start;  // count() + 1 entries, the last one the padded size
+  int count() const { return static_cast<int>(start.size()) - 1; }
+
+  // f(block, begin, end) for each block's piece inside [lo, hi), in order.
+  template <class F>
+  void for_each_piece(int64_t lo, int64_t hi, F f) const {
+    int b = static_cast<int>(std::upper_bound(start.begin(), start.end() - 1, lo) - start.begin()) - 1;
+    for (; b < count() && start[b] < hi; ++b) f(b, std::max(lo, start[b]), std::min(hi, start[b + 1]));
+  }
 };
 
-Compressed compress(const at::Tensor& t, at::Tensor& error) {
-  Compressed c;
-  c.scale = static_cast<float>(t.norm().item<double>() / std::sqrt(static_cast<double>(t.numel())));
-  c.bits = at::empty({t.numel() / 8}, t.options().dtype(at::kByte));
-  pack_signs(t.data_ptr<float>(), t.numel(), c.bits.data_ptr<uint8_t>());
-  unpack_signs(c.bits.data_ptr<uint8_t>(), t.numel(), c.scale, error.data_ptr<float>());
+Blocks make_blocks(const std::vector<int64_t>& starts, int64_t n, int64_t padded) {
+  Blocks blocks;
+  blocks.start = starts.empty() ? std::vector<int64_t>{0} : starts;
+  if (blocks.start.front() != 0)
+    throw std::invalid_argument("compressed_allreduce: the first scale block must start at 0, not " +
+                                std::to_string(blocks.start.front()));
+  for (size_t i = 1; i < blocks.start.size(); ++i)
+    if (blocks.start[i] <= blocks.start[i - 1] || blocks.start[i] >= n)
+      throw std::invalid_argument("compressed_allreduce: scale block " + std::to_string(i) + " starts at " +
+                                  std::to_string(blocks.start[i]) + "; starts must ascend and stay below " +
+                                  std::to_string(n) + " elements");
+  blocks.start.push_back(padded);
+  return blocks;
+}
+
+// out[i] = ±scales[block of lo + i] for n elements whose signs are `bits`.
+void decode(const uint8_t* bits, int64_t lo, int64_t n, const Blocks& blocks, const float* scales, float* out) {
+  unpack_signs(bits, n, 1.0f, out);
+  blocks.for_each_piece(lo, lo + n, [&](int b, int64_t begin, int64_t end) {
+    const float s = scales[b];
+    for (int64_t i = begin - lo; i < end - lo; ++i) out[i] *= s;
+  });
+}
+
+// The 1-bit compression of t, which holds elements [lo, lo + t.numel()) of the buffer: its packed
+// signs (t.numel() / 8 bytes), and in `scales` (one float per block) ‖piece‖/√len for each block
+// piece inside it, 0 for the blocks outside. `error` (as long as t) receives t − the decoded value.
+at::Tensor compress(const at::Tensor& t, int64_t lo, const Blocks& blocks, at::Tensor& scales, at::Tensor& error) {
+  const int64_t n = t.numel();
+  at::Tensor bits = at::empty({n / 8}, t.options().dtype(at::kByte));
+  pack_signs(t.data_ptr<float>(), n, bits.data_ptr<uint8_t>());
+  scales.zero_();
+  float* s = scales.data_ptr<float>();
+  blocks.for_each_piece(lo, lo + n, [&](int b, int64_t begin, int64_t end) {
+    const double norm = t.narrow(0, begin - lo, end - begin).norm().item<double>();
+    s[b] = static_cast<float>(norm / std::sqrt(static_cast<double>(end - begin)));
+  });
+  decode(bits.data_ptr<uint8_t>(), lo, n, blocks, s, error.data_ptr<float>());
   error.neg_().add_(t);
-  return c;
+  return bits;
 }
 
 }  // namespace
@@ -44,8 +82,9 @@ CompressionErrors CompressionErrors::zeros(int64_t n, const Communicator& group)
   return {at::zeros({padded}, group.options(at::kFloat)), at::zeros({padded / group.size()}, group.options(at::kFloat))};
 }
 
-void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator& group) {
-  const int p = group.size();
+void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator& group,
+                          const std::vector<int64_t>& block_starts) {
+  const int p = group.size(), me = group.rank();
   const int64_t n = x.numel(), padded = compressed_padded_size(n, p), chunk = padded / p;
   if (x.scalar_type() != at::kFloat || !x.is_contiguous() || !x.device().is_cpu())
     throw std::invalid_argument("compressed_allreduce: expects a contiguous fp32 CPU tensor, got " +
@@ -55,38 +94,43 @@ void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator
                                 std::to_string(errors.server.numel()) + " elements for a tensor of " + std::to_string(n) +
                                 " on " + std::to_string(p) + " ranks (expected " + std::to_string(padded) + " and " +
                                 std::to_string(chunk) + ")");
+  const Blocks blocks = make_blocks(block_starts, n, padded);
+  const int B = blocks.count();
   const auto f32 = x.options();
 
   // Worker: compensate, compress, keep what was lost.
   at::Tensor b = errors.worker.clone();
   b.narrow(0, 0, n).add_(x.reshape({-1}));
-  const Compressed worker = compress(b, errors.worker);
+  at::Tensor worker_scales = at::empty({B}, f32);
+  const at::Tensor worker_bits = compress(b, 0, blocks, worker_scales, errors.worker);
 
-  // Chunk j of the signs to rank j; every rank's scale to everyone.
-  at::Tensor received = at::empty({padded / 8}, worker.bits.options());
-  group.all_to_all(worker.bits, received);
-  at::Tensor my_scale = at::full({1}, worker.scale, f32), scales = at::empty({p}, f32);
-  group.all_gather(my_scale, scales);
+  // Chunk j of the signs to rank j; every rank's scales to everyone.
+  at::Tensor received = at::empty({padded / 8}, worker_bits.options());
+  group.all_to_all(worker_bits, received);
+  at::Tensor all_worker_scales = at::empty({p * B}, f32);
+  group.all_gather(worker_scales, all_worker_scales);
 
   // Server: average my chunk over the ranks, compensate with my server error, compress again.
+  const int64_t lo = me * chunk;
   at::Tensor c = at::zeros({chunk}, f32), decoded = at::empty({chunk}, f32);
   for (int j = 0; j < p; ++j) {
-    unpack_signs(received.data_ptr<uint8_t>() + j * chunk / 8, chunk, scales.data_ptr<float>()[j],
-                 decoded.data_ptr<float>());
+    decode(received.data_ptr<uint8_t>() + j * chunk / 8, lo, chunk, blocks, all_worker_scales.data_ptr<float>() + j * B,
+           decoded.data_ptr<float>());
     c.add_(decoded);
   }
   c.mul_(1.0 / p).add_(errors.server);
-  const Compressed server = compress(c, errors.server);
+  at::Tensor server_scales = at::empty({B}, f32);
+  const at::Tensor server_bits = compress(c, lo, blocks, server_scales, errors.server);
 
   // Everyone gets every server's chunk, decoded straight into x's padded copy.
-  at::Tensor all_bits = at::empty({padded / 8}, server.bits.options());
-  group.all_gather(server.bits, all_bits);
-  at::Tensor server_scale = at::full({1}, server.scale, f32), server_scales = at::empty({p}, f32);
-  group.all_gather(server_scale, server_scales);
+  at::Tensor all_bits = at::empty({padded / 8}, server_bits.options());
+  group.all_gather(server_bits, all_bits);
+  at::Tensor all_server_scales = at::empty({p * B}, f32);
+  group.all_gather(server_scales, all_server_scales);
   at::Tensor result = at::empty({padded}, f32);
   for (int j = 0; j < p; ++j)
-    unpack_signs(all_bits.data_ptr<uint8_t>() + j * chunk / 8, chunk, server_scales.data_ptr<float>()[j],
-                 result.data_ptr<float>() + j * chunk);
+    decode(all_bits.data_ptr<uint8_t>() + j * chunk / 8, j * chunk, chunk, blocks,
+           all_server_scales.data_ptr<float>() + j * B, result.data_ptr<float>() + j * chunk);
   x.reshape({-1}).copy_(result.narrow(0, 0, n));
 }
 

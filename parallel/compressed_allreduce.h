@@ -11,11 +11,19 @@
 //
 // sign(0) = +1 (csrc/sign_pack.h's wire format). The buffers are named state of the optimizer that
 // owns them (DeepSpeed resets them when loading a checkpoint).
+//
+// Scale blocks: one scale for a whole flat buffer of many parameters would give a parameter whose
+// values are small a step as large as the buffer's RMS (the error feedback takes it back only on
+// later calls). DeepSpeed compresses each parameter tensor on its own, one collective per tensor;
+// here the buffer stays one collective and each block (a parameter's range) gets its own scale:
+// s_w,b = ‖b_block‖/√len for each block, and the server's chunk is cut where the blocks are, one
+// scale per piece. The scales travel as p × B floats (B blocks), next to the N/8 bytes of signs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace tessera {
 
@@ -32,7 +40,12 @@ struct CompressionErrors {
 
 // x: a contiguous fp32 tensor (any shape) on the group's device; replaced in place by the estimate
 // of its mean over `group`. `errors` come from CompressionErrors::zeros(x.numel(), group) and are
-// carried from call to call. Bytes sent per rank: N/8 (all-to-all) + N/8 (all-gather) + 2p scales.
-void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator& group);
+// carried from call to call. `block_starts`: where each scale block begins, ascending from 0, each
+// < x.numel() (empty: one block); the last block takes the padding. Bytes each rank sends
+// (Communicator's sent_bytes): (p−1)/p · N/8 by the all-to-all, (p−1)/p · N/8 by the all-gather of
+// the servers' signs, and (p−1) · 2B scales: 2·(p−1)/p · N/8 in all against the fp32 ring
+// allreduce's 2·(p−1)/p · 4n, 1/32 of it.
+void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator& group,
+                          const std::vector<int64_t>& block_starts = {});
 
 }  // namespace tessera

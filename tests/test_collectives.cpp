@@ -180,7 +180,7 @@ TEST_CASE("compressed allreduce: results and error buffers equal the plain algor
     INFO(out.output);
     REQUIRE(out.status == 0);
     for (int rank = 0; rank < ranks; ++rank)
-      CHECK(contains(out.output, "compressed allreduce ok on rank " + std::to_string(rank) + ": n 4101"));
+      CHECK(contains(out.output, "compressed allreduce ok on rank " + std::to_string(rank) + ": n 4101, 6 blocks"));
   }
   for (tessera::Isa isa : {tessera::Isa::Scalar, tessera::Isa::Avx2, tessera::Isa::Avx512}) {
     if (!tessera::cpu_supports(isa)) {
@@ -191,6 +191,6 @@ TEST_CASE("compressed allreduce: results and error buffers equal the plain algor
                       {{"TESSERA_SIGN_PACK_ISA", tessera::isa_name(isa)}});
     INFO(tessera::isa_name(isa) << "\n" << out.output);
     REQUIRE(out.status == 0);
-    CHECK(contains(out.output, "compressed allreduce ok on rank 1: n 4101"));
+    CHECK(contains(out.output, "compressed allreduce ok on rank 1: n 4101, 6 blocks"));
   }
 }

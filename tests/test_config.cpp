@@ -147,7 +147,7 @@ TEST_CASE("bad configs: every error names its JSON path") {
       {R"({"train_micro_batch_size_per_gpu": "auto"})", "train_micro_batch_size_per_gpu",
        "\"auto\" is a placeholder that Hugging Face's Trainer fills in"},
       {R"({"train_batch_size": 8, "optimizer": {"type": "Adamax"}})", "optimizer.type",
-       R"(expected one of "Adam", "AdamW", "SGD", "Lamb", "OneBitAdam")"},
+       R"(expected one of "Adam", "AdamW", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb")"},
       {R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})",
        "optimizer.params.max_grad_norm", "use the top-level \"gradient_clipping\""},
       {R"({"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})",

@@ -6,42 +6,13 @@
 #include <cstdio>
 #include <regex>
 
+#include "example_runs.h"
 #include "subprocess.h"
 
 using tessera::testing::contains;
+using namespace tessera::testing::examples;
 
 namespace {
-
-double final_loss(const std::string& output) {
-  std::smatch m;
-  if (!std::regex_search(output, m, std::regex("final loss: ([0-9.]+)"))) return -1;
-  return std::stod(m[1]);
-}
-
-// The gradient norms of the progress lines (every steps_per_print steps): Adam hides a gradient
-// off by a constant factor from the losses and parameters, the norm does not.
-std::vector<double> grad_norms(const std::string& output) {
-  std::vector<double> norms;
-  static const std::regex norm("grad norm ([0-9.]+)");
-  for (std::sregex_iterator it(output.begin(), output.end(), norm), end; it != end; ++it) norms.push_back(std::stod((*it)[1]));
-  return norms;
-}
-
-bool same_norms(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.empty() || a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::abs(a[i] - b[i]) > 1e-3 * b[i]) return false;  // printed to 4 decimals
-  return true;
-}
-
-tessera::testing::RunResult run_example(const char* program, int ranks, const std::string& config, int steps,
-                                        int port, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> argv{TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
-                                "--master-port", std::to_string(port), "--", program, "--config", config, "--steps",
-                                std::to_string(steps)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return tessera::testing::run(argv, {}, 300);
-}
 
 std::string gpt_config(int micro, int stage, int accumulation = 1) {
   return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) +
@@ -56,25 +27,6 @@ std::string gpt_config(int micro, int stage, int accumulation = 1) {
 // gpt_config with more top-level sections (JSON members without the braces).
 std::string with_sections(const std::string& config, const std::string& sections) {
   return config.substr(0, config.size() - 1) + ", " + sections + "}";
-}
-
-// A --save-parameters file: every parameter's single-device values, float32, in order.
-std::vector<float> read_parameters(const std::string& path) {
-  std::vector<float> values;
-  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-    float buffer[4096];
-    for (size_t n; (n = std::fread(buffer, sizeof(float), 4096, f)) > 0;) values.insert(values.end(), buffer, buffer + n);
-    std::fclose(f);
-  }
-  return values;
-}
-
-// The largest |a - b| over every parameter (infinity when the files differ in length or are missing).
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.empty() || a.size() != b.size()) return INFINITY;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
-  return worst;
 }
 
 // The 1-rank run every multi-rank train_gpt run is compared with (10 steps, global batch 16), run

@@ -65,6 +65,10 @@ std::vector<GroupSpec> split_groups(const ModelDescription& model, const std::fu
 
 int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHyperparams& hyper) {
   if (optimizer == "SGD") return hyper.momentum != 0 ? 1 : 0;
+  // The 1-bit family: + the worker error (the server's N/p left out); 0/1 Adam + the local steps'
+  // sum, 1-bit LAMB + the fresh variance (optim/onebit.h).
+  if (optimizer == "OneBitAdam") return 3;
+  if (optimizer == "ZeroOneAdam" || optimizer == "OneBitLamb") return 4;
   return 2;  // Adam, AdamW, Lamb: m and v
 }
 
@@ -76,6 +80,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       reductions_(parallel.data().device()),
       units_(units),
       ignore_unused_parameters_(options.ignore_unused_parameters) {
+  stage_->set_predivide_factor(options.predivide_factor);
   // Check the tensors, then plan every buffer from their sizes alone.
   std::function<bool(const at::Tensor&)> partition;
   if (options.stage == 3)
@@ -211,20 +216,25 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     }
 
     // LAMB's per-parameter norms: the pieces of a parameter on other ranks (data group), and the
-    // other slices of a tensor-sharded parameter (tensor group).
-    LambContext lamb;
-    lamb.pieces = L.pieces(rank);
-    lamb.num_params = static_cast<int>(L.params.size());
+    // other slices of a tensor-sharded parameter (tensor group); the 1-bit family's data group.
+    OptimizerContext context;
+    context.pieces = L.pieces(rank);
+    context.num_params = static_cast<int>(L.params.size());
     Communicator* data_sum = L.partitions > 1 ? &data_ : nullptr;
     Communicator* tensor_sum = spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr;
-    if (data_sum || tensor_sum)
-      lamb.sum_across_ranks = [data_sum, tensor_sum](at::Tensor& t) {
+    if (data_sum || tensor_sum) {
+      context.sum_across_ranks = [data_sum, tensor_sum](at::Tensor& t) {
         if (data_sum) data_sum->all_reduce(t);
         if (tensor_sum) tensor_sum->all_reduce(t);
       };
-    // With NVMe offload the state lives in files (swapper_, below), not in the optimizer.
+      context.max_across_ranks = [data_sum, tensor_sum](at::Tensor& t) {
+        if (data_sum) data_sum->all_reduce(t, ReduceOp::Max);
+        if (tensor_sum) tensor_sum->all_reduce(t, ReduceOp::Max);
+      };
+    }
+    context.data = &data_;
     g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
-                                       f32, std::move(lamb));
+                                       f32, std::move(context));
     if (options.nvme_optimizer && !g->optimizer->elementwise())
       throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
                                   g->optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
@@ -511,6 +521,17 @@ void ZeroOptimizer::write_back_parameters(int root) {
 
 void ZeroOptimizer::zero_grad() {
   for (auto& g : groups_) g->grads.zero_();
+}
+
+std::string ZeroOptimizer::optimizer_phase() const {
+  return groups_.empty() ? std::string() : groups_.front()->optimizer->phase();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ZeroOptimizer::optimizer_state() const {
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (const auto& g : groups_)
+    for (auto& [name, t] : g->optimizer->named_state()) state.emplace_back(std::to_string(g->index) + "." + name, t);
+  return state;
 }
 
 MemoryReport ZeroOptimizer::memory() const {

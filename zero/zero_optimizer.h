@@ -52,6 +52,8 @@ struct ZeroOptions {
   bool reduce_scatter = true;
   // communication_data_type: the dtype gradients travel in (fp32 accumulation either way).
   at::ScalarType communication_dtype = at::kFloat;
+  // gradient_predivide_factor (prescale_gradients: the data-parallel size); 1: average after.
+  double predivide_factor = 1.0;
   // data_types.grad_accum_dtype: the whole-gradient buffer's dtype at stages 0–1 (fp32 or bf16).
   at::ScalarType gradient_dtype = at::kFloat;
   int64_t reduce_bucket_numel = 500'000'000;
@@ -80,6 +82,10 @@ class ZeroOptimizer final : public UnitListener {
 
   const BufferPlan& plan() const { return plan_; }
   int stage() const { return stage_->number(); }
+  // The optimizer's phase for the progress line (optim/flat_optimizer.h's phase(); empty for most).
+  std::string optimizer_phase() const;
+  // Every group's optimizer state by name, "group.name" (FlatOptimizer::named_state).
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
 
   // Whether the coming backward ends a gradient accumulation (stages 0/1 communicate only then).
   void begin_backward(bool boundary);
@@ -135,6 +141,7 @@ class ZeroOptimizer final : public UnitListener {
 
  private:
   void launch_ready_buckets();
+  bool reduces_now() const;  // whether this backward's complete buckets are reduced as they fill
   void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;
@@ -164,6 +171,7 @@ class ZeroOptimizer final : public UnitListener {
   UnitTracker* units_;
   bool ignore_unused_parameters_;
   bool boundary_ = true;
+  bool averaging_ = true;  // the optimizer wants this step's gradients averaged (optim/onebit.h)
   // Buckets are reduced in one fixed order on every rank (group by group, bucket by bucket, which
   // is the order backward fills them): a bucket waits for the ones before it, so a parameter that
   // one rank skips cannot reorder the collectives across ranks.

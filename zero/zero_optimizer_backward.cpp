@@ -4,6 +4,7 @@
 #include "zero/zero_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -14,8 +15,20 @@ namespace tessera {
 
 void ZeroOptimizer::begin_backward(bool boundary) {
   boundary_ = boundary;
+  // The 1-bit family after its warm-up: the gradients stay this rank's own (optim/onebit.h).
+  averaging_ = groups_.empty() || groups_.front()->optimizer->wants_averaged_gradients();
   if (boundary)
-    for (GradPart& part : grad_parts_) part.norm = at::Tensor();  // taken again as the buckets complete
+    for (GradPart& part : grad_parts_) {
+      part.norm = at::Tensor();  // taken again as the buckets complete
+      // Local gradients differ between ranks: their squared norms are summed over the data group
+      // (each divided by its size, so the norm is the RMS of the ranks' norms), which also makes an
+      // overflow on any rank an overflow on all.
+      part.data_sharded = averaging_ ? stage_->gradients_data_sharded() : true;
+    }
+}
+
+bool ZeroOptimizer::reduces_now() const {
+  return averaging_ && (boundary_ || stage_->reduces_every_micro_step());
 }
 
 void ZeroOptimizer::on_grad_ready(int group, int param, const at::Tensor& grad) {
@@ -23,7 +36,7 @@ void ZeroOptimizer::on_grad_ready(int group, int param, const at::Tensor& grad) 
   stage_->accumulate(g, param, grad.reshape({-1}), reductions_);
   g.arrived[param] = true;
   const int bucket = g.layout.params[param].bucket;
-  if (--g.pending[bucket] == 0 && (boundary_ || stage_->reduces_every_micro_step())) launch_ready_buckets();
+  if (--g.pending[bucket] == 0 && reduces_now()) launch_ready_buckets();
   if (units_) units_->parameter_gradient(g.unit_of[param]);
 }
 
@@ -89,8 +102,11 @@ void ZeroOptimizer::end_backward() {
     }
   }
   // Whatever has not been launched yet goes now, in the fixed order; missing gradients are zero.
-  if (boundary_ || stage_->reduces_every_micro_step()) {
+  if (reduces_now()) {
     while (next_launch_ < launch_order_.size()) reduce(next_launch_++);
+  } else if (boundary_ && !averaging_) {
+    const double ranks = data_.size();
+    for (GradPart& part : grad_parts_) part.norm = gradient_norm(part.grads).div_(std::sqrt(ranks));
   }
   reset_bucket_counters();
   if (units_) units_->end_backward();

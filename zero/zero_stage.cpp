@@ -28,10 +28,20 @@ void ZeroStage::add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor
 void ZeroStage::reduce_async(Reductions& r, const at::Tensor& bucket, const at::Tensor& result, bool scatter,
                              std::function<void()> then) {
   r.make_room();
+  const bool predivide = predivide_ != 1.0;
+  const ReduceOp op = predivide ? ReduceOp::Sum : ReduceOp::Avg;
+  if (predivide) {
+    // The bucket is this stage's own buffer (fp32): divided in place, the rest after the sum.
+    bucket.div_(predivide_);
+    then = [result, factor = predivide_ / data_.size(), then = std::move(then)]() mutable {
+      at::Tensor out = result;
+      out.mul_(factor);
+      if (then) then();
+    };
+  }
   if (wire_ == bucket.scalar_type()) {
     at::Tensor inout = scatter ? result : bucket;
-    r.push(scatter ? data_.reduce_scatter_async(bucket, inout, ReduceOp::Avg) : data_.all_reduce_async(inout, ReduceOp::Avg),
-           std::move(then));
+    r.push(scatter ? data_.reduce_scatter_async(bucket, inout, op) : data_.all_reduce_async(inout, op), std::move(then));
     return;
   }
   // The bucket in the wire dtype; the result's place in it, by its offset in the bucket.
@@ -39,8 +49,7 @@ void ZeroStage::reduce_async(Reductions& r, const at::Tensor& bucket, const at::
   const int64_t offset = (static_cast<const char*>(result.data_ptr()) - static_cast<const char*>(bucket.data_ptr())) /
                          static_cast<int64_t>(bucket.element_size());
   at::Tensor wire_result = wire.narrow(0, offset, result.numel());
-  CommHandle h = scatter ? data_.reduce_scatter_async(wire, wire_result, ReduceOp::Avg)
-                         : data_.all_reduce_async(wire, ReduceOp::Avg);
+  CommHandle h = scatter ? data_.reduce_scatter_async(wire, wire_result, op) : data_.all_reduce_async(wire, op);
   r.push(std::move(h), [result, wire, wire_result, then = std::move(then)]() mutable {
     at::Tensor out = result;
     out.copy_(wire_result);

@@ -34,6 +34,10 @@ class ZeroStage {
   virtual ~ZeroStage() = default;
 
   virtual int number() const = 0;
+  // DeepSpeed's gradient_predivide_factor f (prescale_gradients: f = the data-parallel size): a
+  // bucket is divided by f before its reduction, summed, and multiplied by f/p after; 1 (the
+  // default): averaged by the collective.
+  void set_predivide_factor(double f) { predivide_ = f; }
   // The rank whose chunk of each bucket this rank's optimizer updates (0 when nothing is sharded).
   virtual int shard_rank() const { return data_.rank(); }
   // Whether this rank's gradients are 1/N of the model's (the norm sums them over the data group).
@@ -67,6 +71,7 @@ class ZeroStage {
 
   Communicator& data_;
   at::ScalarType wire_;
+  double predivide_ = 1.0;
 };
 
 // Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered.

@@ -148,7 +148,7 @@ void register_estimate_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"none", "cpu", "nvme"}))->group("Training");
   sub->add_flag("--bf16", f->bf16, "bf16 compute, fp32 master weights")->group("Training");
   sub->add_flag("--fp16", f->fp16, "fp16 compute, fp32 master weights")->group("Training");
-  sub->add_option("--optimizer", f->optimizer, "Adam, AdamW, Lamb, SGD, OneBitAdam (default Adam)")->group("Training");
+  sub->add_option("--optimizer", f->optimizer, "Adam, AdamW, Lamb, SGD, OneBitAdam, ZeroOneAdam, OneBitLamb (default Adam)")->group("Training");
   sub->add_option("--micro-batch", f->micro_batch, "Micro-batch per GPU")->group("Training");
   sub->add_option("--gas", f->gas, "Gradient accumulation steps")->group("Training");
   sub->add_option("--tp", f->tp, "Tensor-parallel degree")->group("Training");

@@ -37,9 +37,10 @@ struct Bf16Config {
 // Optimizer hyper-parameters; which keys are valid depends on the optimizer type.
 struct OptimizerParams : OptimizerHyperparams {
   std::string kind;  // the canonical optimizer type, set by OptimizerConfig before visiting
-  int64_t freeze_step = 100000;     // OneBitAdam: warm-up steps before compression
-  bool cuda_aware = false;          // OneBitAdam
-  std::string comm_backend_name = "nccl";  // OneBitAdam
+  // The 1-bit family: DeepSpeed's MPI backend's switch (whether MPI takes device buffers), and
+  // which backend carries the compressed collective (the engine checks it against the data group's).
+  bool cuda_aware = false;
+  std::string comm_backend_name = "nccl";
 
   template <class V> void fields(V& v) {
     v("lr", lr, at_least(0.0));
@@ -60,10 +61,26 @@ struct OptimizerParams : OptimizerHyperparams {
     } else if (kind == "Lamb") {
       v("max_coeff", max_coeff, greater_than(0.0));
       v("min_coeff", min_coeff, at_least(0.0));
-    } else if (kind == "OneBitAdam") {
-      v("freeze_step", freeze_step, at_least<int64_t>(0));
+    } else if (kind == "OneBitAdam" || kind == "ZeroOneAdam" || kind == "OneBitLamb") {
       v("cuda_aware", cuda_aware);
-      v("comm_backend_name", comm_backend_name, one_of({"nccl", "gloo", "mpi", "compressed"}));
+      v("comm_backend_name", comm_backend_name, one_of({"nccl", "gloo", "mpi", "compressed", "hccl"}));
+      // A frozen variance must have seen at least one gradient (0 would divide by ε alone).
+      if (kind == "ZeroOneAdam") {
+        v("var_freeze_step", var_freeze_step, at_least<int64_t>(1));
+        v("var_update_scaler", var_update_scaler, at_least<int64_t>(1));
+        v("local_step_scaler", local_step_scaler, at_least<int64_t>(1));
+        v("local_step_clipper", local_step_clipper, at_least<int64_t>(1));
+      } else {
+        v("freeze_step", freeze_step, at_least<int64_t>(1));
+      }
+      if (kind == "OneBitLamb") {
+        v("max_coeff", max_coeff, greater_than(0.0));
+        v("min_coeff", min_coeff, at_least(0.0));
+        v("coeff_beta", coeff_beta, in_range(0.0, 1.0));
+        v("factor_max", factor_max, greater_than(0.0));
+        v("factor_min", factor_min, greater_than(0.0));
+        v("factor_threshold", factor_threshold, in_range(0.0, 1.0));
+      }
     }
   }
 };
@@ -72,7 +89,7 @@ struct OptimizerConfig {
   std::string type;
   OptimizerParams params;
   template <class V> void fields(V& v) {
-    v("type", type, one_of({"Adam", "AdamW", "SGD", "Lamb", "OneBitAdam"}));
+    v("type", type, one_of({"Adam", "AdamW", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"}));
     params.kind = type;
     if (type == "AdamW") params.adam_w_mode = true;
     v("params", params);
@@ -348,6 +365,11 @@ struct Config {
   // The dtype gradients are reduced in (DeepSpeed's key); unset: the gradient buffer's own dtype
   // (fp32 unless data_types.grad_accum_dtype says bf16), as in DeepSpeed.
   std::optional<std::string> communication_data_type;
+  // DeepSpeed's gradient averaging order: divide by the data-parallel size before the reduction
+  // (prescale_gradients) or by gradient_predivide_factor before and the rest after; the default
+  // divides after. The result is the same average; dividing first keeps fp16/bf16 sums in range.
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
 
   template <class V> void fields(V& v) {
     v("train_batch_size", train_batch_size, at_least<int64_t>(1));
@@ -372,6 +394,8 @@ struct Config {
     v("data_types", data_types);
     v("unknown_keys", unknown_keys, one_of({"error", "warn"}));
     v("communication_data_type", communication_data_type, one_of({"fp32", "fp16", "bf16"}));
+    v("prescale_gradients", prescale_gradients);
+    v("gradient_predivide_factor", gradient_predivide_factor, greater_than(0.0));
   }
 };
 

@@ -4,7 +4,10 @@
 // Which keys are here was found by reading the code: a key is on the list when nothing in engine/,
 // zero/, optim/ reads its Config field (or reads it only to refuse it). What the engine does read:
 // the batch triple; optimizer type and params (Adam/AdamW: lr, betas, eps, weight_decay,
-// bias_correction, adam_w_mode; SGD: momentum, dampening, nesterov; Lamb: max_coeff, min_coeff);
+// bias_correction, adam_w_mode; SGD: momentum, dampening, nesterov; Lamb: max_coeff, min_coeff;
+// the 1-bit family: freeze_step, var_freeze_step, var_update_scaler, local_step_scaler,
+// local_step_clipper, coeff_beta, factor_max, factor_min, factor_threshold, comm_backend_name,
+// cuda_aware: optim/onebit.h and the engine's check of the backend);
 // every scheduler key; fp16.*, bf16.enabled, gradient_clipping, steps_per_print,
 // wall_clock_breakdown; zero_optimization.stage, reduce_bucket_size, overlap_comm,
 // reduce_scatter, ignore_unused_parameters (and, accepted as changing nothing here, with the reason
@@ -35,7 +38,6 @@ constexpr Severity kWarning = Severity::Warning;
 
 const char* const kStage = "zero_optimization.stage";
 const char* const kOffloadParam = "zero_optimization.offload_param.device";
-const char* const kOptimizerType = "optimizer.type";
 
 // Errors first: a warning folds into the error that covers it, so errors are decided first.
 const std::vector<UnimplementedKey> kRows = {
@@ -45,8 +47,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"aio.use_gds", kError, "[false]", "GPUDirect Storage is not implemented: transfers go through host buffers", {}},
     {kOffloadParam, kError, R"(["none"])",
      "the engine keeps the parameters on the training device, without CPU or NVMe offload", {}},
-    {kOptimizerType, kError, R"(["Adam", "AdamW", "SGD", "Lamb"])",
-     "the engine builds Adam, AdamW, SGD and Lamb, not 1-bit Adam", {}},
 
     // ---- warnings: not read, but the training is the same without them
     {"zero_optimization.load_from_fp32_weights", kWarning, "",
@@ -65,12 +65,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
     {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
-    {"optimizer.params.freeze_step", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
-     {kOptimizerType}},
-    {"optimizer.params.cuda_aware", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
-     {kOptimizerType}},
-    {"optimizer.params.comm_backend_name", kWarning, "", "a 1-bit Adam setting; the engine does not run 1-bit Adam",
-     {kOptimizerType}},
     {"tensorboard.enabled", kWarning, "", "no TensorBoard output; csv_monitor writes the metrics as JSON lines", {}},
     {"comms_logger.enabled", kWarning, "", "no communication logging", {}},
 };

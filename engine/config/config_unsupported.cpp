@@ -13,8 +13,6 @@ const UnsupportedKey kUnsupported[] = {
     {"flops_profiler", ""},
     {"wandb", "use \"csv_monitor\" or \"tensorboard\""},
     {"comet", "use \"csv_monitor\" or \"tensorboard\""},
-    {"prescale_gradients", ""},
-    {"gradient_predivide_factor", ""},
     {"sparse_gradients", ""},
     {"fp32_allreduce", ""},
     {"zero_allow_untested_optimizer", "tessera's ZeRO runs every optimizer it supports"},

@@ -48,7 +48,8 @@ struct TrainingSetup {
   std::string precision = "fp32";          // fp32 | bf16 | fp16
   std::string grad_accum_dtype = "fp32";   // data_types.grad_accum_dtype: fp32 | bf16 (stages 0-1)
   std::string communication_dtype;         // communication_data_type; empty: the gradients' own
-  std::string optimizer = "Adam";          // Adam | AdamW | Lamb | OneBitAdam: 8 bytes of state; SGD: 4 with momentum, 0 without
+  std::string optimizer = "Adam";          // Adam | AdamW | Lamb: 8 bytes of state; SGD: 4 with momentum, 0 without;
+                                           // OneBitAdam 12, ZeroOneAdam and OneBitLamb 16 (estimator_detail.h)
   double momentum = 0.0;                   // SGD
   int64_t micro_batch = 1;                 // per GPU
   int64_t gradient_accumulation = 1;

@@ -17,14 +17,21 @@ inline int compute_bytes(const TrainingSetup& s) { return s.precision == "fp32" 
 inline bool mixed_precision(const TrainingSetup& s) { return s.precision != "fp32"; }
 
 // Optimizer state bytes per parameter (fp32): Adam/AdamW/LAMB keep m and v; SGD keeps a momentum
-// buffer only with momentum. OneBitAdam: m and v (its error-feedback buffers are not counted).
+// buffer only with momentum. The 1-bit family (optim/onebit.h) adds its worker error buffer (the
+// server's, 4/dp bytes a parameter, is left out): OneBitAdam m, v; ZeroOneAdam m, v and the
+// accumulated local steps; OneBitLamb m, v and the fresh variance.
 inline int state_bytes_per_param(const TrainingSetup& s) {
   if (s.optimizer == "SGD") return s.momentum > 0 ? 4 : 0;
+  if (s.optimizer == "OneBitAdam") return 12;
+  if (s.optimizer == "ZeroOneAdam" || s.optimizer == "OneBitLamb") return 16;
   return 8;
 }
 inline std::string state_name(const TrainingSetup& s) {
   if (s.optimizer == "SGD") return s.momentum > 0 ? "SGD momentum" : "SGD (no state)";
   if (s.optimizer == "Lamb") return "LAMB m, v";
+  if (s.optimizer == "OneBitAdam") return "OneBitAdam m, v, worker error";
+  if (s.optimizer == "ZeroOneAdam") return "ZeroOneAdam m, v, local-step sum, worker error";
+  if (s.optimizer == "OneBitLamb") return "OneBitLamb m, v, fresh v, worker error";
   return s.optimizer + " m, v";
 }
 inline std::string part(int n) { return n == 1 ? "whole" : "1/" + std::to_string(n); }

@@ -273,11 +273,11 @@ PYBIND11_MODULE(_C, m) {
       .def("group_rank", [](ParallelContext& c, const std::string& g) { return group_of(c, g).rank(); })
       .def("group_size", [](ParallelContext& c, const std::string& g) { return group_of(c, g).size(); })
       .def("describe", &ParallelContext::describe)
-      .def("stats",  // per collective: [calls, bytes, seconds] on that group since it was made or reset
+      .def("stats",  // per collective: [calls, bytes, seconds, sent bytes] on that group since it was made or reset
            [](ParallelContext& c, const std::string& g, bool reset) {
              Communicator& comm = group_of(c, g);
              py::dict d;
-             for (const auto& [name, s] : comm.stats()) d[py::str(name)] = py::make_tuple(s.calls, s.bytes, s.seconds);
+             for (const auto& [name, s] : comm.stats()) d[py::str(name)] = py::make_tuple(s.calls, s.bytes, s.seconds, s.sent_bytes);
              if (reset) comm.reset_stats();
              return d;
            }, py::arg("group"), py::arg("reset") = false)
@@ -415,6 +415,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("loss_scale", [](const EngineHandle& e) { return e.engine->loss_scale(); })
       .def_property_readonly("last_grad_norm", [](const EngineHandle& e) { return e.engine->last_grad_norm(); })
       .def_property_readonly("last_loss", [](const EngineHandle& e) { return e.engine->last_loss(); })
+      .def_property_readonly("optimizer_phase", [](const EngineHandle& e) { return e.engine->optimizer_phase(); })
+      .def("optimizer_state",  // name -> the tensor the optimizer updates in place (shared memory)
+           [](const EngineHandle& e) {
+             py::dict d;
+             for (const auto& [name, t] : e.engine->optimizer_state()) d[py::str(name)] = t;
+             return d;
+           })
       .def_property_readonly("context", [](const EngineHandle& e) { return e.context; })
       .def("config_json", [](const EngineHandle& e) { return config_to_json(e.engine->config()).dump(); })
       .def("wall_clock_breakdown", [](const EngineHandle& e) {

@@ -515,6 +515,19 @@ class Engine:
         """The global gradient norm of the last applied step (before clipping)."""
         return self._c.last_grad_norm
 
+    @property
+    def optimizer_phase(self):
+        """The 1-bit optimizers' phase of the last step: "warm-up" (gradients averaged in full
+        precision), "compressed" (state averaged 1-bit compressed) or "local" (0/1 Adam's steps that
+        send nothing); "" for the other optimizers."""
+        return self._c.optimizer_phase
+
+    def optimizer_state(self):
+        """The optimizer's state on this rank by name, "<group>.<name>" (exp_avg, exp_avg_sq, and the
+        1-bit optimizers' worker_error, server_error, exp_avg_sq_fresh, ...): flat fp32 tensors laid
+        out like this rank's shard, shared with the engine (a checkpoint saves and loads them)."""
+        return self._c.optimizer_state()
+
     def gradient_accumulation_steps(self):
         return self.config["gradient_accumulation_steps"]
 
