@@ -85,7 +85,18 @@ def engine_config(args):
         extra["tensor_parallel"] = {"tp_size": args.tp, "sequence_parallel": args.sp}
     return {**extra,"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
             "steps_per_print": 10**9, "gradient_clipping": args.clip,
-            "optimizer": {"type": "AdamW", "params": adamw_params(args)}, "zero_optimization": zero}
+            "optimizer": optimizer_section(args), "zero_optimization": zero}
+
+
+def optimizer_section(args):
+    """AdamW, or with --optimizer one of the 1-bit family (tessera: optim/onebit.h) whose warm-up ends
+    at --freeze (freeze_step; 0/1 Adam's var_freeze_step)."""
+    params = adamw_params(args)
+    if args.optimizer == "ZeroOneAdam":
+        params["var_freeze_step"] = args.freeze
+    elif args.optimizer != "AdamW":
+        params["freeze_step"] = args.freeze
+    return {"type": args.optimizer, "params": params}
 
 
 class TorchDistributedGather:
@@ -167,6 +178,12 @@ class Tessera(EngineCalls):
         """Bytes this rank sent into collectives per group since the reset: {group: {collective: bytes}}."""
         context = self.tessera.comm._get_context()
         return {g: {k: v[1] for k, v in context.stats(g).items() if v[1]} for g in ("data", "tensor")}
+
+    def comm_totals(self):
+        """The data group since the reset: bytes this rank put on the wire (Communicator's sent_bytes)
+        and seconds from each collective's call until its wait returned, summed."""
+        stats = self.tessera.comm._get_context().stats("data").values()
+        return {"sent_bytes": sum(v[3] for v in stats), "seconds": sum(v[2] for v in stats)}
 
     def breakdown(self):
         return self.engine.wall_clock_breakdown()
@@ -252,6 +269,9 @@ def main():
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping max norm (0: none)")
+    ap.add_argument("--optimizer", default="AdamW", choices=["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"],
+                    help="the 1-bit family at ZeRO stage 0 (tessera; DeepSpeed 0.19.8 no longer has them)")
+    ap.add_argument("--freeze", type=int, default=5, help="the 1-bit optimizers' freeze_step / var_freeze_step")
     ap.add_argument("--fortunes", default=FORTUNES)
     ap.add_argument("--rss-trace", action="store_true", help="report this rank's resident set after every step")
     ap.add_argument("--malloc-trim", action="store_true",
@@ -315,6 +335,8 @@ def main():
                  for k in ("forward_s", "backward_s", "reduce_wait_s", "optimizer_s", "allgather_wait_s")}
 
     comm_bytes = impl.comm_bytes() if hasattr(impl, "comm_bytes") else None
+    comm_totals = impl.comm_totals() if hasattr(impl, "comm_totals") else None
+    phase = getattr(getattr(impl, "engine", None), "optimizer_phase", "") if args.impl == "tessera" else ""
     rows = impl.gather([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, round(loss_value * 1e9)])
     rss = [r[0] for r in rows]
     if rank == 0:
@@ -332,6 +354,13 @@ def main():
         }
         if inner:
             result["engine_time_per_step_ms"] = inner
+        if comm_totals:  # rank 0's data group per timed step: bytes sent, communication time
+            result["data_sent_bytes_per_step"] = round(comm_totals["sent_bytes"] / timed)
+            result["data_comm_ms_per_step"] = round(1000 * comm_totals["seconds"] / timed, 2)
+        if args.optimizer != "AdamW":
+            result["optimizer"] = args.optimizer
+            result["freeze"] = args.freeze
+            result["phase_at_end"] = phase
         if comm_bytes:  # rank 0's bytes into collectives per timed step, by group
             result["comm_bytes_per_step"] = {g: {k: round(v / timed) for k, v in c.items()} for g, c in comm_bytes.items()}
         if args.rss_trace:

@@ -38,7 +38,8 @@ struct CompressionErrors {
   static CompressionErrors zeros(int64_t n, const Communicator& group);
 };
 
-// x: a contiguous fp32 tensor (any shape) on the group's device; replaced in place by the estimate
+// x: a contiguous fp32 tensor (any shape) on the group's device (CPU tensors are packed by
+// csrc/sign_pack.h's kernels, others by ATen operations in the same format); replaced in place by the estimate
 // of its mean over `group`. `errors` come from CompressionErrors::zeros(x.numel(), group) and are
 // carried from call to call. `block_starts`: where each scale block begins, ascending from 0, each
 // < x.numel() (empty: one block); the last block takes the padding. Bytes each rank sends

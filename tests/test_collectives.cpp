@@ -173,7 +173,8 @@ TEST_CASE("pipeline executor: a loss computed on a non-final stage is named") {
 
 // The 1-bit compressed allreduce (parallel/compressed_allreduce.h) against a plain simulation of
 // the algorithm, 3 calls (the error buffers carry over), lengths that do not divide, 2 and 4 ranks.
-// Each sign-packing kernel the CPU has, forced in turn by TESSERA_SIGN_PACK_ISA.
+// Each sign-packing kernel the CPU has, forced in turn by TESSERA_SIGN_PACK_ISA, and the ATen
+// packing (TESSERA_COMPRESSION_ATEN).
 TEST_CASE("compressed allreduce: results and error buffers equal the plain algorithm on 2 and 4 ranks") {
   for (int ranks : {2, 4}) {
     auto out = launch(ranks, {"compressed-allreduce"}, tessera::testing::free_port());
@@ -193,4 +194,9 @@ TEST_CASE("compressed allreduce: results and error buffers equal the plain algor
     REQUIRE(out.status == 0);
     CHECK(contains(out.output, "compressed allreduce ok on rank 1: n 4101, 6 blocks"));
   }
+  // The ATen packing a GPU uses, in the same wire format, forced on the CPU.
+  auto aten = launch(4, {"compressed-allreduce"}, tessera::testing::free_port(), {{"TESSERA_COMPRESSION_ATEN", "1"}});
+  INFO(aten.output);
+  REQUIRE(aten.status == 0);
+  CHECK(contains(aten.output, "compressed allreduce ok on rank 3: n 4101, 6 blocks"));
 }

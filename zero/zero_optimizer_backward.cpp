@@ -68,6 +68,12 @@ void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool co
     part.counted = counted_here;
   }
   for (CommHandle& h : sums) h.wait();
+  if (!averaging_) {  // local gradients: each part's norm as end_backward takes it (RMS over the data group)
+    const double ranks = data_.size();
+    for (size_t i = 0; i < launch_order_.size(); ++i)
+      if (groups_[launch_order_[i].first]->source_group == group)
+        grad_parts_[i].norm = gradient_norm(grad_parts_[i].grads).div_(std::sqrt(ranks));
+  }
 }
 
 std::string ZeroOptimizer::unused_parameters() const {
