@@ -82,16 +82,36 @@ class OneBitOptimizer : public FlatOptimizer {
 };
 
 // p ← p − lr · (m / bc1) / (√(v / bc2) + ε), with AdamW's decoupled decay first (Adam's L2 decay
-// was added to the gradient before the momentum).
+// was added to the gradient before the momentum). On fp32 CPU shards one pass over p, m, v whose
+// every operation is the ATen path's, in its order (ATen divides by a scalar as a multiplication by
+// its float reciprocal; its addcdiv multiplies by the value before dividing).
 void adam_update(const OptimizerHyperparams& p, const StepInputs& in, const ShardSegment& s, const at::Tensor& m,
                  const at::Tensor& v, double bc1, double bc2) {
-  at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(p.eps);
-  if (p.adam_w_mode && in.weight_decay != 0) s.params.mul_(1 - in.lr * in.weight_decay);
-  s.params.addcdiv_(m, denom, -in.lr / bc1);
+  const bool decay = p.adam_w_mode && in.weight_decay != 0;
+  auto cpu_fp32 = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
+  if (cpu_fp32(s.params) && cpu_fp32(m) && cpu_fp32(v)) {
+    float* ps = s.params.data_ptr<float>();
+    const float* ms = m.data_ptr<float>();
+    const float* vs = v.data_ptr<float>();
+    const float inverse_root_bc2 = 1.0f / static_cast<float>(std::sqrt(bc2)), eps = static_cast<float>(p.eps);
+    const float keep = static_cast<float>(1 - in.lr * in.weight_decay), step = static_cast<float>(-in.lr / bc1);
+    for (int64_t i = 0, n = s.params.numel(); i < n; ++i) {
+      const float denom = std::sqrt(vs[i]) * inverse_root_bc2 + eps;
+      float value = decay ? ps[i] * keep : ps[i];
+      ps[i] = value + step * ms[i] / denom;
+    }
+  } else {
+    at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(p.eps);
+    if (decay) s.params.mul_(1 - in.lr * in.weight_decay);
+    s.params.addcdiv_(m, denom, -in.lr / bc1);
+  }
   write_compute_copy(s);
 }
 
 at::Tensor gradient_with_l2(const OptimizerHyperparams& p, const StepInputs& in, const ShardSegment& s) {
+  // Unclipped fp32 gradients without L2 decay are used as they are (×1 changes no bit).
+  if (in.grad_scale == 1.0 && s.grads.scalar_type() == at::kFloat && (p.adam_w_mode || in.weight_decay == 0))
+    return s.grads;
   at::Tensor g = scaled_gradient(s, in);
   if (!p.adam_w_mode && in.weight_decay != 0) g.add_(s.params, in.weight_decay);
   return g;
@@ -304,7 +324,7 @@ class OneBitLamb final : public OneBitOptimizer {
     at::Tensor factor = at::zeros({P}, f64), sums = at::zeros({2, P}, f64);
     if (!index.empty()) {
       at::Tensor idx = at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(options_.device());
-      factor.index_reduce_(0, idx, at::stack(ratio_max).to(at::kDouble), "amax");
+      factor.scatter_reduce_(0, idx, at::stack(ratio_max).to(at::kDouble), "amax");
       sums.select(0, 0).index_add_(0, idx, at::stack(prelim_sq).to(at::kDouble));
       sums.select(0, 1).index_add_(0, idx, at::stack(update_sq).to(at::kDouble));
     }
