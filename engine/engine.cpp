@@ -251,7 +251,7 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   t.allgather_s = zero_->take_allgather_wait_s();
   t.forward_s = since(last_step_end_) - t.allgather_s;
   auto start = Clock::now();
-  zero_->begin_backward(is_gradient_accumulation_boundary());
+  zero_->begin_backward(is_gradient_accumulation_boundary(), global_step_ - skipped_steps_ + 1);
   try {
     autograd();
   } catch (...) {

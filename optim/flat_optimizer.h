@@ -60,10 +60,12 @@ class FlatOptimizer {
   // 1-bit family's error buffers and frozen variance), each a tensor laid out like the shard that
   // this optimizer updates in place: what a checkpoint saves and loads.
   virtual std::vector<std::pair<std::string, at::Tensor>> named_state() const { return {}; }
-  // Whether the coming step needs its gradients averaged over the data-parallel group first (the
-  // engine's reduction during backward). The 1-bit family (optim/onebit.h) answers false once it
-  // communicates its own compressed state instead; the gradients then stay this rank's own.
-  virtual bool wants_averaged_gradients() const { return true; }
+  // Whether step `step` (the coming StepInputs::step) needs its gradients averaged over the
+  // data-parallel group first (the engine's reduction during backward). The 1-bit family
+  // (optim/onebit.h) answers false once it communicates its own compressed state instead; the
+  // gradients then stay this rank's own. A function of the step and the named state only, so a
+  // run resumed from a checkpoint makes the same choice.
+  virtual bool wants_averaged_gradients(int64_t step) const { return true; }
   // The phase of the coming step for the progress line ("warm-up", "compressed", ...); empty: none.
   virtual std::string phase() const { return {}; }
 };

@@ -77,7 +77,6 @@ class OneBitOptimizer : public FlatOptimizer {
   OptimizerContext ctx_;
   std::vector<int64_t> block_starts_;
   CompressionErrors errors_;
-  int64_t last_step_ = 0;  // the step count of the last step() (StepInputs::step)
   std::string last_phase_ = "warm-up";
 };
 
@@ -128,7 +127,6 @@ class OneBitAdam final : public OneBitOptimizer {
   }
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
-    last_step_ = in.step;
     if (in.step <= p_.freeze_step) {  // warm-up: Adam itself, on averaged gradients
       last_phase_ = "warm-up";
       adam_->step(in, segments);
@@ -143,7 +141,7 @@ class OneBitAdam final : public OneBitOptimizer {
     const double bc2 = correction(p_.bias_correction, beta2, p_.freeze_step);
     for (const auto& s : segments) adam_update(p_, in, s, whole(exp_avg_, s), whole(exp_avg_sq_, s), bc1, bc2);
   }
-  bool wants_averaged_gradients() const override { return last_step_ + 1 <= p_.freeze_step; }
+  bool wants_averaged_gradients(int64_t step) const override { return step <= p_.freeze_step; }
   NamedState named_state() const override {
     NamedState state = adam_->named_state();
     for (auto& e : error_state()) state.push_back(e);
@@ -171,7 +169,6 @@ class ZeroOneAdam final : public OneBitOptimizer {
   }
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
-    last_step_ = in.step;
     const int64_t t = in.step;
     const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
     if (t <= p_.var_freeze_step) {
@@ -243,9 +240,8 @@ class ZeroOneAdam final : public OneBitOptimizer {
       counter(kLocalStepInterval) = std::min(double(p_.local_step_clipper), 2 * counter(kLocalStepInterval));
     }
   }
-  bool wants_averaged_gradients() const override {
-    const int64_t t = last_step_ + 1;
-    return t <= p_.var_freeze_step && t % int64_t(counter(kVarInterval)) == 0;
+  bool wants_averaged_gradients(int64_t step) const override {
+    return step <= p_.var_freeze_step && step % int64_t(counter(kVarInterval)) == 0;
   }
   NamedState named_state() const override {
     NamedState state{{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}, {"momentum_accumulator", accumulator_},
@@ -284,7 +280,6 @@ class OneBitLamb final : public OneBitOptimizer {
   }
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
-    last_step_ = in.step;
     if (in.step <= p_.freeze_step) {
       last_phase_ = "warm-up";
       lamb_->step(in, segments);
@@ -348,7 +343,7 @@ class OneBitLamb final : public OneBitOptimizer {
     });
     for (const auto& s : segments) write_compute_copy(s);
   }
-  bool wants_averaged_gradients() const override { return last_step_ + 1 <= p_.freeze_step; }
+  bool wants_averaged_gradients(int64_t step) const override { return step <= p_.freeze_step; }
   NamedState named_state() const override {
     NamedState state = lamb_->named_state();
     state.emplace_back("exp_avg_sq_fresh", exp_avg_sq_fresh_);

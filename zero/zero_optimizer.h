@@ -87,8 +87,10 @@ class ZeroOptimizer final : public UnitListener {
   // Every group's optimizer state by name, "group.name" (FlatOptimizer::named_state).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
 
-  // Whether the coming backward ends a gradient accumulation (stages 0/1 communicate only then).
-  void begin_backward(bool boundary);
+  // Whether the coming backward ends a gradient accumulation (stages 0/1 communicate only then);
+  // `next_step`: the StepInputs::step of the optimizer step it leads to (the 1-bit family decides by
+  // it whether the gradients are averaged).
+  void begin_backward(bool boundary, int64_t next_step = 1);
   // After autograd: launch the buckets still waiting (parameters with no gradient count as zero),
   // in the fixed order, and wait for every reduction. With ignore_unused_parameters false, a
   // parameter without a gradient is an error naming it.

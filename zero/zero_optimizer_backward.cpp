@@ -13,10 +13,10 @@
 
 namespace tessera {
 
-void ZeroOptimizer::begin_backward(bool boundary) {
+void ZeroOptimizer::begin_backward(bool boundary, int64_t next_step) {
   boundary_ = boundary;
   // The 1-bit family after its warm-up: the gradients stay this rank's own (optim/onebit.h).
-  averaging_ = groups_.empty() || groups_.front()->optimizer->wants_averaged_gradients();
+  averaging_ = groups_.empty() || groups_.front()->optimizer->wants_averaged_gradients(next_step);
   if (boundary)
     for (GradPart& part : grad_parts_) {
       part.norm = at::Tensor();  // taken again as the buckets complete
