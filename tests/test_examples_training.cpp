@@ -83,6 +83,15 @@ TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss 
   for (int stage : {1, 2, 3}) check_against_reference(2, gpt_config(8, stage), "2 ranks, ZeRO " + std::to_string(stage));
 }
 
+// DeepSpeed's averaging orders (zero/zero_stage.h): divide by the data-parallel size (or by a
+// factor) before the reduction and sum, the rest after; the same average as the default's.
+TEST_CASE("train_gpt: prescale_gradients and gradient_predivide_factor reach the 1-rank loss and parameters") {
+  check_against_reference(2, with_sections(gpt_config(8, 0), R"("prescale_gradients": true)"), "ZeRO 0, prescale");
+  check_against_reference(2, with_sections(gpt_config(8, 2), R"("prescale_gradients": true)"), "ZeRO 2, prescale");
+  check_against_reference(2, with_sections(gpt_config(8, 1), R"("gradient_predivide_factor": 4.0)"),
+                          "ZeRO 1, predivide 4");
+}
+
 TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence parallelism - tp 2 x dp 2 with "
           "ZeRO 1-3) reaches the 1-rank loss and parameters") {
   struct Run { int ranks, tp, micro, stage; bool sp; };

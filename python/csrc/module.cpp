@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "csrc/cpu_block_cache.h"
 #include "csrc/cpu_features.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "engine/pipeline_engine.h"
@@ -522,6 +524,25 @@ PYBIND11_MODULE(_C, m) {
     blocking([&] { y = tensor_parallel_whole(slice, c.tensor(), dim, fused); });
     return y;
   }, py::arg("slice"), py::arg("context"), py::arg("dim"), py::arg("fused") = 1);
+
+  // ---- checkpoint files (engine/checkpoint/safetensors.h) ----
+  py::module ckpt = m.def_submodule("checkpoint", "checkpoint files: safetensors read and written by the C++ side");
+  py::register_exception<checkpoint::SafetensorsError>(ckpt, "SafetensorsError", PyExc_ValueError);
+  ckpt.def("write_safetensors",
+           [](const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+              const std::map<std::string, std::string>& metadata) {
+             py::gil_scoped_release release;
+             checkpoint::write_safetensors(path, tensors, metadata);
+           },
+           py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{});
+  ckpt.def("read_safetensors",  // -> ({name: CPU tensor}, {metadata})
+           [](const std::string& path) {
+             checkpoint::SafetensorsReader reader(path);
+             py::dict tensors;
+             for (const auto& [name, record] : reader.tensors()) tensors[py::str(name)] = reader.read(name);
+             return py::make_tuple(tensors, reader.metadata());
+           },
+           py::arg("path"));
 
   // ---- pipeline parallelism (engine/pipeline_engine.h, parallel/pipeline/) ----
   py::module pipe = m.def_submodule("pipeline", "pipeline stages: partitioning, PipelineEngine");
