@@ -30,12 +30,12 @@ at::Tensor scaled_gradient(const ShardSegment& s, const StepInputs& in) {
 
 double correction(bool enabled, double beta, int64_t steps) { return enabled ? 1 - std::pow(beta, double(steps)) : 1.0; }
 
-// What the three share: the shard's size, its parameters' scale blocks, the compressed average
-// over the data group and its error buffers, and which step came last.
+// What the three share: the parameters' scale blocks, the compressed average over the data group
+// and its error buffers, and the phase of the last step.
 class OneBitOptimizer : public FlatOptimizer {
  public:
   OneBitOptimizer(const OptimizerHyperparams& p, int64_t n, const at::TensorOptions& o, OptimizerContext ctx)
-      : p_(p), n_(n), options_(o), ctx_(std::move(ctx)) {
+      : p_(p), options_(o), ctx_(std::move(ctx)) {
     // One scale per parameter piece of the shard (compressed_allreduce's blocks).
     block_starts_.push_back(0);
     for (const ShardPiece& piece : ctx_.pieces)
@@ -47,9 +47,8 @@ class OneBitOptimizer : public FlatOptimizer {
   bool elementwise() const override { return false; }  // one collective over the whole shard
   std::string phase() const override { return last_phase_; }
   int64_t state_bytes() const override {
-    int64_t bytes = errors_.worker.defined() ? errors_.worker.nbytes() + errors_.server.nbytes() : 0;
-    for (const auto& [name, t] : named_state())
-      if (name != "worker_error" && name != "server_error") bytes += t.nbytes();
+    int64_t bytes = 0;
+    for (const auto& [name, t] : named_state()) bytes += t.nbytes();
     return bytes;
   }
 
@@ -67,12 +66,10 @@ class OneBitOptimizer : public FlatOptimizer {
   void reset_errors() {
     if (errors_.worker.defined()) errors_.worker.zero_(), errors_.server.zero_();
   }
-  at::Tensor whole(const at::Tensor& t, const ShardSegment& s) const {
-    return t.narrow(0, s.local_offset, s.params.numel());
-  }
+  // The part of a shard-long state tensor that lines up with segment s.
+  static at::Tensor part(const at::Tensor& t, const ShardSegment& s) { return t.narrow(0, s.local_offset, s.params.numel()); }
 
   OptimizerHyperparams p_;
-  int64_t n_;
   at::TensorOptions options_;
   OptimizerContext ctx_;
   std::vector<int64_t> block_starts_;
@@ -127,19 +124,19 @@ class OneBitAdam final : public OneBitOptimizer {
   }
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
-    if (in.step <= p_.freeze_step) {  // warm-up: Adam itself, on averaged gradients
+    if (wants_averaged_gradients(in.step)) {  // warm-up: Adam itself, on averaged gradients
       last_phase_ = "warm-up";
       adam_->step(in, segments);
       return;
     }
     last_phase_ = "compressed";
     const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
-    for (const auto& s : segments) whole(exp_avg_, s).mul_(beta1).add_(gradient_with_l2(p_, in, s), 1 - beta1);
+    for (const auto& s : segments) part(exp_avg_, s).mul_(beta1).add_(gradient_with_l2(p_, in, s), 1 - beta1);
     compressed_average(exp_avg_);
     // v stopped at freeze_step, and so did its bias correction.
     const double bc1 = correction(p_.bias_correction, beta1, in.step);
     const double bc2 = correction(p_.bias_correction, beta2, p_.freeze_step);
-    for (const auto& s : segments) adam_update(p_, in, s, whole(exp_avg_, s), whole(exp_avg_sq_, s), bc1, bc2);
+    for (const auto& s : segments) adam_update(p_, in, s, part(exp_avg_, s), part(exp_avg_sq_, s), bc1, bc2);
   }
   bool wants_averaged_gradients(int64_t step) const override { return step <= p_.freeze_step; }
   NamedState named_state() const override {
@@ -172,13 +169,13 @@ class ZeroOneAdam final : public OneBitOptimizer {
     const int64_t t = in.step;
     const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
     if (t <= p_.var_freeze_step) {
-      if (t % int64_t(counter(kVarInterval)) == 0) {
+      if (wants_averaged_gradients(t)) {
         // Averaged in full precision by the engine: both moments.
         last_phase_ = "warm-up";
         for (const auto& s : segments) {
           at::Tensor g = gradient_with_l2(p_, in, s);
-          whole(exp_avg_sq_, s).mul_(beta2).addcmul_(g, g, 1 - beta2);
-          whole(exp_avg_, s).mul_(beta1).add_(g, 1 - beta1);
+          part(exp_avg_sq_, s).mul_(beta2).addcmul_(g, g, 1 - beta2);
+          part(exp_avg_, s).mul_(beta1).add_(g, 1 - beta1);
         }
         counter(kVarUpdates) += 1;
         if (++counter(kVarCounter) == double(p_.var_update_scaler)) {
@@ -189,14 +186,14 @@ class ZeroOneAdam final : public OneBitOptimizer {
         // This rank's own gradient, averaged 1-bit compressed (the accumulator is free until the
         // variance freezes); the momentum only.
         last_phase_ = "compressed";
-        for (const auto& s : segments) whole(accumulator_, s).copy_(gradient_with_l2(p_, in, s));
+        for (const auto& s : segments) part(accumulator_, s).copy_(gradient_with_l2(p_, in, s));
         compressed_average(accumulator_);
-        for (const auto& s : segments) whole(exp_avg_, s).mul_(beta1).add_(whole(accumulator_, s), 1 - beta1);
+        for (const auto& s : segments) part(exp_avg_, s).mul_(beta1).add_(part(accumulator_, s), 1 - beta1);
         accumulator_.zero_();
       }
       const double bc1 = correction(p_.bias_correction, beta1, t);
       const double bc2 = correction(p_.bias_correction, beta2, int64_t(counter(kVarUpdates)));
-      for (const auto& s : segments) adam_update(p_, in, s, whole(exp_avg_, s), whole(exp_avg_sq_, s), bc1, bc2);
+      for (const auto& s : segments) adam_update(p_, in, s, part(exp_avg_, s), part(exp_avg_sq_, s), bc1, bc2);
       // The errors compensated gradients so far; from here they compensate accumulated updates.
       if (t == p_.var_freeze_step) reset_errors();
       return;
@@ -207,13 +204,13 @@ class ZeroOneAdam final : public OneBitOptimizer {
     counter(kLearningRates) += in.lr;
     std::vector<at::Tensor> denoms;  // bc1 · (√v̂ + ε): the update's divisor, per segment
     for (const auto& s : segments) {
-      at::Tensor m = whole(exp_avg_, s);
+      at::Tensor m = part(exp_avg_, s);
       m.mul_(beta1).add_(gradient_with_l2(p_, in, s), 1 - beta1);
-      at::Tensor denom = whole(exp_avg_sq_, s).sqrt().div_(std::sqrt(bc2)).add_(p_.eps).mul_(bc1);
+      at::Tensor denom = part(exp_avg_sq_, s).sqrt().div_(std::sqrt(bc2)).add_(p_.eps).mul_(bc1);
       at::Tensor update = m / denom;
       if (p_.adam_w_mode && in.weight_decay != 0) update.add_(s.params, in.weight_decay);
       s.params.add_(update, -in.lr);
-      whole(accumulator_, s).add_(update, -in.lr);
+      part(accumulator_, s).add_(update, -in.lr);
       denoms.push_back(std::move(denom));
     }
     const bool sync = t % int64_t(counter(kLocalStepInterval)) == 0;
@@ -222,13 +219,13 @@ class ZeroOneAdam final : public OneBitOptimizer {
       // Undo the local steps, average them (in momentum units) compressed, apply the average;
       // the momentum becomes the learning-rate-weighted average of the interval's momenta.
       for (size_t i = 0; i < segments.size(); ++i) {
-        segments[i].params.sub_(whole(accumulator_, segments[i]));
-        whole(accumulator_, segments[i]).mul_(denoms[i]);
+        segments[i].params.sub_(part(accumulator_, segments[i]));
+        part(accumulator_, segments[i]).mul_(denoms[i]);
       }
       compressed_average(accumulator_);
       for (size_t i = 0; i < segments.size(); ++i) {
-        at::Tensor u = whole(accumulator_, segments[i]);
-        whole(exp_avg_, segments[i]).copy_(u).div_(-counter(kLearningRates));
+        at::Tensor u = part(accumulator_, segments[i]);
+        part(exp_avg_, segments[i]).copy_(u).div_(-counter(kLearningRates));
         segments[i].params.add_(u / denoms[i]);
       }
       accumulator_.zero_();
@@ -280,7 +277,7 @@ class OneBitLamb final : public OneBitOptimizer {
   }
 
   void step(const StepInputs& in, const std::vector<ShardSegment>& segments) override {
-    if (in.step <= p_.freeze_step) {
+    if (wants_averaged_gradients(in.step)) {
       last_phase_ = "warm-up";
       lamb_->step(in, segments);
       if (in.step == p_.freeze_step) exp_avg_sq_fresh_.copy_(exp_avg_sq_);
@@ -289,7 +286,7 @@ class OneBitLamb final : public OneBitOptimizer {
     last_phase_ = "compressed";
     const double beta1 = in.beta1.value_or(p_.betas[0]), beta2 = in.beta2.value_or(p_.betas[1]);
     const at::Tensor previous = exp_avg_.clone();
-    for (const auto& s : segments) whole(exp_avg_, s).mul_(beta1).add_(scaled_gradient(s, in), 1 - beta1);
+    for (const auto& s : segments) part(exp_avg_, s).mul_(beta1).add_(scaled_gradient(s, in), 1 - beta1);
     compressed_average(exp_avg_);
     // The averaged gradient, recovered from the averaged momentum, keeps a fresh variance.
     at::Tensor recovered = (exp_avg_ - previous * beta1).div_(1 - beta1);

@@ -45,8 +45,9 @@ Blocks make_blocks(const std::vector<int64_t>& starts, int64_t n, int64_t padded
   return blocks;
 }
 
-// The packing: csrc/sign_pack.h's kernels on CPU tensors; ATen operations elsewhere (a GPU), in the
-// same wire format, which TESSERA_COMPRESSION_ATEN=1 also selects on the CPU (the tests run both).
+// Two implementations of the same steps: fused loops over the buffers for CPU tensors (below,
+// "CPU"), and ATen operations in the same wire format for other devices (a GPU), which
+// TESSERA_COMPRESSION_ATEN=1 also selects on the CPU (the tests run both).
 bool use_aten(const at::Tensor& t) {
   static const bool forced = [] {
     const char* v = std::getenv("TESSERA_COMPRESSION_ATEN");
@@ -55,23 +56,16 @@ bool use_aten(const at::Tensor& t) {
   return !t.is_cpu() || forced;
 }
 
+// ---- ATen
+
 // The signs of t (numel a multiple of 8), 8 to a byte: bit i of byte k is t[8k + i] >= 0.
-at::Tensor pack(const at::Tensor& t) {
-  if (!use_aten(t)) {
-    at::Tensor bits = at::empty({t.numel() / 8}, t.options().dtype(at::kByte));
-    pack_signs(t.data_ptr<float>(), t.numel(), bits.data_ptr<uint8_t>());
-    return bits;
-  }
+at::Tensor pack_aten(const at::Tensor& t) {
   const at::Tensor weights = at::arange(8, t.options().dtype(at::kLong)).exp2().to(at::kByte);  // 1, 2, ..., 128
   return t.ge(0).view({-1, 8}).to(at::kByte).mul(weights).sum(1, /*keepdim=*/false, at::kByte);
 }
 
 // out[i] = +1 or -1 by bit i of `bits` (out.numel() a multiple of 8).
-void unpack(const at::Tensor& bits, at::Tensor& out) {
-  if (!use_aten(out)) {
-    unpack_signs(bits.data_ptr<uint8_t>(), out.numel(), 1.0f, out.data_ptr<float>());
-    return;
-  }
+void unpack_aten(const at::Tensor& bits, at::Tensor& out) {
   const at::Tensor shifts = at::arange(8, bits.options().dtype(at::kByte));
   at::Tensor ones = bits.view({-1, 1}).bitwise_right_shift(shifts).bitwise_and(1).view({-1});
   out.copy_(ones.to(at::kFloat).mul_(2).sub_(1));
@@ -98,12 +92,42 @@ void apply_scales(at::Tensor& out, int64_t lo, const Blocks& blocks, const at::T
 // signs, and in `scales` one per block (block_scales). `error` (as long as t) receives t − the
 // decoded value.
 at::Tensor compress(const at::Tensor& t, int64_t lo, const Blocks& blocks, at::Tensor& scales, at::Tensor& error) {
-  at::Tensor bits = pack(t);
+  at::Tensor bits = pack_aten(t);
   scales = block_scales(t, lo, blocks);
-  unpack(bits, error);
+  unpack_aten(bits, error);
   apply_scales(error, lo, blocks, scales);
   error.neg_().add_(t);
   return bits;
+}
+
+// The worker: b = x + e_w compressed; e_w ← what was lost. Returns the signs, `scales` one per block.
+at::Tensor worker_aten(const at::Tensor& x, at::Tensor& error, const Blocks& blocks, at::Tensor& scales) {
+  at::Tensor b = error.clone();
+  b.narrow(0, 0, x.numel()).add_(x);
+  return compress(b, 0, blocks, scales, error);
+}
+
+// The server of chunk [lo, lo + chunk): c = (1/p)·Σ_j decoded_j + e_s compressed; e_s ← what was lost.
+at::Tensor server_aten(const at::Tensor& received, const at::Tensor& worker_scales, int64_t lo, int64_t chunk,
+                       const Blocks& blocks, int p, at::Tensor& error, at::Tensor& scales) {
+  const int B = blocks.count();
+  at::Tensor c = at::zeros({chunk}, error.options()), decoded = at::empty({chunk}, error.options());
+  for (int j = 0; j < p; ++j) {
+    unpack_aten(received.narrow(0, j * chunk / 8, chunk / 8), decoded);
+    apply_scales(decoded, lo, blocks, worker_scales.narrow(0, j * B, B));
+    c.add_(decoded);
+  }
+  c.mul_(1.0 / p).add_(error);
+  return compress(c, lo, blocks, scales, error);
+}
+
+// out (the first out.numel() elements of chunk [lo, lo + chunk)) ← the chunk decoded.
+void decode_aten(const at::Tensor& bits, int64_t lo, int64_t chunk, const Blocks& blocks, const at::Tensor& scales,
+                 at::Tensor out) {
+  at::Tensor whole = at::empty({chunk}, out.options());
+  unpack_aten(bits, whole);
+  apply_scales(whole, lo, blocks, scales);
+  out.copy_(whole.narrow(0, 0, out.numel()));
 }
 
 // ---- CPU: the same steps in fused loops over the buffers (3 passes for a worker instead of ATen's
@@ -163,33 +187,37 @@ at::Tensor worker_cpu(const at::Tensor& x, at::Tensor& error, const Blocks& bloc
 at::Tensor server_cpu(const at::Tensor& received, const at::Tensor& worker_scales, int64_t lo, int64_t chunk,
                       const Blocks& blocks, int p, at::Tensor& error, at::Tensor& scales) {
   const int B = blocks.count();
-  at::Tensor c = at::zeros({chunk}, error.options()), decoded = at::empty({chunk}, error.options());
-  float* cs = c.data_ptr<float>();
-  float* d = decoded.data_ptr<float>();
-  for (int j = 0; j < p; ++j) {
-    decode_cpu(received.data_ptr<uint8_t>() + j * chunk / 8, lo, chunk, blocks, worker_scales.data_ptr<float>() + j * B, d);
+  // Σ_j decoded_j: the first decoded in place, the others through one buffer.
+  at::Tensor sum = at::empty({chunk}, error.options()), decoded;
+  float* cs = sum.data_ptr<float>();
+  const uint8_t* bits = received.data_ptr<uint8_t>();
+  decode_cpu(bits, lo, chunk, blocks, worker_scales.data_ptr<float>(), cs);
+  if (p > 1) decoded = at::empty({chunk}, error.options());
+  for (int j = 1; j < p; ++j) {
+    float* d = decoded.data_ptr<float>();
+    decode_cpu(bits + j * chunk / 8, lo, chunk, blocks, worker_scales.data_ptr<float>() + j * B, d);
     for (int64_t i = 0; i < chunk; ++i) cs[i] += d[i];
   }
-  // c = c / p + e_s, each block piece's sum of squares.
+  // c = sum / p + e_s, into the error buffer, and each block piece's sum of squares; then the
+  // buffer keeps c − decoded(c).
   const float inverse = static_cast<float>(1.0 / p);
   float* e = error.data_ptr<float>();
   scales = at::zeros({B}, error.options());
   float* sc = scales.data_ptr<float>();
   blocks.for_each_piece(lo, lo + chunk, [&](int b, int64_t begin, int64_t end) {
-    double sum = 0;
+    double squares = 0;
     for (int64_t i = begin - lo; i < end - lo; ++i) {
       float v = cs[i] * inverse;
       v = v + e[i];
-      cs[i] = v;
-      sum += double(v) * v;
+      e[i] = v;
+      squares += double(v) * v;
     }
-    sc[b] = block_scale(sum, end - begin);
+    sc[b] = block_scale(squares, end - begin);
   });
-  at::Tensor bits = at::empty({chunk / 8}, error.options().dtype(at::kByte));
-  pack_signs(cs, chunk, bits.data_ptr<uint8_t>());
-  subtract_decoded(cs, lo, chunk, blocks, sc);
-  error.copy_(c);
-  return bits;
+  at::Tensor packed = at::empty({chunk / 8}, error.options().dtype(at::kByte));
+  pack_signs(e, chunk, packed.data_ptr<uint8_t>());
+  subtract_decoded(e, lo, chunk, blocks, sc);
+  return packed;
 }
 
 }  // namespace
@@ -224,14 +252,9 @@ void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator
   at::Tensor flat = x.view({-1});
 
   // Worker: compensate, compress, keep what was lost.
-  at::Tensor worker_scales, worker_bits;
-  if (cpu) {
-    worker_bits = worker_cpu(flat, errors.worker, blocks, worker_scales);
-  } else {
-    at::Tensor b = errors.worker.clone();
-    b.narrow(0, 0, n).add_(flat);
-    worker_bits = compress(b, 0, blocks, worker_scales, errors.worker);
-  }
+  at::Tensor worker_scales;
+  const at::Tensor worker_bits = cpu ? worker_cpu(flat, errors.worker, blocks, worker_scales)
+                                     : worker_aten(flat, errors.worker, blocks, worker_scales);
 
   // Chunk j of the signs to rank j; every rank's scales to everyone.
   at::Tensor received = at::empty({padded / 8}, worker_bits.options());
@@ -241,19 +264,10 @@ void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator
 
   // Server: average my chunk over the ranks, compensate with my server error, compress again.
   const int64_t lo = me * chunk;
-  at::Tensor server_scales, server_bits;
-  if (cpu) {
-    server_bits = server_cpu(received, all_worker_scales, lo, chunk, blocks, p, errors.server, server_scales);
-  } else {
-    at::Tensor c = at::zeros({chunk}, f32), decoded = at::empty({chunk}, f32);
-    for (int j = 0; j < p; ++j) {
-      unpack(received.narrow(0, j * chunk / 8, chunk / 8), decoded);
-      apply_scales(decoded, lo, blocks, all_worker_scales.narrow(0, j * B, B));
-      c.add_(decoded);
-    }
-    c.mul_(1.0 / p).add_(errors.server);
-    server_bits = compress(c, lo, blocks, server_scales, errors.server);
-  }
+  at::Tensor server_scales;
+  const at::Tensor server_bits =
+      cpu ? server_cpu(received, all_worker_scales, lo, chunk, blocks, p, errors.server, server_scales)
+          : server_aten(received, all_worker_scales, lo, chunk, blocks, p, errors.server, server_scales);
 
   // Everyone gets every server's chunk, decoded straight into x.
   at::Tensor all_bits = at::empty({padded / 8}, server_bits.options());
@@ -263,15 +277,12 @@ void compressed_allreduce(at::Tensor& x, CompressionErrors& errors, Communicator
   for (int j = 0; j < p; ++j) {
     const int64_t valid = std::min(chunk, n - j * chunk);  // the last chunks hold the padding
     if (valid <= 0) break;
-    if (cpu) {
+    if (cpu)
       decode_cpu(all_bits.data_ptr<uint8_t>() + j * chunk / 8, j * chunk, valid, blocks,
                  all_server_scales.data_ptr<float>() + j * B, flat.data_ptr<float>() + j * chunk);
-    } else {
-      at::Tensor part = at::empty({chunk}, f32);
-      unpack(all_bits.narrow(0, j * chunk / 8, chunk / 8), part);
-      apply_scales(part, j * chunk, blocks, all_server_scales.narrow(0, j * B, B));
-      flat.narrow(0, j * chunk, valid).copy_(part.narrow(0, 0, valid));
-    }
+    else
+      decode_aten(all_bits.narrow(0, j * chunk / 8, chunk / 8), j * chunk, chunk, blocks,
+                  all_server_scales.narrow(0, j * B, B), flat.narrow(0, j * chunk, valid));
   }
 }
 

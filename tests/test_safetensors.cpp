@@ -45,7 +45,7 @@ void write_raw(const std::string& path, const std::string& header, const std::st
 std::string error_of(const std::string& path) {
   try {
     SafetensorsReader reader(path);
-  } catch (const SafetensorsError& e) {
+  } catch (const std::exception& e) {  // SafetensorsError for the contents, std::runtime_error from the system
     return e.what();
   }
   return "(no error)";

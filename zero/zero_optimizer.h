@@ -144,6 +144,7 @@ class ZeroOptimizer final : public UnitListener {
  private:
   void launch_ready_buckets();
   bool reduces_now() const;  // whether this backward's complete buckets are reduced as they fill
+  void take_norm(GradPart& part) const;  // part.norm from its gradients as they are now
   void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;

@@ -27,6 +27,13 @@ void ZeroOptimizer::begin_backward(bool boundary, int64_t next_step) {
     }
 }
 
+void ZeroOptimizer::take_norm(GradPart& part) const {
+  part.norm = gradient_norm(part.grads);
+  // Local gradients: summed over the data group as data-sharded (begin_backward), each divided by
+  // √p, the total is the mean of the ranks' squared norms.
+  if (!averaging_) part.norm.div_(std::sqrt(double(data_.size())));
+}
+
 bool ZeroOptimizer::reduces_now() const {
   return averaging_ && (boundary_ || stage_->reduces_every_micro_step());
 }
@@ -53,7 +60,7 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   std::function<void()> done;
   // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
   // and the next bucket's reduction is in flight.
-  if (boundary_) done = [this, launch_index] { grad_parts_[launch_index].norm = gradient_norm(grad_parts_[launch_index].grads); };
+  if (boundary_) done = [this, launch_index] { take_norm(grad_parts_[launch_index]); };
   stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
 }
 
@@ -64,16 +71,11 @@ void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool co
     if (groups_[launch_order_[i].first]->source_group != group) continue;  // the model's group, maybe split in two
     GradPart& part = grad_parts_[i];
     sums.push_back(across.all_reduce_async(part.grads, ReduceOp::Sum));
-    part.norm = at::Tensor();  // taken again by the step
     part.counted = counted_here;
   }
   for (CommHandle& h : sums) h.wait();
-  if (!averaging_) {  // local gradients: each part's norm as end_backward takes it (RMS over the data group)
-    const double ranks = data_.size();
-    for (size_t i = 0; i < launch_order_.size(); ++i)
-      if (groups_[launch_order_[i].first]->source_group == group)
-        grad_parts_[i].norm = gradient_norm(grad_parts_[i].grads).div_(std::sqrt(ranks));
-  }
+  for (size_t i = 0; i < launch_order_.size(); ++i)  // the sums' norms, taken again
+    if (groups_[launch_order_[i].first]->source_group == group) take_norm(grad_parts_[i]);
 }
 
 std::string ZeroOptimizer::unused_parameters() const {
@@ -110,9 +112,8 @@ void ZeroOptimizer::end_backward() {
   // Whatever has not been launched yet goes now, in the fixed order; missing gradients are zero.
   if (reduces_now()) {
     while (next_launch_ < launch_order_.size()) reduce(next_launch_++);
-  } else if (boundary_ && !averaging_) {
-    const double ranks = data_.size();
-    for (GradPart& part : grad_parts_) part.norm = gradient_norm(part.grads).div_(std::sqrt(ranks));
+  } else if (boundary_) {  // gradients kept local (optim/onebit.h): their norms here
+    for (GradPart& part : grad_parts_) take_norm(part);
   }
   reset_bucket_counters();
   if (units_) units_->end_backward();

@@ -1,5 +1,7 @@
 #include "engine/checkpoint/checkpoint_dir.h"
 
+#include "engine/checkpoint/file_io.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -14,10 +16,6 @@
 namespace tessera::checkpoint {
 
 namespace {
-
-std::runtime_error os_error(const std::string& what, const std::string& path) {
-  return std::runtime_error("tessera: checkpoint: " + what + " " + path + ": " + std::strerror(errno));
-}
 
 bool exists(const std::string& path) {
   struct stat st {};
@@ -61,14 +59,6 @@ void remove_tree(const std::string& path) {
   }
 }
 
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw os_error("cannot open", path);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw os_error("fsync of", path);
-}
-
 // TESSERA_CHECKPOINT_CRASH names a point of commit() at which the process kills itself (crash tests).
 void crash_point(const char* point) {
   const char* at = std::getenv("TESSERA_CHECKPOINT_CRASH");
@@ -87,19 +77,19 @@ void write_file_durably(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw os_error("cannot create", tmp);
-  const char* data = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    const ssize_t w = ::write(fd, data, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const auto error = os_error("writing", tmp);
-      ::close(fd);
-      throw error;
-    }
-    data += w, left -= static_cast<size_t>(w);
+  try {
+    write_all(fd, text.data(), static_cast<int64_t>(text.size()), tmp);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) throw os_error("fsync of", tmp);
+  const bool synced = ::fsync(fd) == 0;
+  if (!synced) {
+    const auto error = os_error("fsync of", tmp);
+    ::close(fd);
+    throw error;
+  }
+  if (::close(fd) != 0) throw os_error("closing", tmp);
   if (::rename(tmp.c_str(), path.c_str()) != 0) throw os_error("cannot rename " + tmp + " to", path);
   const size_t slash = path.rfind('/');
   fsync_path(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash));

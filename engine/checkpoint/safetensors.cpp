@@ -1,5 +1,7 @@
 #include "engine/checkpoint/safetensors.h"
 
+#include "engine/checkpoint/file_io.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/util/StringUtil.h>
 #include <fcntl.h>
@@ -23,32 +25,6 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtype_table() {
       {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16}, {"I64", at::kLong},
       {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},   {"U8", at::kByte},        {"BOOL", at::kBool}};
   return table;
-}
-
-std::string os_error(const std::string& what, const std::string& path) {
-  return "tessera: " + what + " " + path + ": " + std::strerror(errno);
-}
-
-void write_all(int fd, const char* data, int64_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, static_cast<size_t>(std::min<int64_t>(n, int64_t(1) << 30)));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw SafetensorsError(os_error("writing", path));
-    data += w;
-    n -= w;
-  }
-}
-
-void read_all(int fd, char* data, int64_t n, int64_t offset, const std::string& path) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, data, static_cast<size_t>(std::min<int64_t>(n, int64_t(1) << 30)), offset);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw SafetensorsError(os_error("reading", path));
-    if (r == 0) throw SafetensorsError("tessera: " + path + " ends early (truncated?)");
-    data += r;
-    n -= r;
-    offset += r;
-  }
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -93,7 +69,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw SafetensorsError(os_error("cannot create", path));
+  if (fd < 0) throw os_error("cannot create", path);
   try {
     uint64_t size = text.size();
     char prefix[8];
@@ -102,20 +78,20 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     write_all(fd, text.data(), static_cast<int64_t>(text.size()), path);
     for (const at::Tensor& t : data)
       write_all(fd, static_cast<const char*>(t.const_data_ptr()), t.numel() * static_cast<int64_t>(t.element_size()), path);
-    if (::fsync(fd) != 0) throw SafetensorsError(os_error("fsync of", path));
+    if (::fsync(fd) != 0) throw os_error("fsync of", path);
   } catch (...) {
     ::close(fd);
     throw;
   }
-  if (::close(fd) != 0) throw SafetensorsError(os_error("closing", path));
+  if (::close(fd) != 0) throw os_error("closing", path);
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw SafetensorsError(os_error("cannot open", path));
+  if (fd_ < 0) throw os_error("cannot open", path);
   try {
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw SafetensorsError(os_error("cannot stat", path));
+    if (::fstat(fd_, &st) != 0) throw os_error("cannot stat", path);
     const int64_t file_size = st.st_size;
     if (file_size < 8) throw SafetensorsError("tessera: " + path + " is " + std::to_string(file_size) +
                                               " bytes long: too short for a safetensors file");

@@ -34,7 +34,7 @@ struct TensorRecord {
 
 // Writes `tensors` (unique names, any device, contiguous or not) and `metadata` to `path` and
 // fsyncs it. The header is padded with spaces to a multiple of 8 bytes, so every tensor starts
-// aligned. Throws SafetensorsError naming the path on a failed write (the caller writes into a
+// aligned. A failed write throws std::runtime_error naming the path (the caller writes into a
 // temporary name and renames: engine/checkpoint/ never leaves a half-written file under its name).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

@@ -22,9 +22,9 @@
 #include <tuple>
 #include <vector>
 
+#include "bindings.h"
 #include "csrc/cpu_block_cache.h"
 #include "csrc/cpu_features.h"
-#include "engine/checkpoint/safetensors.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "engine/pipeline_engine.h"
@@ -525,24 +525,7 @@ PYBIND11_MODULE(_C, m) {
     return y;
   }, py::arg("slice"), py::arg("context"), py::arg("dim"), py::arg("fused") = 1);
 
-  // ---- checkpoint files (engine/checkpoint/safetensors.h) ----
-  py::module ckpt = m.def_submodule("checkpoint", "checkpoint files: safetensors read and written by the C++ side");
-  py::register_exception<checkpoint::SafetensorsError>(ckpt, "SafetensorsError", PyExc_ValueError);
-  ckpt.def("write_safetensors",
-           [](const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-              const std::map<std::string, std::string>& metadata) {
-             py::gil_scoped_release release;
-             checkpoint::write_safetensors(path, tensors, metadata);
-           },
-           py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{});
-  ckpt.def("read_safetensors",  // -> ({name: CPU tensor}, {metadata})
-           [](const std::string& path) {
-             checkpoint::SafetensorsReader reader(path);
-             py::dict tensors;
-             for (const auto& [name, record] : reader.tensors()) tensors[py::str(name)] = reader.read(name);
-             return py::make_tuple(tensors, reader.metadata());
-           },
-           py::arg("path"));
+  bind_checkpoint(m);  // ---- checkpoint files: tessera._C.checkpoint (checkpoint_bindings.cpp) ----
 
   // ---- pipeline parallelism (engine/pipeline_engine.h, parallel/pipeline/) ----
   py::module pipe = m.def_submodule("pipeline", "pipeline stages: partitioning, PipelineEngine");
