@@ -214,7 +214,7 @@ Engine::~Engine() = default;
 // ---- backward ------------------------------------------------------------------------------------
 
 bool Engine::is_gradient_accumulation_boundary() const {
-  return (micro_step_ + 1) % gradient_accumulation_steps_ == 0;
+  return (steps_.micro_step + 1) % gradient_accumulation_steps_ == 0;
 }
 
 void Engine::backward(const at::Tensor& loss) {
@@ -251,13 +251,13 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   t.allgather_s = zero_->take_allgather_wait_s();
   t.forward_s = since(last_step_end_) - t.allgather_s;
   auto start = Clock::now();
-  zero_->begin_backward(is_gradient_accumulation_boundary(), global_step_ - skipped_steps_ + 1);
+  zero_->begin_backward(is_gradient_accumulation_boundary(), steps_.optimizer_step() + 1);
   try {
     autograd();
   } catch (...) {
     // Buckets of this micro-step may be half filled or in flight: start the window again.
     zero_->abort_backward();
-    micro_step_ -= micro_step_ % gradient_accumulation_steps_;
+    steps_.micro_step -= steps_.micro_step % gradient_accumulation_steps_;
     throw;
   }
   // ZeRO-3 waits for a unit's parameters inside autograd: counted as gather wait, not backward.
@@ -285,8 +285,8 @@ void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samp
 // ---- step ----------------------------------------------------------------------------------------
 
 void Engine::step() {
-  ++micro_step_;
-  if (micro_step_ % gradient_accumulation_steps_ == 0) optimizer_step();
+  ++steps_.micro_step;
+  if (steps_.micro_step % gradient_accumulation_steps_ == 0) optimizer_step();
   last_step_end_ = Clock::now();
 }
 
@@ -309,14 +309,15 @@ void Engine::optimizer_step() {
     const double grad_scale = clip_coefficient(last_grad_norm_, config_.gradient_clipping) / scale;
 
     // 4. The optimizer on this rank's shards, at the schedule's lr (and OneCycle's momentum).
-    const int64_t applied = global_step_ - skipped_steps_;  // the schedule advances on applied steps only
+    // The schedule advances on applied steps only (StepCounters).
+    const int64_t at = steps_.schedule_step();
     StepInputs in;
-    in.step = applied + 1;
-    in.lr = schedule_->lr_at(applied);
+    in.step = steps_.optimizer_step() + 1;
+    in.lr = schedule_->lr_at(at);
     // OneCycle cycles the betas of optimizers that have them (Adam, AdamW, LAMB) and also sets
     // beta2, as DeepSpeed does; SGD has no betas, and DeepSpeed leaves its momentum alone.
     if (config_.optimizer->type != "SGD") {
-      in.beta1 = schedule_->momentum_at(applied);
+      in.beta1 = schedule_->momentum_at(at);
       if (in.beta1) in.beta2 = kOneCycleBeta2;
     }
     zero_->apply(grad_scale, in);
@@ -331,7 +332,7 @@ void Engine::optimizer_step() {
   //    the step and lowers a dynamic fp16 scale.
   const UpdateResult update = scaler_->update(overflow);
   if (update.skip_step) {
-    ++skipped_steps_;
+    ++steps_.skipped_steps;
     print_overflow(update);
   }
 
@@ -339,25 +340,28 @@ void Engine::optimizer_step() {
   //    accumulation window, and the progress line when due.
   zero_->zero_grad();
   if (heap_trimmer_) heap_trimmer_->after_step();
-  ++global_step_;
+  ++steps_.global_step;
   StepTimes t;
   t.allgather_s = zero_->take_allgather_wait_s();  // not overlapped: waited for in step 5
   t.optimizer_s = since(start) - t.allgather_s;
   t.optimizer_steps = 1;
   progress_->add_times(t);
-  if (progress_->due(global_step_)) print_progress();
+  if (progress_->due(steps_.global_step)) print_progress();
+  // checkpoint.save_interval: a checkpoint every so many steps, into checkpoint.save_dir.
+  const CheckpointConfig& ckpt = config_.checkpoint;
+  if (ckpt.save_interval > 0 && steps_.global_step % ckpt.save_interval == 0) save_checkpoint({ckpt.save_dir, "", "{}"});
 }
 
 void Engine::print_overflow(const UpdateResult& update) const {
   if (parallel_.rank() != 0) return;
   if (scaler_->dynamic() && update.new_scale != update.old_scale)
     std::printf("[tessera] step %lld: gradient overflow, step skipped; loss scale %g -> %g\n",
-                (long long)global_step_ + 1, update.old_scale, update.new_scale);
+                (long long)steps_.global_step + 1, update.old_scale, update.new_scale);
   else if (scaler_->dynamic())
     std::printf("[tessera] step %lld: gradient overflow, step skipped; loss scale kept at %g (hysteresis)\n",
-                (long long)global_step_ + 1, update.old_scale);
+                (long long)steps_.global_step + 1, update.old_scale);
   else
-    std::printf("[tessera] step %lld: non-finite gradients, step skipped\n", (long long)global_step_ + 1);
+    std::printf("[tessera] step %lld: non-finite gradients, step skipped\n", (long long)steps_.global_step + 1);
   std::fflush(stdout);
 }
 
@@ -375,15 +379,15 @@ void Engine::print_progress() {
   if (!phase.empty()) {
     int64_t sent = 0;
     for (const auto& [name, stats] : parallel_.data().stats()) sent += stats.sent_bytes;
-    const int64_t steps = global_step_ - steps_at_last_print_;
+    const int64_t steps = steps_.global_step - steps_at_last_print_;
     char buf[128];
     std::snprintf(buf, sizeof(buf), " | %s | sent %.1f KB/step", phase.c_str(),
                   steps > 0 ? double(sent - sent_at_last_print_) / steps / 1e3 : 0.0);
     extra = buf;
     sent_at_last_print_ = sent;
   }
-  steps_at_last_print_ = global_step_;
-  std::string line = progress_->line(global_step_, mean.item<double>(), learning_rate(), scaler_->scale(),
+  steps_at_last_print_ = steps_.global_step;
+  std::string line = progress_->line(steps_.global_step, mean.item<double>(), learning_rate(), scaler_->scale(),
                                      last_grad_norm_, extra);
   if (progress_->printer()) {
     std::printf("%s\n", line.c_str());
@@ -391,7 +395,7 @@ void Engine::print_progress() {
   }
 }
 
-double Engine::learning_rate() const { return schedule_->lr_at(global_step_ - skipped_steps_); }
+double Engine::learning_rate() const { return schedule_->lr_at(steps_.schedule_step()); }
 
 double Engine::loss_scale() const { return scaler_->scale(); }
 
@@ -433,5 +437,28 @@ std::string Engine::optimizer_phase() const { return zero_->optimizer_phase(); }
 std::vector<std::pair<std::string, at::Tensor>> Engine::optimizer_state() const { return zero_->optimizer_state(); }
 
 MemoryReport Engine::memory() const { return zero_->memory(); }
+
+// ---- checkpoints ---------------------------------------------------------------------------------
+
+TrainingState Engine::training_state() {
+  return {*zero_, *scaler_, parallel_, config_, steps_, schedule_->name()};
+}
+
+std::string Engine::save_checkpoint(const SaveOptions& options) {
+  TrainingState state = training_state();
+  return tessera::save_checkpoint(state, options);
+}
+
+LoadResult Engine::load_checkpoint(LoadOptions options) {
+  options.load_from_fp32_weights = config_.zero_optimization.load_from_fp32_weights;
+  TrainingState state = training_state();
+  return tessera::load_checkpoint(state, options);
+}
+
+std::string Engine::save_16bit_model(const std::string& save_dir, const std::string& save_filename) {
+  GatheredScope whole(this);  // ZeRO-3: every parameter whole for the while
+  TrainingState state = training_state();
+  return tessera::save_16bit_model(state, save_dir, save_filename);
+}
 
 }  // namespace tessera

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "csrc/heap_trim.h"
+#include "engine/checkpoint/engine_checkpoint.h"
 #include "engine/config/config.h"
 #include "zero/model.h"
 #include "zero/units.h"
@@ -136,9 +137,9 @@ class Engine {
   // Tells the progress line how many samples (and tokens) the last micro-batch had on this rank.
   void record_batch(int64_t samples, int64_t tokens = 0);
 
-  int64_t global_step() const { return global_step_; }
-  int64_t micro_step() const { return micro_step_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t global_step() const { return steps_.global_step; }
+  int64_t micro_step() const { return steps_.micro_step; }
+  int64_t skipped_steps() const { return steps_.skipped_steps; }
   double learning_rate() const;
   double loss_scale() const;
   double last_grad_norm() const { return last_grad_norm_; }
@@ -154,12 +155,22 @@ class Engine {
   // buffers...), as tensors the optimizer updates in place: what a checkpoint saves and restores.
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
 
+  // Checkpoints (engine/checkpoint/engine_checkpoint.h, DeepSpeed's calls): every rank calls them.
+  // save_checkpoint returns the checkpoint's directory; load_checkpoint its directory and the
+  // client_state saved with it (JSON text). options.load_from_fp32_weights comes from the config.
+  std::string save_checkpoint(const SaveOptions& options);
+  LoadResult load_checkpoint(LoadOptions options);
+  // The model's weights in its own dtype, whole, in one safetensors file written by rank 0
+  // (DeepSpeed's save_16bit_model; ZeRO-3 gathers them first). Returns the file's path.
+  std::string save_16bit_model(const std::string& save_dir, const std::string& save_filename = "model.safetensors");
+
  private:
   void run_backward(const std::function<void()>& autograd);
   void add_interval_loss(const at::Tensor& on_group);  // a loss for the next progress line's mean
   void optimizer_step();
   void print_overflow(const UpdateResult& update) const;
   void print_progress();
+  TrainingState training_state();
 
   Config config_;
   ParallelContext& parallel_;
@@ -170,9 +181,7 @@ class Engine {
   std::unique_ptr<ProgressMeter> progress_;
   std::optional<HeapTrimmer> heap_trimmer_;  // CPU ranks, TESSERA_HEAP_TRIM_MIB: bounds the heap's creep (csrc/heap_trim.h)
   int64_t gradient_accumulation_steps_ = 1;
-  int64_t global_step_ = 0;
-  int64_t micro_step_ = 0;
-  int64_t skipped_steps_ = 0;
+  StepCounters steps_;
   double last_grad_norm_ = 0;
   at::Tensor last_loss_;          // the last micro-batch's loss, on its device
   at::Tensor interval_loss_sum_;  // losses since the last progress line, on the data group's device

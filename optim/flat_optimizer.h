@@ -60,6 +60,14 @@ class FlatOptimizer {
   // 1-bit family's error buffers and frozen variance), each a tensor laid out like the shard that
   // this optimizer updates in place: what a checkpoint saves and loads.
   virtual std::vector<std::pair<std::string, at::Tensor>> named_state() const { return {}; }
+  // How each named state is laid out, which decides how a checkpoint reshards it:
+  enum class StateLayout {
+    Shard,         // one element per shard element (the moments): by parameter ranges, any layout
+    PerParameter,  // one element per parameter of the group (1-bit LAMB's coefficients): by name
+    Group,         // the group's own values, the same on every rank (0/1 Adam's counters)
+    RankLocal,     // this rank's own (the 1-bit family's compression errors): the same layout only
+  };
+  virtual StateLayout state_layout(const std::string& /*name*/) const { return StateLayout::Shard; }
   // Whether step `step` (the coming StepInputs::step) needs its gradients averaged over the
   // data-parallel group first (the engine's reduction during backward). The 1-bit family
   // (optim/onebit.h) answers false once it communicates its own compressed state instead; the

@@ -46,6 +46,14 @@ class OneBitOptimizer : public FlatOptimizer {
   }
   bool elementwise() const override { return false; }  // one collective over the whole shard
   std::string phase() const override { return last_phase_; }
+  // The compression errors are this rank's own (DeepSpeed resets them on every load); 0/1 Adam's
+  // counters and 1-bit LAMB's per-parameter coefficients are the same on every rank.
+  StateLayout state_layout(const std::string& name) const override {
+    if (name == "worker_error" || name == "server_error") return StateLayout::RankLocal;
+    if (name == "counters") return StateLayout::Group;
+    if (name == "lamb_coeff_freeze" || name == "last_factor") return StateLayout::PerParameter;
+    return StateLayout::Shard;
+  }
   int64_t state_bytes() const override {
     int64_t bytes = 0;
     for (const auto& [name, t] : named_state()) bytes += t.nbytes();

@@ -519,6 +519,19 @@ void ZeroOptimizer::write_back_parameters(int root) {
   }
 }
 
+void ZeroOptimizer::after_shards_loaded() {
+  wait_for_parameters();
+  for (auto& g : groups_) {
+    if (g->mixed())
+      for (ShardSegment& s : g->segments) s.compute_copy.copy_(s.params);
+    if (stage_->gathers() && !g->partitioned)
+      for (size_t b = 0; b < g->layout.buckets.size(); ++b) launch_gather(*g, static_cast<int>(b));
+  }
+  wait_for_parameters();
+  if (partitioned_) partitioned_->after_step();
+  zero_grad();
+}
+
 void ZeroOptimizer::zero_grad() {
   for (auto& g : groups_) g->grads.zero_();
 }

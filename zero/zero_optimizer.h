@@ -138,6 +138,18 @@ class ZeroOptimizer final : public UnitListener {
   // Stage 3 (null otherwise): the partitioned parameters' gathers.
   PartitionedParameters* partitioned() { return partitioned_.get(); }
 
+  // Checkpoints (engine/checkpoint/) read and write this rank's shard through the groups: each
+  // segment's `params` are the fp32 values of its chunk (the master, or the compute buffer in fp32
+  // training), the optimizer's named state is laid out like the shard.
+  const std::vector<std::unique_ptr<ZeroGroup>>& groups() const { return groups_; }
+  int shard_rank() const { return stage_->shard_rank(); }
+  // Whether NVMe offload keeps the optimizer state (and master) in files instead of the groups.
+  bool optimizer_state_in_files() const { return swapper_ != nullptr; }
+  // After a checkpoint wrote this rank's fp32 chunk values and optimizer state: the compute copy
+  // of its chunks follows them, every rank gets every chunk (stages 1–2), ZeRO-3's gathered copies
+  // are stale, and the gradients start from zero.
+  void after_shards_loaded();
+
   // Called by the gradient hooks.
   void on_grad_ready(int group, int param, const at::Tensor& grad);
 

@@ -59,13 +59,12 @@ void remove_tree(const std::string& path) {
   }
 }
 
-// TESSERA_CHECKPOINT_CRASH names a point of commit() at which the process kills itself (crash tests).
+}  // namespace
+
 void crash_point(const char* point) {
   const char* at = std::getenv("TESSERA_CHECKPOINT_CRASH");
   if (at && std::strcmp(at, point) == 0) ::raise(SIGKILL);
 }
-
-}  // namespace
 
 void check_tag(const std::string& tag) {
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.' || tag == "latest" || tag == "latest.tmp")
@@ -95,11 +94,13 @@ void write_file_durably(const std::string& path, const std::string& text) {
   fsync_path(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash));
 }
 
+std::string partial_dir_of(const std::string& save_dir, const std::string& tag) { return save_dir + "/." + tag + ".partial"; }
+
 CheckpointWriter::CheckpointWriter(std::string save_dir, std::string tag)
     : save_dir_(std::move(save_dir)), tag_(std::move(tag)) {
   check_tag(tag_);
   make_directories(save_dir_);
-  partial_ = save_dir_ + "/." + tag_ + ".partial";
+  partial_ = partial_dir_of(save_dir_, tag_);
   remove_tree(partial_);  // a save of this tag that never committed
   if (::mkdir(partial_.c_str(), 0755) != 0) throw os_error("cannot create the directory", partial_);
 }

@@ -14,8 +14,8 @@
 // two barriers.
 //
 // TESSERA_CHECKPOINT_CRASH=<point> kills the process with SIGKILL at that point of commit(), for
-// the crash tests: before_commit (files written, not yet committed), after_fsync, after_rename,
-// after_latest.
+// the crash tests: after_shard_write (this rank's file written: the engine's save), before_commit (files
+// written, not yet committed), after_fsync, after_rename, after_latest.
 #pragma once
 
 #include <string>
@@ -39,6 +39,9 @@ class CheckpointWriter {
   bool committed_ = false;
 };
 
+// Where CheckpointWriter(save_dir, tag) writes: save_dir/.TAG.partial (the other ranks write there too).
+std::string partial_dir_of(const std::string& save_dir, const std::string& tag);
+
 // The tag `latest` names in save_dir; throws std::runtime_error naming save_dir when there is no
 // `latest` or it names a directory that does not exist.
 std::string read_latest(const std::string& save_dir);
@@ -47,6 +50,9 @@ std::string checkpoint_path(const std::string& save_dir, const std::string& tag 
 
 // `text` into `path` through `path`.tmp: written, fsynced, renamed, the directory fsynced.
 void write_file_durably(const std::string& path, const std::string& text);
+
+// TESSERA_CHECKPOINT_CRASH=<point>: SIGKILL here when it names `point` (the crash tests).
+void crash_point(const char* point);
 
 // A tag is one path component: not empty, no '/', not starting with '.', not "latest".
 void check_tag(const std::string& tag);

@@ -21,4 +21,7 @@ void register_plot_command(CLI::App& app, int& exit_code);
 // `tessera estimate [OPTIONS]`: memory per GPU/CPU/NVMe, the verdict, the cheapest layouts (engine/cli/estimate_command.cpp).
 void register_estimate_command(CLI::App& app, int& exit_code);
 
+// `tessera checkpoint export|inspect` (engine/cli/checkpoint_command.cpp).
+void register_checkpoint_command(CLI::App& app, int& exit_code);
+
 }  // namespace tessera

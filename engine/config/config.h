@@ -292,10 +292,15 @@ struct ParallelWriteConfig {
 
 struct CheckpointConfig {
   std::string tag_validation = "Warn";
-  bool load_universal = false;
+  bool load_universal = false;  // accepted: every tessera checkpoint reshards on load
   bool use_node_local_storage = false;
   ParallelWriteConfig parallel_write;
+  // tessera's: a checkpoint every save_interval optimizer steps (0: none) into save_dir.
+  int64_t save_interval = 0;
+  std::string save_dir = "checkpoints";
   template <class V> void fields(V& v) {
+    v("save_interval", save_interval, at_least<int64_t>(0));
+    v("save_dir", save_dir);
     v("tag_validation", tag_validation, one_of({"Ignore", "Warn", "Fail"}));
     v("load_universal", load_universal);
     v("use_node_local_storage", use_node_local_storage);

@@ -45,16 +45,15 @@ const std::vector<UnimplementedKey> kRows = {
     {"zero_optimization.offload_optimizer.ratio", kError, "[1.0]",
      "partial optimizer offload is not implemented: the whole optimizer state moves", {}},
     {"aio.use_gds", kError, "[false]", "GPUDirect Storage is not implemented: transfers go through host buffers", {}},
+    {"checkpoint.use_node_local_storage", kError, "[false]",
+     "a checkpoint is read by whichever rank owns each range now, so every rank's files must be on storage all ranks "
+     "share", {}},
     {kOffloadParam, kError, R"(["none"])",
      "the engine keeps the parameters on the training device, without CPU or NVMe offload", {}},
 
     // ---- warnings: not read, but the training is the same without them
-    {"zero_optimization.load_from_fp32_weights", kWarning, "",
-     "it applies when loading a checkpoint, which the engine does not do yet", {}},
     {"zero_optimization.stage3_model_persistence_threshold", kWarning, "",
      "the engine keeps small parameters whole by stage3_param_persistence_threshold alone, without a total cap", {}},
-    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kWarning, "",
-     "it applies when saving a checkpoint, which the engine does not do yet", {}},
     {"zero_optimization.offload_optimizer.pin_memory", kWarning, "",
      "optimizer offload runs on CPU ranks, whose host memory needs no pinning", {}},
     {"zero_optimization.offload_optimizer.fast_init", kWarning, "",
@@ -63,7 +62,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"zero_optimization.offload_param.*", kWarning, "", "it tunes parameter offload, which the engine does not do",
      {kOffloadParam}},
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
-    {"checkpoint.*", kWarning, "", "the engine does not save or load checkpoints yet", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
     {"tensorboard.enabled", kWarning, "", "no TensorBoard output; csv_monitor writes the metrics as JSON lines", {}},
     {"comms_logger.enabled", kWarning, "", "no communication logging", {}},

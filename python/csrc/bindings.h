@@ -3,9 +3,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include "engine_handle.h"
+
 namespace tessera {
 
 // tessera._C.checkpoint: safetensors files read and written by engine/checkpoint/ (checkpoint_bindings.cpp).
 void bind_checkpoint(pybind11::module& m);
+// Engine.save_checkpoint, load_checkpoint, save_16bit_model (checkpoint_bindings.cpp).
+void bind_engine_checkpoint(pybind11::class_<EngineHandle>& engine);
 
 }  // namespace tessera

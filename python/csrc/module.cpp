@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "engine_handle.h"
 #include "csrc/cpu_block_cache.h"
 #include "csrc/cpu_features.h"
 #include "engine/config/config_io.h"
@@ -46,39 +47,6 @@ namespace {
 struct ConfigHandle {
   Config config;
   ResolvedLayout layout;
-};
-
-// The engine and the context it was built on (the engine holds a reference to the context, so the
-// context must outlive it: members are destroyed in reverse order).
-//
-// The engine installs a post-accumulate-grad hook on every parameter that calls back into it. A
-// Python module outlives its engine easily (`del engine`, then plain PyTorch on the model), so when
-// the engine goes, the hooks it installed go too (unless a newer engine has replaced them): the
-// parameters become ordinary leaf tensors again, still holding the last values (they keep the flat
-// buffer's storage alive).
-//
-// The hooks an engine put on its parameters (recorded right after it was built), taken off again
-// when the handle goes; declared after the engine, so taken off before it is destroyed.
-struct GradHooks {
-  std::vector<std::pair<at::Tensor, const void*>> hooks;  // a parameter, the hook the engine put on it
-
-  void record(const ModelDescription& model) {
-    for (const auto& g : model.groups)
-      for (const auto& p : g.params)
-        hooks.emplace_back(p, static_cast<const void*>(torch::autograd::impl::post_acc_grad_hooks(p).get()));
-  }
-  ~GradHooks() {
-    for (auto& [param, hook] : hooks) {
-      auto& slot = torch::autograd::impl::post_acc_grad_hooks(param);
-      if (slot && static_cast<const void*>(slot.get()) == hook) slot.reset();
-    }
-  }
-};
-
-struct EngineHandle {
-  std::shared_ptr<ParallelContext> context;
-  std::unique_ptr<Engine> engine;
-  GradHooks hooks;
 };
 
 // A parameter group as Python passes it: (params, lr, weight_decay, name, names, tensor_sharded).
@@ -121,20 +89,6 @@ Communicator& group_of(ParallelContext& c, const std::string& name) {
 // that thread mid-destructor (std::terminate). A detached alias (a new TensorImpl, no Python
 // object) shares the storage, so the collective still works in place, with no copy.
 at::Tensor c_only(const at::Tensor& t) { return t.detach(); }
-
-// Runs a blocking engine call without the GIL. When a collective fails because a peer is gone and
-// this process has a SIGINT pending (Ctrl-C reached every rank; a faster one already exited), the
-// KeyboardInterrupt is what the user meant, so it is raised instead of the CommError.
-template <class F>
-void blocking(F&& f) {
-  try {
-    py::gil_scoped_release release;
-    f();
-  } catch (const CommError&) {
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    throw;
-  }
-}
 
 py::dict rendezvous_dict(const RendezvousInfo& i) {
   py::dict d;
@@ -330,7 +284,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("held_bytes", [](const InitHandle& h) { return h.init->held_bytes(); })
       .def_property_readonly("held_parameters", [](const InitHandle& h) { return h.init->held_parameters(); });
 
-  py::class_<EngineHandle>(m, "Engine")
+  py::class_<EngineHandle> engine_class(m, "Engine");
+  bind_engine_checkpoint(engine_class);  // save/load_checkpoint, save_16bit_model (checkpoint_bindings.cpp)
+  engine_class
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
                        const std::vector<GroupTuple>& groups,
                        const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units,

@@ -1,0 +1,201 @@
+// Engine load (engine_checkpoint.h): every rank reads the ranges its shard owns now, from whichever
+// files hold them, checks each against its checksum, and changes nothing until every rank has
+// read everything it needs.
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "engine/checkpoint/checkpoint_dir.h"
+#include "engine/checkpoint/checkpoint_files.h"
+#include "engine/checkpoint/engine_checkpoint.h"
+#include "engine/checkpoint/metadata.h"
+#include "engine/checkpoint/rank_state.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/config/config.h"
+#include "optim/loss_scaler.h"
+#include "parallel/parallel_context.h"
+#include "zero/zero_optimizer.h"
+
+namespace tessera {
+
+using nlohmann::json;
+using namespace checkpoint;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+const ShardRecord& first_shard(const ParameterRecord& p) { return p.shards.front(); }
+
+}  // namespace
+
+LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
+  Communicator& world = s.parallel.world();
+  if (s.zero.optimizer_state_in_files())
+    throw std::invalid_argument("tessera: load_checkpoint with zero_optimization.offload_optimizer.device \"nvme\" is "
+                                "not supported yet (the optimizer state is in the swap files)");
+  const bool optimizer = o.load_optimizer_states && !o.load_module_only;
+  const bool printer = s.parallel.rank() == 0;
+  s.zero.wait_for_parameters();
+
+  // 1. Read and check everything this rank needs; change nothing yet.
+  struct Copy {
+    at::Tensor into, from;  // `from` undefined: zeros
+  };
+  std::vector<Copy> copies;
+  NamedTensors rng;
+  std::vector<std::string> notes;
+  Metadata m;
+  std::string path, error;
+  at::Tensor matched;
+  StepCounters steps = s.steps;
+  std::optional<DynamicLossScaler::State> scaler_state;
+  try {
+    path = checkpoint_path(o.load_dir, o.tag);
+    m = Metadata::read(path);
+    const RankState rs = rank_state(s.zero, s.parallel);
+    const Layout now = current_layout(s, rs.shard_states);
+    if (m.layout.tensor_parallel != now.tensor_parallel || m.layout.pipeline_parallel != now.pipeline_parallel)
+      throw std::runtime_error("tessera: checkpoint " + path + " was saved with " + m.layout.str() + "; this run has " +
+                               now.str() + ": a checkpoint loads at another data-parallel size or ZeRO stage, but "
+                               "tensor_parallel.tp_size and pipeline.stages must match (resharding those is not built yet)");
+    if (optimizer && m.layout.optimizer != now.optimizer)
+      throw std::runtime_error("tessera: checkpoint " + path + " holds " + m.layout.optimizer + " state; this engine runs " +
+                               now.optimizer + ": load it with load_optimizer_states=False (the weights alone)");
+    const bool same_layout = m.layout == now;
+    CheckpointFiles files(path, m);
+    matched = at::zeros({static_cast<int64_t>(m.parameters.size()) + 1}, at::kInt);
+    const bool has_compute = std::count(m.layout.states.begin(), m.layout.states.end(), "compute") > 0;
+    const std::string weights = o.load_from_fp32_weights || !has_compute ? "fp32" : "compute";
+
+    // Every parameter of this rank's model is in the checkpoint, with its shape.
+    std::vector<const ParameterRecord*> records;
+    for (const auto& gp : s.zero.groups()) {
+      const ZeroGroup& g = *gp;
+      const int tensor_rank = g.tensor_sharded ? s.parallel.coordinates().tensor : -1;
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        const ParameterRecord* rec = m.find(g.names[i], rs.pipeline_stage, tensor_rank);
+        if (rec) matched[rec - m.parameters.data()].fill_(1);
+        if (!rec && o.load_module_strict && g.params[i].numel() > 0)
+          throw std::runtime_error("tessera: checkpoint " + path + " has no parameter " + g.names[i] +
+                                   (tensor_rank >= 0 ? " (tensor rank " + std::to_string(tensor_rank) + ")" : "") +
+                                   ": it was saved from another model (load_module_strict=False loads the parameters it has)");
+        if (rec && rec->shape != g.params[i].sizes().vec())
+          throw std::runtime_error("tessera: checkpoint " + path + " holds " + g.names[i] + " with shape " +
+                                   shape_str(rec->shape) + "; the model's is " + shape_str(g.params[i].sizes().vec()));
+      }
+    }
+    // This rank's pieces: the weights, and the optimizer's state laid out by element or parameter.
+    for (const PieceView& p : rs.pieces) {
+      const ParameterRecord* rec = m.find(p.name, rs.pipeline_stage, p.tensor_rank);
+      if (!rec) continue;
+      copies.push_back({p.states.front().second, read_range(files, *rec, weights, p.begin, p.numel)});
+      if (!optimizer) continue;
+      for (size_t k = 1; k < p.states.size(); ++k)
+        copies.push_back({p.states[k].second, read_range(files, *rec, p.states[k].first, p.begin, p.numel)});
+      for (const auto& [state, t] : p.per_parameter)
+        copies.push_back({t, files.read(first_shard(*rec).file, state + "/" + p.name)});
+    }
+    // Group state (the same on every rank) and each rank's own (the same layout only).
+    const std::string own_file = rank_file_name(s.parallel.rank());
+    for (const GroupView& g : rs.groups) {
+      if (!optimizer) break;
+      if (!g.group_states.empty()) {
+        const GroupRecord* found = nullptr;
+        for (const GroupRecord& r : m.groups)
+          if (r.first_parameter == g.first_parameter && r.pipeline_stage == rs.pipeline_stage && r.tensor_rank == g.tensor_rank)
+            found = &r;
+        if (!found)
+          throw std::runtime_error("tessera: checkpoint " + path + " has no state for the parameter group that begins with " +
+                                   g.first_parameter + " (" + m.layout.str() + " grouped the parameters otherwise)");
+        for (const auto& [state, t] : g.group_states) copies.push_back({t, files.read(found->file, "group/" + g.first_parameter + "/" + state)});
+      }
+      for (const auto& [state, t] : g.rank_local) {
+        const std::string name = "local/" + g.first_parameter + "/" + state;
+        if (same_layout && files.lists(own_file, name)) {
+          copies.push_back({t, files.read(own_file, name)});
+        } else {
+          copies.push_back({t, at::Tensor()});
+          notes.push_back(state + " starts from zero (it is each rank's own, and the layout changed)");
+        }
+      }
+    }
+    // The RNG states of the same rank, when there is one.
+    if (!o.load_module_only) {
+      if (m.layout.world_size == s.parallel.world_size()) {
+        for (auto& [name, t] : rng_states(s.parallel.device()))
+          if (files.lists(own_file, name)) rng.emplace_back(name, files.read(own_file, name));
+      } else {
+        notes.push_back("the RNG states are not restored (saved by " + std::to_string(m.layout.world_size) +
+                        " ranks, loaded by " + std::to_string(s.parallel.world_size()) + ")");
+      }
+    }
+    // The counters, the loss scaler.
+    if (!o.load_module_only) {
+      const json& e = m.engine;
+      steps.global_step = e.at("global_step").get<int64_t>();
+      steps.skipped_steps = e.at("skipped_steps").get<int64_t>();
+      steps.micro_step = steps.global_step * *s.config.gradient_accumulation_steps;
+      // A part not loaded starts afresh at the loaded step.
+      steps.optimizer_step_base = optimizer ? e.at("optimizer_step_base").get<int64_t>()
+                                            : steps.applied() - s.steps.optimizer_step();
+      steps.schedule_step_base = o.load_lr_scheduler_states ? e.at("schedule_step_base").get<int64_t>()
+                                                            : steps.applied() - s.steps.schedule_step();
+      const json& scaler = e.at("loss_scaler");
+      if (optimizer && scaler.at("type") == "dynamic" && dynamic_cast<DynamicLossScaler*>(&s.scaler))
+        scaler_state = DynamicLossScaler::State{scaler.at("scale").get<double>(), scaler.at("cur_iter").get<int64_t>(),
+                                                scaler.at("last_overflow_iter").get<int64_t>(),
+                                                scaler.at("cur_hysteresis").get<int>()};
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(world, error, "loading checkpoint " + (path.empty() ? o.load_dir : path));
+
+  // 2. Parameters of the checkpoint that no rank's model holds.
+  if (o.load_module_strict && !m.parameters.empty()) {
+    if (world.size() > 1) {
+      at::Tensor on_device = matched.to(world.device());
+      world.all_reduce(on_device, ReduceOp::Max);
+      matched = on_device.cpu();
+    }
+    std::string unexpected;
+    int count = 0;
+    for (size_t i = 0; i < m.parameters.size(); ++i)
+      if (matched[i].item<int>() == 0 && count++ < 5) unexpected += (unexpected.empty() ? "" : ", ") + m.parameters[i].name;
+    if (count)
+      throw std::runtime_error("tessera: checkpoint " + path + " holds " + std::to_string(count) +
+                               " parameter(s) the model does not have (" + unexpected + (count > 5 ? ", ..." : "") +
+                               "); nothing was loaded (load_module_strict=False ignores them)");
+  }
+
+  // 3. Every rank read everything: now the engine takes the values.
+  for (Copy& c : copies) c.from.defined() ? (void)c.into.copy_(c.from) : (void)c.into.zero_();
+  s.zero.after_shards_loaded();
+  if (!o.load_module_only) {
+    s.steps = steps;
+    if (scaler_state) dynamic_cast<DynamicLossScaler&>(s.scaler).load_state(*scaler_state);
+    set_rng_states(s.parallel.device(), rng);
+  }
+  if (printer) {
+    std::sort(notes.begin(), notes.end());
+    notes.erase(std::unique(notes.begin(), notes.end()), notes.end());
+    std::printf("[tessera] loaded checkpoint %s (%s) at step %lld%s\n", path.c_str(), m.layout.str().c_str(),
+                (long long)s.steps.global_step, notes.empty() ? "" : ":");
+    for (const std::string& n : notes) std::printf("[tessera]   %s\n", n.c_str());
+    std::fflush(stdout);
+  }
+  return {path, m.client_state.dump()};
+}
+
+}  // namespace tessera

@@ -1,0 +1,227 @@
+// Engine save (engine_checkpoint.h): each rank writes its file into the partial directory, the
+// ranks exchange what they wrote (names, ranges, checksums), and global rank 0 writes
+// metadata.json and commits.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <sys/stat.h>
+#include <tuple>
+
+#include "engine/checkpoint/checkpoint_dir.h"
+#include "engine/checkpoint/checksum.h"
+#include "engine/checkpoint/engine_checkpoint.h"
+#include "engine/checkpoint/file_io.h"
+#include "engine/checkpoint/metadata.h"
+#include "engine/checkpoint/rank_state.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/config/config.h"
+#include "optim/loss_scaler.h"
+#include "parallel/parallel_context.h"
+#include "zero/zero_optimizer.h"
+
+namespace tessera {
+
+using nlohmann::json;
+using namespace checkpoint;
+
+namespace {
+
+json loss_scaler_json(const LossScaler& scaler) {
+  if (const auto* dynamic = dynamic_cast<const DynamicLossScaler*>(&scaler)) {
+    const DynamicLossScaler::State& s = dynamic->state();
+    return {{"type", "dynamic"}, {"scale", s.scale}, {"cur_iter", s.cur_iter},
+            {"last_overflow_iter", s.last_overflow_iter}, {"cur_hysteresis", s.cur_hysteresis}};
+  }
+  return {{"type", scaler.dynamic() ? "dynamic" : (scaler.scale() == 1.0 ? "none" : "static")}, {"scale", scaler.scale()}};
+}
+
+// This rank's file: what it writes, and its entry for the metadata.
+json write_rank_file(const RankState& rs, const std::string& path, const std::string& file, int rank,
+                     const c10::Device& device) {
+  NamedTensors tensors;
+  json params = json::array(), groups = json::array();
+  for (size_t i = 0; i < rs.pieces.size(); ++i) {
+    if (!rs.writes_piece[i]) continue;
+    const PieceView& p = rs.pieces[i];
+    for (const auto& [state, t] : p.states) tensors.emplace_back(state + "/" + p.name, t);
+    if (p.compute.defined()) tensors.emplace_back("compute/" + p.name, p.compute);
+    for (const auto& [state, t] : p.per_parameter) tensors.emplace_back(state + "/" + p.name, t);
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", safetensors_dtype(p.dtype)},
+                      {"pipeline_stage", rs.pipeline_stage}, {"tensor_rank", p.tensor_rank},
+                      {"begin", p.begin}, {"end", p.begin + p.numel}});
+  }
+  for (size_t i = 0; i < rs.groups.size(); ++i) {
+    const GroupView& g = rs.groups[i];
+    for (const auto& [state, t] : g.rank_local) tensors.emplace_back("local/" + g.first_parameter + "/" + state, t);
+    if (!rs.writes_group[i] || g.group_states.empty()) continue;
+    std::vector<std::string> states;
+    for (const auto& [state, t] : g.group_states) {
+      tensors.emplace_back("group/" + g.first_parameter + "/" + state, t);
+      states.push_back(state);
+    }
+    groups.push_back({{"first_parameter", g.first_parameter}, {"pipeline_stage", rs.pipeline_stage},
+                      {"tensor_rank", g.tensor_rank}, {"states", states}});
+  }
+  for (auto& e : rng_states(device)) tensors.push_back(std::move(e));
+  // On the host, contiguous: what is written is what is hashed.
+  json sums = json::object();
+  for (auto& [name, t] : tensors) {
+    t = t.detach().to(at::kCPU).contiguous();
+    sums[name] = xxh64_hex(t.data_ptr(), t.nbytes());
+  }
+  write_safetensors(path, tensors, {{"format", "tessera-checkpoint"}, {"rank", std::to_string(rank)}});
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("tessera: " + path + " vanished after it was written");
+  return {{"file", file}, {"rank", rank}, {"bytes", static_cast<int64_t>(st.st_size)}, {"xxh64", sums},
+          {"parameters", params}, {"groups", groups}};
+}
+
+// Rank 0: every rank's entry merged into the metadata.
+Metadata merge(const std::vector<std::string>& entries, Metadata m) {
+  std::map<std::tuple<std::string, int, int>, size_t> index;
+  for (const std::string& text : entries) {
+    const json e = json::parse(text);
+    const std::string file = e.at("file");
+    m.files[file] = FileRecord{e.at("rank").get<int>(), e.at("bytes").get<int64_t>(),
+                               e.at("xxh64").get<std::map<std::string, std::string>>()};
+    for (const json& p : e.at("parameters")) {
+      const auto key = std::make_tuple(p.at("name").get<std::string>(), p.at("pipeline_stage").get<int>(),
+                                       p.at("tensor_rank").get<int>());
+      auto [it, fresh] = index.emplace(key, m.parameters.size());
+      if (fresh) {
+        ParameterRecord rec;
+        rec.name = std::get<0>(key);
+        rec.shape = p.at("shape").get<std::vector<int64_t>>();
+        rec.dtype = p.at("dtype");
+        rec.pipeline_stage = std::get<1>(key);
+        rec.tensor_rank = std::get<2>(key);
+        m.parameters.push_back(std::move(rec));
+      }
+      m.parameters[it->second].shards.push_back({file, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>()});
+    }
+    for (const json& g : e.at("groups"))
+      m.groups.push_back({g.at("first_parameter"), g.at("pipeline_stage").get<int>(), g.at("tensor_rank").get<int>(), file,
+                          g.at("states").get<std::vector<std::string>>()});
+  }
+  for (ParameterRecord& p : m.parameters)
+    std::sort(p.shards.begin(), p.shards.end(), [](const ShardRecord& a, const ShardRecord& b) { return a.begin < b.begin; });
+  return m;
+}
+
+}  // namespace
+
+std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
+  Communicator& world = s.parallel.world();
+  const int64_t gas = *s.config.gradient_accumulation_steps;
+  if (s.steps.micro_step % gas != 0)
+    throw std::invalid_argument("tessera: save_checkpoint at micro-step " + std::to_string(s.steps.micro_step) +
+                                ", inside a gradient accumulation window of " + std::to_string(gas) +
+                                ": the gradients accumulated so far are not saved; save after the step() that ends the window");
+  if (s.zero.optimizer_state_in_files())
+    throw std::invalid_argument("tessera: save_checkpoint with zero_optimization.offload_optimizer.device \"nvme\" is "
+                                "not supported yet (the optimizer state is in the swap files)");
+  const std::string tag = options.tag.empty() ? "global_step" + std::to_string(s.steps.global_step) : options.tag;
+  check_tag(tag);
+  json client_state = json::parse(options.client_state, nullptr, false);
+  if (client_state.is_discarded() || !client_state.is_object())
+    throw std::invalid_argument("tessera: save_checkpoint: client_state must be a JSON object");
+  // checkpoint.tag_validation: every rank saves under the same tag.
+  const std::string& validation = s.config.checkpoint.tag_validation;
+  if (validation != "Ignore") {
+    for (const std::string& other : all_gather_strings(world, tag))
+      if (other != tag) {
+        const std::string message = "tessera: checkpoint tag \"" + tag + "\" differs across ranks (another rank saves \"" +
+                                    other + "\") [checkpoint.tag_validation]";
+        if (validation == "Fail") throw std::invalid_argument(message);
+        if (s.parallel.rank() == 0) std::printf("[tessera] warning: %s\n", message.c_str());
+        break;
+      }
+  }
+  s.zero.wait_for_parameters();
+  const int rank = s.parallel.rank();
+
+  // 1. Rank 0 makes the partial directory; then every rank writes its file into it.
+  std::unique_ptr<CheckpointWriter> writer;
+  std::string error;
+  if (rank == 0) {
+    try {
+      writer = std::make_unique<CheckpointWriter>(options.save_dir, tag);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(world, error, "creating checkpoint " + tag);
+  const RankState rs = rank_state(s.zero, s.parallel);
+  const std::string file = rank_file_name(rank);
+  std::string entry;
+  try {
+    entry = write_rank_file(rs, partial_dir_of(options.save_dir, tag) + "/" + file, file, rank, s.parallel.device()).dump();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  crash_point("after_shard_write");
+  std::vector<std::string> entries = all_gather_strings(world, error.empty() ? entry : "");
+  agree(world, error, "writing checkpoint " + tag);
+
+  // 2. Rank 0: the metadata, then the commit (latest last).
+  if (rank == 0) {
+    try {
+      Metadata m;
+      m.tag = tag;
+      m.layout = current_layout(s, rs.shard_states);
+      m.engine = {{"global_step", s.steps.global_step},
+                  {"micro_step", s.steps.micro_step},
+                  {"skipped_steps", s.steps.skipped_steps},
+                  {"optimizer_step_base", s.steps.optimizer_step_base},
+                  {"schedule_step_base", s.steps.schedule_step_base},
+                  {"loss_scaler", loss_scaler_json(s.scaler)},
+                  {"lr_scheduler", s.lr_schedule}};
+      m.client_state = client_state;
+      m = merge(entries, std::move(m));
+      write_file_durably(writer->file(kMetadataFile), m.to_json().dump(1));
+      writer->commit();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(world, error, "committing checkpoint " + tag);
+  return options.save_dir + "/" + tag;
+}
+
+std::string save_16bit_model(TrainingState& s, const std::string& save_dir, const std::string& save_filename) {
+  const GridShape& grid = s.parallel.grid();
+  if (grid.tensor > 1 || grid.pipe > 1)
+    throw std::invalid_argument("tessera: save_16bit_model needs the whole model on one rank; with " + grid.str() +
+                                " save a checkpoint and run `tessera checkpoint export` on it");
+  const std::string suffix = ".safetensors";
+  if (save_filename.size() <= suffix.size() || save_filename.compare(save_filename.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+      save_filename.find('/') != std::string::npos)
+    throw std::invalid_argument("tessera: save_16bit_model writes safetensors (no pickle): save_filename \"" + save_filename +
+                                "\" must be a file name ending in .safetensors");
+  s.zero.wait_for_parameters();
+  const std::string path = save_dir + "/" + save_filename;
+  std::string error;
+  if (s.parallel.rank() == 0) {
+    try {
+      NamedTensors tensors;
+      for (const auto& g : s.zero.groups())
+        for (size_t i = 0; i < g->params.size(); ++i) tensors.emplace_back(g->names[i], g->params[i].detach());
+      std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (size_t i = 1; i < tensors.size(); ++i)
+        if (tensors[i].first == tensors[i - 1].first)
+          throw std::invalid_argument("tessera: save_16bit_model: two parameters are named " + tensors[i].first);
+      ::mkdir(save_dir.c_str(), 0755);
+      write_safetensors(path + ".tmp", tensors, {{"format", "pt"}});
+      if (::rename((path + ".tmp").c_str(), path.c_str()) != 0) throw os_error("cannot rename " + path + ".tmp to", path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(s.parallel.world(), error, "save_16bit_model");
+  return path;
+}
+
+}  // namespace tessera
