@@ -1,5 +1,7 @@
 #include "offload/optimizer_swapper.h"
 
+#include <ATen/ops/zeros.h>
+
 #include <ATen/ops/from_blob.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -171,6 +173,37 @@ void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const
     }
     throw;
   }
+}
+
+std::vector<at::Tensor> OptimizerSwapper::read_arrays(int index) {
+  const Group& g = group(index);
+  int64_t shard = 0;
+  for (const ShardSegment& seg : g.segments) shard = std::max(shard, seg.local_offset + seg.grads.numel());
+  std::vector<at::Tensor> out;
+  for (int a = 0; a < arrays(g); ++a) out.push_back(at::zeros({shard}, at::kFloat));
+  for (size_t s = 0; s < g.tiles.size(); ++s)
+    for (const Tile& t : g.tiles[s]) {
+      if (g.fresh) continue;
+      io_->wait(io_->read(*g.file, buffers_[0].data(), slot_bytes(g, t.numel), t.file_offset));
+      const std::vector<at::Tensor> v = views(g, t.numel, 0);
+      for (int a = 0; a < arrays(g); ++a) out[a].narrow(0, g.segments[s].local_offset + t.begin, t.numel).copy_(v[a]);
+    }
+  return out;
+}
+
+void OptimizerSwapper::write_arrays(int index, const std::vector<at::Tensor>& values) {
+  Group& g = *groups_.at(index);
+  if (static_cast<int>(values.size()) != arrays(g))
+    throw std::logic_error("tessera: optimizer swapper: write_arrays got " + std::to_string(values.size()) + " arrays, not " +
+                           std::to_string(arrays(g)));
+  for (size_t s = 0; s < g.tiles.size(); ++s)
+    for (const Tile& t : g.tiles[s]) {
+      std::memset(buffers_[0].data(), 0, static_cast<size_t>(slot_bytes(g, t.numel)));
+      const std::vector<at::Tensor> v = views(g, t.numel, 0);
+      for (int a = 0; a < arrays(g); ++a) v[a].copy_(values[a].narrow(0, g.segments[s].local_offset + t.begin, t.numel));
+      io_->wait(io_->write(*g.file, buffers_[0].data(), slot_bytes(g, t.numel), t.file_offset));
+    }
+  g.fresh = false;  // every tile written
 }
 
 void OptimizerSwapper::write_master(int index, int segment, const at::Tensor& values) {

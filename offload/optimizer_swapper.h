@@ -66,6 +66,11 @@ class OptimizerSwapper {
   void step(const std::vector<std::pair<int, int>>& order, const TileStep& step_tile,
             const std::function<void(int group, int segment)>& segment_done);
 
+  // Checkpoints: group `group`'s state arrays and (when in the file) master, each shard-long fp32
+  // on the host, laid out like the shard (segment by segment at its local offset; zeros before
+  // the first step of an fp32 group); and all of them written back.
+  std::vector<at::Tensor> read_arrays(int group);
+  void write_arrays(int group, const std::vector<at::Tensor>& arrays);
   // Overwrites the master values of a segment in the file (GatheredParameters' write-back).
   void write_master(int group, int segment, const at::Tensor& values);
 

@@ -519,10 +519,19 @@ void ZeroOptimizer::write_back_parameters(int root) {
   }
 }
 
+std::vector<at::Tensor> ZeroOptimizer::read_offloaded_state(int group) { return swapper_->read_arrays(group); }
+
+void ZeroOptimizer::write_offloaded_state(int group, const std::vector<at::Tensor>& arrays) {
+  swapper_->write_arrays(group, arrays);
+  ZeroGroup& g = *groups_.at(group);
+  if (g.master_on_file)
+    for (ShardSegment& s : g.segments) s.compute_copy.copy_(arrays.back().narrow(0, s.local_offset, s.compute_copy.numel()));
+}
+
 void ZeroOptimizer::after_shards_loaded() {
   wait_for_parameters();
   for (auto& g : groups_) {
-    if (g->mixed())
+    if (g->mixed() && !g->master_on_file)
       for (ShardSegment& s : g->segments) s.compute_copy.copy_(s.params);
     if (stage_->gathers() && !g->partitioned)
       for (size_t b = 0; b < g->layout.buckets.size(); ++b) launch_gather(*g, static_cast<int>(b));

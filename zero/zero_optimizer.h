@@ -145,6 +145,10 @@ class ZeroOptimizer final : public UnitListener {
   int shard_rank() const { return stage_->shard_rank(); }
   // Whether NVMe offload keeps the optimizer state (and master) in files instead of the groups.
   bool optimizer_state_in_files() const { return swapper_ != nullptr; }
+  // NVMe offload: group `group`'s optimizer state arrays and, when it is in the file, the fp32
+  // master, read into shard-long host tensors; written back (the compute copy follows a master).
+  std::vector<at::Tensor> read_offloaded_state(int group);
+  void write_offloaded_state(int group, const std::vector<at::Tensor>& arrays);
   // After a checkpoint wrote this rank's fp32 chunk values and optimizer state: the compute copy
   // of its chunks follows them, every rank gets every chunk (stages 1–2), ZeRO-3's gathered copies
   // are stale, and the gradients start from zero.

@@ -57,6 +57,7 @@ at::Tensor read_range(CheckpointFiles& files, const ParameterRecord& p, const st
       throw std::runtime_error("tessera: " + s.file + ": tensor \"" + name + "\" holds " + std::to_string(t.numel()) +
                                " elements; its shard [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
                                ") of " + p.name + " needs " + std::to_string(s.end - s.begin));
+    if (s.begin == begin && s.end == begin + numel) return t;  // the same range as saved: no copy
     if (!out.defined()) out = at::empty({numel}, t.options());
     out.narrow(0, lo - begin, hi - lo).copy_(t.narrow(0, lo - s.begin, hi - lo));
   }

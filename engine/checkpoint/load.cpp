@@ -41,9 +41,6 @@ const ShardRecord& first_shard(const ParameterRecord& p) { return p.shards.front
 
 LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   Communicator& world = s.parallel.world();
-  if (s.zero.optimizer_state_in_files())
-    throw std::invalid_argument("tessera: load_checkpoint with zero_optimization.offload_optimizer.device \"nvme\" is "
-                                "not supported yet (the optimizer state is in the swap files)");
   const bool optimizer = o.load_optimizer_states && !o.load_module_only;
   const bool printer = s.parallel.rank() == 0;
   s.zero.wait_for_parameters();
@@ -60,10 +57,11 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   at::Tensor matched;
   StepCounters steps = s.steps;
   std::optional<DynamicLossScaler::State> scaler_state;
+  RankState rs;
   try {
     path = checkpoint_path(o.load_dir, o.tag);
     m = Metadata::read(path);
-    const RankState rs = rank_state(s.zero, s.parallel);
+    rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
     if (m.layout.tensor_parallel != now.tensor_parallel || m.layout.pipeline_parallel != now.pipeline_parallel)
       throw std::runtime_error("tessera: checkpoint " + path + " was saved with " + m.layout.str() + "; this run has " +
@@ -181,6 +179,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
 
   // 3. Every rank read everything: now the engine takes the values.
   for (Copy& c : copies) c.from.defined() ? (void)c.into.copy_(c.from) : (void)c.into.zero_();
+  for (auto& [group, arrays] : rs.offloaded) s.zero.write_offloaded_state(group, arrays);  // NVMe: back to the files
   s.zero.after_shards_loaded();
   if (!o.load_module_only) {
     s.steps = steps;

@@ -35,7 +35,20 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
     view.first_parameter = g.names.front();
     view.tensor_rank = tensor_rank;
     view.parameters = g.names;
-    for (auto& [name, t] : g.optimizer->named_state()) {
+    NamedTensors named = g.optimizer->named_state();
+    at::Tensor offloaded_master;
+    if (zero.optimizer_state_in_files()) {
+      // NVMe offload: the arrays come from the swap file, in the optimizer's state order.
+      std::vector<at::Tensor> arrays = zero.read_offloaded_state(g.index);
+      const size_t states = arrays.size() - (g.master_on_file ? 1 : 0);
+      if (named.size() != states)
+        throw std::logic_error("tessera: the swap file holds " + std::to_string(states) + " state arrays, " +
+                               g.optimizer->name() + " names " + std::to_string(named.size()));
+      for (size_t k = 0; k < states; ++k) named[k].second = arrays[k];
+      if (g.master_on_file) offloaded_master = arrays.back();
+      out.offloaded.emplace_back(g.index, std::move(arrays));
+    }
+    for (auto& [name, t] : named) {
       switch (g.optimizer->state_layout(name)) {
         case StateLayout::Shard:
           if (t.numel() != g.layout.shard_numel)
@@ -65,7 +78,8 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
       p.tensor_rank = tensor_rank;
       p.begin = piece.param_offset;
       p.numel = piece.numel;
-      p.states.emplace_back("fp32", s.params.narrow(0, within, piece.numel));
+      p.states.emplace_back("fp32", offloaded_master.defined() ? offloaded_master.narrow(0, piece.local_offset, piece.numel)
+                                                               : s.params.narrow(0, within, piece.numel));
       if (g.mixed()) p.compute = s.compute_copy.narrow(0, within, piece.numel);
       for (const auto& [name, t] : shard_states) p.states.emplace_back(name, t.narrow(0, piece.local_offset, piece.numel));
       if (piece.param_offset == 0)

@@ -52,6 +52,9 @@ struct RankState {
   // at ZeRO stage 0, where the replicas are equal; tensor rank 0 for replicated parameters).
   std::vector<bool> writes_piece;
   std::vector<bool> writes_group;
+  // NVMe optimizer offload: per group index, the state arrays (and master) read from its swap file,
+  // which the views above point into; a load writes them back (ZeroOptimizer::write_offloaded_state).
+  std::vector<std::pair<int, std::vector<at::Tensor>>> offloaded;
 };
 
 RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel);

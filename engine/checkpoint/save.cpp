@@ -120,9 +120,6 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
     throw std::invalid_argument("tessera: save_checkpoint at micro-step " + std::to_string(s.steps.micro_step) +
                                 ", inside a gradient accumulation window of " + std::to_string(gas) +
                                 ": the gradients accumulated so far are not saved; save after the step() that ends the window");
-  if (s.zero.optimizer_state_in_files())
-    throw std::invalid_argument("tessera: save_checkpoint with zero_optimization.offload_optimizer.device \"nvme\" is "
-                                "not supported yet (the optimizer state is in the swap files)");
   const std::string tag = options.tag.empty() ? "global_step" + std::to_string(s.steps.global_step) : options.tag;
   check_tag(tag);
   json client_state = json::parse(options.client_state, nullptr, false);

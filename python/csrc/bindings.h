@@ -11,5 +11,6 @@ namespace tessera {
 void bind_checkpoint(pybind11::module& m);
 // Engine.save_checkpoint, load_checkpoint, save_16bit_model (checkpoint_bindings.cpp).
 void bind_engine_checkpoint(pybind11::class_<EngineHandle>& engine);
+void bind_engine_checkpoint(pybind11::class_<PipelineHandle>& engine);
 
 }  // namespace tessera

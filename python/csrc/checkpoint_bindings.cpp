@@ -34,18 +34,21 @@ void bind_checkpoint(py::module& m) {
            py::arg("path"));
 }
 
-void bind_engine_checkpoint(py::class_<EngineHandle>& engine) {
+namespace {
+
+template <class Handle>
+void bind_calls(py::class_<Handle>& engine) {
   // client_state crosses as JSON text: python/tessera/engine.py encodes and decodes it.
   engine
       .def("save_checkpoint",
-           [](EngineHandle& e, const std::string& save_dir, const std::string& tag, const std::string& client_state) {
+           [](Handle& e, const std::string& save_dir, const std::string& tag, const std::string& client_state) {
              std::string path;
-             blocking([&] { path = e.engine->save_checkpoint({save_dir, tag, client_state}); });
+             blocking([&] { path = engine_of(e).save_checkpoint({save_dir, tag, client_state}); });
              return path;
            },
            py::arg("save_dir"), py::arg("tag") = "", py::arg("client_state") = "{}")
       .def("load_checkpoint",  // -> (path, client_state JSON)
-           [](EngineHandle& e, const std::string& load_dir, const std::string& tag, bool load_optimizer_states,
+           [](Handle& e, const std::string& load_dir, const std::string& tag, bool load_optimizer_states,
               bool load_lr_scheduler_states, bool load_module_only, bool load_module_strict) {
              LoadOptions o;
              o.load_dir = load_dir;
@@ -55,19 +58,24 @@ void bind_engine_checkpoint(py::class_<EngineHandle>& engine) {
              o.load_module_only = load_module_only;
              o.load_module_strict = load_module_strict;
              LoadResult r;
-             blocking([&] { r = e.engine->load_checkpoint(o); });
+             blocking([&] { r = engine_of(e).load_checkpoint(o); });
              return py::make_tuple(r.path, r.client_state);
            },
            py::arg("load_dir"), py::arg("tag") = "", py::arg("load_optimizer_states") = true,
            py::arg("load_lr_scheduler_states") = true, py::arg("load_module_only") = false,
            py::arg("load_module_strict") = true)
       .def("save_16bit_model",
-           [](EngineHandle& e, const std::string& save_dir, const std::string& save_filename) {
+           [](Handle& e, const std::string& save_dir, const std::string& save_filename) {
              std::string path;
-             blocking([&] { path = e.engine->save_16bit_model(save_dir, save_filename); });
+             blocking([&] { path = engine_of(e).save_16bit_model(save_dir, save_filename); });
              return path;
            },
            py::arg("save_dir"), py::arg("save_filename") = "model.safetensors");
 }
+
+}  // namespace
+
+void bind_engine_checkpoint(py::class_<EngineHandle>& engine) { bind_calls(engine); }
+void bind_engine_checkpoint(py::class_<PipelineHandle>& engine) { bind_calls(engine); }
 
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/pipeline_engine.h"
 #include "parallel/communicator.h"
 #include "parallel/parallel_context.h"
 
@@ -47,6 +48,19 @@ struct EngineHandle {
   std::unique_ptr<Engine> engine;
   GradHooks hooks;
 };
+
+// PipelineEngine (tessera.pipe) with what it runs on kept alive (the Python stage model), and its
+// engine's gradient hooks (as EngineHandle).
+struct PipelineHandle {
+  std::shared_ptr<ParallelContext> context;
+  pybind11::object model;  // the PyStageModel
+  std::unique_ptr<PipelineEngine> engine;
+  GradHooks hooks;
+};
+
+// The Engine under either handle (checkpoint_bindings.cpp binds the same calls on both).
+inline Engine& engine_of(EngineHandle& h) { return *h.engine; }
+inline Engine& engine_of(PipelineHandle& h) { return h.engine->engine(); }
 
 // Runs a blocking engine call without the GIL. When a collective fails because a peer is gone and
 // this process has a SIGINT pending (Ctrl-C reached every rank; a faster one already exited), the

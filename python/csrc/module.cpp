@@ -113,14 +113,6 @@ class PyStageModel : public PipelineStageModel {
   }
 };
 
-// PipelineEngine with what it runs on kept alive, and its engine's gradient hooks (as EngineHandle).
-struct PipelineHandle {
-  std::shared_ptr<ParallelContext> context;
-  py::object model;  // the PyStageModel
-  std::unique_ptr<PipelineEngine> engine;
-  GradHooks hooks;
-};
-
 std::vector<pipeline::LayerInfo> layer_infos_of(const std::vector<std::pair<std::string, int64_t>>& layers) {
   std::vector<pipeline::LayerInfo> infos;
   for (const auto& [type, params] : layers) infos.push_back({type, params});
@@ -503,7 +495,9 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("context"), py::arg("tensor"), py::arg("stages"), py::arg("root_stage"));
   py::class_<PipelineStageModel, PyStageModel>(pipe, "StageModel").def(py::init<>());
-  py::class_<PipelineHandle>(pipe, "Engine")
+  py::class_<PipelineHandle> pipe_engine_class(pipe, "Engine");
+  bind_engine_checkpoint(pipe_engine_class);  // the same checkpoint calls on the stage's Engine
+  pipe_engine_class
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context, py::object model,
                        const std::vector<GroupTuple>& groups, const std::vector<std::pair<int, std::vector<int>>>& tied) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from . import _C, comm
+from ._checkpoint_calls import CheckpointCalls
 
 __all__ = ["LayerSpec", "TiedLayerSpec", "PipelineModule", "PipelineEngine"]
 
@@ -208,7 +209,7 @@ class _StageModel(_C.pipeline.StageModel):
         return self.module.loss_fn(output, labels)
 
 
-class PipelineEngine:
+class PipelineEngine(CheckpointCalls):
     """What tessera.initialize returns for a PipelineModule (DeepSpeed's PipelineEngine)."""
 
     def __init__(self, module, cfg, context, groups, tied):

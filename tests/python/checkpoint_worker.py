@@ -39,7 +39,36 @@ def engine_parameters(engine, model):
         return torch.cat([p.detach().double().reshape(-1) for p in model.parameters()])
 
 
+def pipe_run(run):
+    """The pipeline worker's GPT as a tessera.pipe.PipelineModule (tied embeddings on the first and
+    last stages): train_batch steps, with the same load and save as one_run."""
+    from tessera.pipe import PipelineModule
+    import pipeline_worker as pw
+    stages = run["stages"]
+    model = PipelineModule(pw.specs(), num_stages=stages, loss_fn=pw.loss_fn, seed_layers=True, base_seed=pw.SEED)
+    config = dict(run["config"], train_micro_batch_size_per_gpu=pw.MICRO, gradient_accumulation_steps=pw.ACCUMULATION,
+                  steps_per_print=1000, pipeline={"stages": stages})
+    engine = tessera.initialize(model=model, config=config)
+    d = tessera.comm._get_context().group_rank("data")
+    result = {"losses": [], "norms": []}
+    start = 0
+    if run.get("load"):
+        kwargs = dict(run["load"])
+        path, client_state = engine.load_checkpoint(kwargs.pop("dir"), **kwargs)
+        result.update(loaded=path, client_state=client_state)
+        start = client_state["next_step"]
+    result["global_steps_at_start"] = engine.global_steps
+    for step in range(start, start + run["steps"]):
+        result["losses"].append(engine.train_batch(iter([pw.micro_batch(step, m, d) for m in range(pw.ACCUMULATION)])))
+        result["norms"].append(engine.get_global_grad_norm())
+    if run.get("save"):
+        result["saved"] = engine.save_checkpoint(run["save"], client_state={"next_step": start + run["steps"]})
+    return result
+
+
 def one_run(run):
+    if run.get("model") == "pipe":
+        return pipe_run(run)
     config = dict(run["config"])
     config["train_batch_size"] = run["global_batch"]
     config["train_micro_batch_size_per_gpu"] = run["micro"]

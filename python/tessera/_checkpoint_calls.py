@@ -1,0 +1,48 @@
+"""The checkpoint calls of both engines (tessera.Engine and tessera.pipe.PipelineEngine), DeepSpeed's
+save_checkpoint / load_checkpoint / save_16bit_model over the C++ engine (docs/checkpoints.md)."""
+import collections.abc
+import json
+import os
+
+
+def _type_name(x):
+    return type(x).__name__
+
+
+class CheckpointCalls:
+    """Mixed into an engine class whose `_c` is the C++ engine handle."""
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None):
+        """Saves the training state under save_dir/tag (default tag "global_step<N>") and names it in
+        save_dir/latest, as DeepSpeed's save_checkpoint; every rank calls it. Each rank writes its
+        shard (weights, optimizer state, RNG) as safetensors; client_state, a JSON-serializable dict
+        (the data position, the epoch...), is stored in the metadata and returned by
+        load_checkpoint. Returns the checkpoint's directory (docs/checkpoints.md)."""
+        if client_state is None:
+            client_state = {}
+        if not isinstance(client_state, collections.abc.Mapping):
+            raise TypeError("tessera: save_checkpoint: client_state must be a dict, got %s" % _type_name(client_state))
+        try:
+            text = json.dumps(client_state, allow_nan=True)
+        except (TypeError, ValueError) as e:
+            raise TypeError("tessera: save_checkpoint: client_state must be JSON-serializable (tessera stores no "
+                            "pickle): %s" % e) from None
+        return self._c.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text)
+
+    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, load_module_strict=True):
+        """Loads a checkpoint saved by save_checkpoint (tag None: the one save_dir/latest names), at
+        this run's data-parallel size and ZeRO stage whatever they were when it was saved. Returns
+        (path, client_state), as DeepSpeed's load_checkpoint. Nothing changes unless every rank
+        read and verified everything it needs."""
+        path, text = self._c.load_checkpoint(os.fspath(load_dir), "" if tag is None else str(tag),
+                                             bool(load_optimizer_states), bool(load_lr_scheduler_states),
+                                             bool(load_module_only), bool(load_module_strict))
+        return path, json.loads(text)
+
+    def save_16bit_model(self, save_dir, save_filename="model.safetensors"):
+        """The model's weights in their training dtype, whole, as one safetensors file written by
+        rank 0 (DeepSpeed's save_16bit_model; ZeRO-3 gathers them): safetensors.torch.load_file and
+        load_state_dict read it. Returns the file's path."""
+        return self._c.save_16bit_model(os.fspath(save_dir), save_filename)
+
