@@ -43,6 +43,8 @@ TrainArgs parse_train_args(int argc, char** argv, const char* usage) {
     else if (flag == "--seed") a.seed = static_cast<uint64_t>(integer(flag, value));
     else if (flag == "--eval-every") a.eval_every = integer(flag, value);
     else if (flag == "--save-parameters") a.save_parameters = value;
+    else if (flag == "--save") a.save = value;
+    else if (flag == "--load") a.load = value;
     else if (flag == "--n-layer") a.n_layer = integer(flag, value);
     else if (flag == "--n-head") a.n_head = integer(flag, value);
     else if (flag == "--n-embd") a.n_embd = integer(flag, value);

@@ -4,6 +4,9 @@
 //   Megatron's flag; the config's activation_checkpointing section sets how),
 //   --save-parameters FILE (at the end, every parameter's single-device value, gathered from its
 //   ZeRO partitions and tensor-parallel slices, written by rank 0: see write_parameters);
+//   --save DIR (at the end, a checkpoint of the whole training state, docs/checkpoints.md) and
+//   --load DIR (at the start, the latest checkpoint in DIR: training continues from its step up to
+//   --steps; Megatron's flags);
 //   train_gpt only: --n-layer, --n-head, --n-embd (the model's sizes; default 4, 4, 128) and
 //   --timeline FILE (with pipeline stages: the last batch's instructions as run, JSON lines)
 #pragma once
@@ -27,9 +30,12 @@ struct TrainArgs {
   int64_t eval_every = 0;
   bool checkpoint_activations = false;
   std::string save_parameters;  // empty: none
+  std::string save, load;       // checkpoint directories; empty: none
   int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the program's default
   std::string timeline;         // empty: none
-  bool gpt_only_flags() const { return n_layer || n_head || n_embd || !timeline.empty() || checkpoint_activations; }
+  bool gpt_only_flags() const {
+    return n_layer || n_head || n_embd || !timeline.empty() || checkpoint_activations || !save.empty() || !load.empty();
+  }
 };
 
 // Parses argv; prints `usage` and exits 0 for -h/--help; throws std::invalid_argument otherwise.

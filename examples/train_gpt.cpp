@@ -50,7 +50,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
-const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE]\n"
+const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE] [--save DIR] [--load DIR]\n"
                      "                 [--n-layer L] [--n-head H] [--n-embd C] [--timeline FILE]";
 
 double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext& ctx, int64_t micro, uint64_t seed) {
@@ -129,9 +129,17 @@ int run(int argc, char** argv) {
   if (init) init->take_shards(description);  // the engine builds its buffers from the chunks
   Engine engine(config, *ctx, std::move(description));
   model.attach(&engine);  // the forward reports its units (embedding, blocks, head) to the engine
+  // --load: the training state of the latest checkpoint; the data position is its global step
+  // (each step's batch is a function of the step alone).
+  int64_t first_step = 0;
+  if (!args.load.empty()) {
+    const LoadResult loaded = engine.load_checkpoint({args.load});
+    first_step = engine.global_step();
+    if (leader) std::printf("train_gpt: resumed from %s at step %lld\n", loaded.path.c_str(), (long long)first_step);
+  }
 
   double last_loss = 0;
-  for (int64_t step = 0; step < args.steps; ++step) {
+  for (int64_t step = first_step; step < args.steps; ++step) {
     double step_loss = 0;
     // The step's global batch; micro-step m is its rows [m·dp·micro, (m+1)·dp·micro), and this
     // rank takes its `micro` rows of those.
@@ -168,6 +176,10 @@ int run(int argc, char** argv) {
 
   const double final_loss = data_parallel_mean(*ctx, last_loss);
   if (leader) std::printf("final loss: %.6f\n", final_loss);
+  if (!args.save.empty()) {
+    const std::string path = engine.save_checkpoint({args.save});
+    if (leader) std::printf("train_gpt: saved %s\n", path.c_str());
+  }
   if (!args.save_parameters.empty()) {
     auto whole = engine.gathered_parameters();                     // ZeRO-3's partitions made whole
     std::vector<at::Tensor> values = model.full_parameters();      // and the tensor-parallel slices
@@ -247,9 +259,15 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   std::vector<TiedGroup> tied;
   if (holds_wte) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, stages - 1}});
   PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
+  int64_t first_step = 0;
+  if (!args.load.empty()) {  // --load: as without stages, each stage's engine reads its own parameters
+    const LoadResult loaded = engine.engine().load_checkpoint({args.load});
+    first_step = engine.engine().global_step();
+    if (leader) std::printf("train_gpt: resumed from %s at step %lld\n", loaded.path.c_str(), (long long)first_step);
+  }
 
   double loss = 0;
-  for (int64_t step = 0; step < args.steps; ++step) {
+  for (int64_t step = first_step; step < args.steps; ++step) {
     // The step's global batch, as without stages: micro-batch m is rows [m·dp·micro, (m+1)·dp·micro).
     const Batch global = corpus.sample(micro * dp * accumulation, seq_len, step, args.seed);
     int64_t m = 0;
@@ -275,6 +293,10 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
     }
   }
   if (leader) std::printf("final loss: %.6f\n", loss);
+  if (!args.save.empty()) {
+    const std::string path = engine.engine().save_checkpoint({args.save});
+    if (leader) std::printf("train_gpt: saved %s\n", path.c_str());
+  }
   report_pipeline(engine, ctx, args.timeline);
   if (!args.save_parameters.empty()) {
     // Each stage's trained parameters, from its ranks to every stage (one flat broadcast per stage).

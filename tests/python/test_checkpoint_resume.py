@@ -19,9 +19,12 @@ The saved tensors are read back with the safetensors package, not with tessera's
 import copy
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -344,6 +347,37 @@ def test_a_kill_at_any_point_of_a_save_leaves_a_loadable_latest(tmp_path):
         latest = (tmp_path / point / "latest").read_text()
         assert r["loaded"].endswith(latest), (point, r["loaded"], latest)
         assert latest == ("global_step3" if point == "after_latest" else "global_step2"), (point, latest)
+
+
+def test_ten_kills_at_random_moments_leave_a_loadable_latest(tmp_path):
+    """A 2-rank job saving after every step (checkpoint.save_interval 1), the launcher and both ranks
+    killed with SIGKILL at a random moment after the first checkpoint is complete."""
+    rng = random.Random(18)
+    dirs = []
+    for i in range(10):
+        save_dir = tmp_path / ("kill%d" % i)
+        run = dict(TINY, model="gpt", steps=10000,
+                   config=config(2, checkpoint={"save_interval": 1, "save_dir": str(save_dir)}))
+        spec = tmp_path / ("kill%d.json" % i)
+        spec.write_text(json.dumps([run]))
+        cmd = [CLI, "launch", "--nproc-per-node", "2", "--master-port", str(free_port()), "--", sys.executable,
+               "tests/python/checkpoint_worker.py", str(spec), str(tmp_path / "unused.json")]
+        job = subprocess.Popen(cmd, env=child_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+        deadline = time.time() + 60
+        while not (save_dir / "latest").exists() and time.time() < deadline and job.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.5))
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        assert (save_dir / "latest").exists(), i
+        dirs.append(save_dir)
+    results = run_jobs(tmp_path, 2, [dict(TINY, model="gpt", config=config(2), steps=0, load={"dir": str(d)})
+                                     for d in dirs], "verify")
+    for d, r in zip(dirs, results):
+        latest = (d / "latest").read_text()
+        assert r["loaded"] == str(d / latest), (r["loaded"], latest)
+        assert r["global_steps_at_start"] == int(latest[len("global_step"):])
 
 
 def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path):
