@@ -452,7 +452,10 @@ std::string Engine::save_checkpoint(const SaveOptions& options) {
 LoadResult Engine::load_checkpoint(LoadOptions options) {
   options.load_from_fp32_weights = config_.zero_optimization.load_from_fp32_weights;
   TrainingState state = training_state();
-  return tessera::load_checkpoint(state, options);
+  LoadResult result = tessera::load_checkpoint(state, options);
+  steps_at_last_print_ = steps_.global_step;  // the progress line's per-step figures start here
+  last_step_end_ = Clock::now();
+  return result;
 }
 
 std::string Engine::save_16bit_model(const std::string& save_dir, const std::string& save_filename) {

@@ -122,9 +122,12 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
                                 ": the gradients accumulated so far are not saved; save after the step() that ends the window");
   const std::string tag = options.tag.empty() ? "global_step" + std::to_string(s.steps.global_step) : options.tag;
   check_tag(tag);
+  // Errors from here on are agreed on by every rank (a rank alone throwing would leave the others
+  // waiting in the next collective).
+  std::string error;
   json client_state = json::parse(options.client_state, nullptr, false);
   if (client_state.is_discarded() || !client_state.is_object())
-    throw std::invalid_argument("tessera: save_checkpoint: client_state must be a JSON object");
+    error = "tessera: save_checkpoint: client_state must be a JSON object";
   // checkpoint.tag_validation: every rank saves under the same tag.
   const std::string& validation = s.config.checkpoint.tag_validation;
   if (validation != "Ignore") {
@@ -142,8 +145,7 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
 
   // 1. Rank 0 makes the partial directory; then every rank writes its file into it.
   std::unique_ptr<CheckpointWriter> writer;
-  std::string error;
-  if (rank == 0) {
+  if (rank == 0 && error.empty()) {
     try {
       writer = std::make_unique<CheckpointWriter>(options.save_dir, tag);
     } catch (const std::exception& e) {
@@ -151,10 +153,11 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
     }
   }
   agree(world, error, "creating checkpoint " + tag);
-  const RankState rs = rank_state(s.zero, s.parallel);
+  RankState rs;
   const std::string file = rank_file_name(rank);
   std::string entry;
   try {
+    rs = rank_state(s.zero, s.parallel);
     entry = write_rank_file(rs, partial_dir_of(options.save_dir, tag) + "/" + file, file, rank, s.parallel.device()).dump();
   } catch (const std::exception& e) {
     error = e.what();

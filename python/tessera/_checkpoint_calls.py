@@ -4,6 +4,8 @@ import collections.abc
 import json
 import os
 
+from . import comm
+
 
 def _type_name(x):
     return type(x).__name__
@@ -34,7 +36,13 @@ class CheckpointCalls:
         """Loads a checkpoint saved by save_checkpoint (tag None: the one save_dir/latest names), at
         this run's data-parallel size and ZeRO stage whatever they were when it was saved. Returns
         (path, client_state), as DeepSpeed's load_checkpoint. Nothing changes unless every rank
-        read and verified everything it needs."""
+        read and verified everything it needs. With tag None and no `latest` in load_dir (a first
+        run), it returns (None, None) and trains from scratch, as DeepSpeed does."""
+        if tag is None and not os.path.exists(os.path.join(os.fspath(load_dir), "latest")):
+            if comm.get_rank() == 0:
+                print("[tessera] load_checkpoint: no %s: nothing loaded (pass tag= to require a checkpoint)"
+                      % os.path.join(os.fspath(load_dir), "latest"), flush=True)
+            return None, None
         path, text = self._c.load_checkpoint(os.fspath(load_dir), "" if tag is None else str(tag),
                                              bool(load_optimizer_states), bool(load_lr_scheduler_states),
                                              bool(load_module_only), bool(load_module_strict))

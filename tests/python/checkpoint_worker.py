@@ -96,7 +96,7 @@ def one_run(run):
         path, client_state = engine.load_checkpoint(load_dir, **kwargs)
         result["loaded"] = path
         result["client_state"] = client_state
-        start = client_state.get("next_step", 0)
+        start = (client_state or {}).get("next_step", 0)
         if run.get("save_loaded"):
             engine.save_checkpoint(run["save_loaded"], client_state=client_state)
     result["global_steps_at_start"] = engine.global_steps

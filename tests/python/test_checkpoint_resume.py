@@ -291,11 +291,14 @@ def test_damaged_files_and_other_models_give_clear_errors_and_change_nothing(sav
         (good, {"renamed": True}, ["no parameter extra.weight", "load_module_strict=False"]),
         (good, {"config": config(1, {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}})},
          ["holds AdamW state", "load_optimizer_states=False"]),
-        (str(saved_tiny / "missing"), {}, ["no checkpoint"]),
+        (good, {"tag": "global_step9"}, ["no checkpoint \"global_step9\""]),
     ]
     runs = []
     for where, change, _ in cases:
+        change = dict(change)
         run = dict(TINY, config=config(1), steps=0, load={"dir": where}, expect_error=True)
+        if "tag" in change:
+            run["load"]["tag"] = change.pop("tag")
         run.update(change)
         runs.append(run)
     results = run_jobs(saved_tiny, 2, runs, "errors")
@@ -313,10 +316,13 @@ def test_strictness_and_partial_loads(saved_tiny):
         dict(TINY, config=config(1, {"type": "SGD", "params": {"lr": 0.1}}), steps=1,
              load={"dir": good, "load_optimizer_states": False}),
         dict(TINY, config=config(1), steps=1, load={"dir": good, "load_module_only": True}),
+        # No `latest` there: DeepSpeed's (None, None), training from scratch.
+        dict(TINY, config=config(1), steps=1, load={"dir": str(saved_tiny / "empty")}),
     ]
     results = run_jobs(saved_tiny, 2, runs, "partial")
-    assert [r["global_steps_at_start"] for r in results] == [2, 2, 0]
+    assert [r["global_steps_at_start"] for r in results] == [2, 2, 0, 0]
     assert all(r["losses"] for r in results)
+    assert results[3]["loaded"] is None and results[3]["client_state"] is None
 
 
 def test_an_unexpected_parameter_is_an_error_when_strict(saved_tiny):
