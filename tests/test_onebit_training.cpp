@@ -83,7 +83,7 @@ void same_warm_up(const std::string& onebit, const std::string& twin) {
 
 }  // namespace
 
-TEST_CASE("1-bit Adam and 0/1 Adam train the GPT like Adam with 1/20 of the bytes") {
+TEST_CASE("1-bit Adam and 0/1 Adam train the GPT like Adam with 1/20 of the bytes", "[slow]") {
   const Run reference = train(adam("Adam"), kSteps);
   const double adam_loss = last_50(reference.lines);
   // Adam's gradient allreduce: the bytes per step the 1-bit steps are held against.
@@ -110,7 +110,7 @@ TEST_CASE("1-bit Adam and 0/1 Adam train the GPT like Adam with 1/20 of the byte
   same_warm_up(adam("OneBitAdam", kFreezeStep), adam("Adam"));
 }
 
-TEST_CASE("1-bit LAMB trains the GPT like LAMB with 1/20 of the bytes") {
+TEST_CASE("1-bit LAMB trains the GPT like LAMB with 1/20 of the bytes", "[slow]") {
   const Run reference = train(lamb("Lamb"), kSteps);
   const Run onebit = train(lamb("OneBitLamb", kFreezeStep), kSteps);
   const double lamb_loss = last_50(reference.lines), onebit_loss = last_50(onebit.lines);
@@ -127,7 +127,7 @@ TEST_CASE("1-bit LAMB trains the GPT like LAMB with 1/20 of the bytes") {
 // setting. The loss of the last 10 steps within 5% of Adam's (a frozen variance needs its warm-up:
 // frozen at step 20 of 60 the gap measured 8-14%), the last steps compressed, and the data group's
 // bytes per step after the freeze at most 1/20 of the warm-up's.
-TEST_CASE("1-bit Adam composes with fp16 - bf16 - accumulation - tensor and pipeline parallelism") {
+TEST_CASE("1-bit Adam composes with fp16 - bf16 - accumulation - tensor and pipeline parallelism", "[slow]") {
   struct Variant {
     const char* name;
     int ranks;

@@ -77,7 +77,6 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     const std::string weights = o.load_from_fp32_weights || !has_compute ? "fp32" : "compute";
 
     // Every parameter of this rank's model is in the checkpoint, with its shape.
-    std::vector<const ParameterRecord*> records;
     for (const auto& gp : s.zero.groups()) {
       const ZeroGroup& g = *gp;
       const int tensor_rank = g.tensor_sharded ? s.parallel.coordinates().tensor : -1;
