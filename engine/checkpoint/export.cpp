@@ -3,7 +3,6 @@
 #include <ATen/ops/empty.h>
 #include <dirent.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,13 +10,11 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "engine/checkpoint/checkpoint_dir.h"
 #include "engine/checkpoint/checkpoint_files.h"
-#include "engine/checkpoint/file_io.h"
 #include "engine/checkpoint/metadata.h"
 #include "engine/checkpoint/safetensors.h"
 
@@ -43,12 +40,6 @@ std::string human(double bytes) {
   else if (bytes >= 1e6) std::snprintf(buf, sizeof(buf), "%.2f MB", bytes / 1e6);
   else std::snprintf(buf, sizeof(buf), "%.0f B", bytes);
   return buf;
-}
-
-// `text` written to `path` through a temporary name: never half-written under its own name.
-void write_tensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  write_safetensors(path + ".tmp", tensors, {{"format", "pt"}});
-  if (::rename((path + ".tmp").c_str(), path.c_str()) != 0) throw os_error("cannot rename " + path + ".tmp to", path);
 }
 
 }  // namespace
@@ -126,7 +117,7 @@ ExportResult export_checkpoint(const ExportOptions& o) {
       const size_t slash = path.rfind('/');
       weight_map[p->name] = slash == std::string::npos ? path : path.substr(slash + 1);
     }
-    write_tensors(path, tensors);
+    write_safetensors_replacing(path, tensors, {{"format", "pt"}});
     result.files.push_back(path);
   }
   if (shards.size() > 1) {

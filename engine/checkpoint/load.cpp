@@ -130,7 +130,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     // The RNG states of the same rank, when there is one.
     if (!o.load_module_only) {
       if (m.layout.world_size == s.parallel.world_size()) {
-        for (auto& [name, t] : rng_states(s.parallel.device()))
+        for (const std::string& name : rng_names(s.parallel.device()))
           if (files.lists(own_file, name)) rng.emplace_back(name, files.read(own_file, name));
       } else {
         notes.push_back("the RNG states are not restored (saved by " + std::to_string(m.layout.world_size) +

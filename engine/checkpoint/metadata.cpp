@@ -35,9 +35,19 @@ std::string Layout::str() const {
 }
 
 const ParameterRecord* Metadata::find(const std::string& name, int pipeline_stage, int tensor_rank) const {
-  for (const ParameterRecord& p : parameters)
-    if (p.name == name && p.pipeline_stage == pipeline_stage && p.tensor_rank == tensor_rank) return &p;
-  return nullptr;
+  auto it = index_.find(std::make_tuple(name, pipeline_stage, tensor_rank));
+  return it == index_.end() ? nullptr : &parameters[it->second];
+}
+
+ParameterRecord& Metadata::add(const std::string& name, int pipeline_stage, int tensor_rank) {
+  auto [it, fresh] = index_.emplace(std::make_tuple(name, pipeline_stage, tensor_rank), parameters.size());
+  if (fresh) {
+    parameters.emplace_back();
+    parameters.back().name = name;
+    parameters.back().pipeline_stage = pipeline_stage;
+    parameters.back().tensor_rank = tensor_rank;
+  }
+  return parameters[it->second];
 }
 
 json Metadata::to_json() const {
@@ -140,15 +150,14 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string where = ".parameters[" + std::to_string(i) + "]";
     const json& p = params[i];
-    ParameterRecord rec;
-    rec.name = r.string(p, "name", where);
+    ParameterRecord& rec = m.add(r.string(p, "name", where), static_cast<int>(r.integer(p, "pipeline_stage", where)),
+                                 static_cast<int>(r.integer(p, "tensor_rank", where)));
+    if (!rec.dtype.empty()) r.fail(where, rec.name + " is listed twice at the same pipeline stage and tensor rank");
     for (const json& d : r.get(p, "shape", where, json::value_t::array)) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) r.fail(where + ".shape", "expected sizes");
       rec.shape.push_back(d.get<int64_t>());
     }
     rec.dtype = r.string(p, "dtype", where);
-    rec.pipeline_stage = static_cast<int>(r.integer(p, "pipeline_stage", where));
-    rec.tensor_rank = static_cast<int>(r.integer(p, "tensor_rank", where));
     const json& shards = r.get(p, "shards", where, json::value_t::array);
     for (size_t k = 0; k < shards.size(); ++k) {
       const std::string at = where + ".shards[" + std::to_string(k) + "]";
@@ -169,7 +178,6 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     if (next != rec.numel() && rec.numel() > 0)
       r.fail(where, "the shards of " + rec.name + " end at element " + std::to_string(next) + " of " +
                         std::to_string(rec.numel()));
-    m.parameters.push_back(std::move(rec));
   }
   const json& groups = r.get(j, "groups", "", json::value_t::array);
   for (size_t i = 0; i < groups.size(); ++i) {

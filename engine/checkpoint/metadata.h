@@ -29,6 +29,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace tessera::checkpoint {
@@ -85,12 +86,17 @@ struct Metadata {
 
   // The parameter by name and place, or null.
   const ParameterRecord* find(const std::string& name, int pipeline_stage, int tensor_rank) const;
+  // The parameter by name and place, appended (no shards yet) when it is not there.
+  ParameterRecord& add(const std::string& name, int pipeline_stage, int tensor_rank);
   nlohmann::json to_json() const;
   // Parses and checks `text` (the file at `path`, for messages): the format and version, every
   // field's type, shards that cover each parameter exactly and name a listed file. Throws
   // std::runtime_error naming the path and the field.
   static Metadata parse(const std::string& text, const std::string& path);
   static Metadata read(const std::string& checkpoint_dir);
+
+ private:
+  std::map<std::tuple<std::string, int, int>, size_t> index_;  // (name, stage, tensor rank) -> parameters[i]
 };
 
 }  // namespace tessera::checkpoint

@@ -28,13 +28,11 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
     const ZeroGroup& g = *gp;
     const int tensor_rank = g.tensor_sharded ? coords.tensor : -1;
     const bool writes = owns_shard && (g.tensor_sharded || coords.tensor == 0);
-    out.mixed = out.mixed || g.mixed();
     // The optimizer's state by layout.
     NamedTensors shard_states, per_parameter;
     GroupView view;
     view.first_parameter = g.names.front();
     view.tensor_rank = tensor_rank;
-    view.parameters = g.names;
     NamedTensors named = g.optimizer->named_state();
     at::Tensor offloaded_master;
     if (zero.optimizer_state_in_files()) {
@@ -112,6 +110,12 @@ Layout current_layout(TrainingState& s, const std::vector<std::string>& shard_st
 std::vector<std::pair<std::string, at::Generator>> generators(const c10::Device& device) {
   std::vector<std::pair<std::string, at::Generator>> out{{"rng/cpu", at::detail::getDefaultCPUGenerator()}};
   if (!device.is_cpu()) out.emplace_back("rng/" + device.str(), at::globalContext().defaultGenerator(device));
+  return out;
+}
+
+std::vector<std::string> rng_names(const c10::Device& device) {
+  std::vector<std::string> out;
+  for (auto& [name, gen] : generators(device)) out.push_back(name);
   return out;
 }
 

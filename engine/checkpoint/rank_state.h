@@ -37,14 +37,12 @@ struct PieceView {
 struct GroupView {
   std::string first_parameter;  // names the group in a checkpoint
   int tensor_rank = -1;
-  std::vector<std::string> parameters;
   NamedTensors group_states;    // Group layout: the same on every rank
   NamedTensors rank_local;      // RankLocal: this rank's own
 };
 
 struct RankState {
   int pipeline_stage = 0;
-  bool mixed = false;
   std::vector<std::string> shard_states;  // "fp32", ["compute"], the optimizer's Shard states
   std::vector<PieceView> pieces;          // every piece of this rank's shard
   std::vector<GroupView> groups;
@@ -64,6 +62,7 @@ Layout current_layout(TrainingState& state, const std::vector<std::string>& shar
 // The torch generators' states ("rng/cpu", and "rng/<device>" when the collectives' device is
 // not the CPU), and their restoration from such a list.
 NamedTensors rng_states(const c10::Device& device);
+std::vector<std::string> rng_names(const c10::Device& device);
 void set_rng_states(const c10::Device& device, const NamedTensors& states);
 
 // Every rank's `text`, in rank order (a collective over `group`).

@@ -2,6 +2,8 @@
 
 #include "engine/checkpoint/file_io.h"
 
+#include <cstdio>
+
 #include <ATen/ops/empty.h>
 #include <c10/util/StringUtil.h>
 #include <fcntl.h>
@@ -200,6 +202,12 @@ void SafetensorsReader::read_into(const std::string& name, at::Tensor& out) cons
     return;
   }
   out.copy_(read(name));
+}
+
+void write_safetensors_replacing(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  write_safetensors(path + ".tmp", tensors, metadata);
+  if (::rename((path + ".tmp").c_str(), path.c_str()) != 0) throw os_error("cannot rename " + path + ".tmp to", path);
 }
 
 }  // namespace tessera::checkpoint

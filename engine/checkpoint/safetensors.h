@@ -39,6 +39,11 @@ struct TensorRecord {
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// write_safetensors into `path`.tmp, renamed to `path`: a file that is never half-written under its
+// own name (exported models, save_16bit_model).
+void write_safetensors_replacing(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                 const std::map<std::string, std::string>& metadata = {});
+
 // An opened file whose header has been checked; tensors are read on request.
 class SafetensorsReader {
  public:

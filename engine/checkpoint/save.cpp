@@ -8,12 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <sys/stat.h>
-#include <tuple>
 
 #include "engine/checkpoint/checkpoint_dir.h"
 #include "engine/checkpoint/checksum.h"
 #include "engine/checkpoint/engine_checkpoint.h"
-#include "engine/checkpoint/file_io.h"
 #include "engine/checkpoint/metadata.h"
 #include "engine/checkpoint/rank_state.h"
 #include "engine/checkpoint/safetensors.h"
@@ -81,26 +79,18 @@ json write_rank_file(const RankState& rs, const std::string& path, const std::st
 
 // Rank 0: every rank's entry merged into the metadata.
 Metadata merge(const std::vector<std::string>& entries, Metadata m) {
-  std::map<std::tuple<std::string, int, int>, size_t> index;
   for (const std::string& text : entries) {
     const json e = json::parse(text);
     const std::string file = e.at("file");
     m.files[file] = FileRecord{e.at("rank").get<int>(), e.at("bytes").get<int64_t>(),
                                e.at("xxh64").get<std::map<std::string, std::string>>()};
     for (const json& p : e.at("parameters")) {
-      const auto key = std::make_tuple(p.at("name").get<std::string>(), p.at("pipeline_stage").get<int>(),
-                                       p.at("tensor_rank").get<int>());
-      auto [it, fresh] = index.emplace(key, m.parameters.size());
-      if (fresh) {
-        ParameterRecord rec;
-        rec.name = std::get<0>(key);
+      ParameterRecord& rec = m.add(p.at("name"), p.at("pipeline_stage"), p.at("tensor_rank"));
+      if (rec.shards.empty()) {
         rec.shape = p.at("shape").get<std::vector<int64_t>>();
         rec.dtype = p.at("dtype");
-        rec.pipeline_stage = std::get<1>(key);
-        rec.tensor_rank = std::get<2>(key);
-        m.parameters.push_back(std::move(rec));
       }
-      m.parameters[it->second].shards.push_back({file, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>()});
+      rec.shards.push_back({file, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>()});
     }
     for (const json& g : e.at("groups"))
       m.groups.push_back({g.at("first_parameter"), g.at("pipeline_stage").get<int>(), g.at("tensor_rank").get<int>(), file,
@@ -214,8 +204,7 @@ std::string save_16bit_model(TrainingState& s, const std::string& save_dir, cons
         if (tensors[i].first == tensors[i - 1].first)
           throw std::invalid_argument("tessera: save_16bit_model: two parameters are named " + tensors[i].first);
       ::mkdir(save_dir.c_str(), 0755);
-      write_safetensors(path + ".tmp", tensors, {{"format", "pt"}});
-      if (::rename((path + ".tmp").c_str(), path.c_str()) != 0) throw os_error("cannot rename " + path + ".tmp to", path);
+      write_safetensors_replacing(path, tensors, {{"format", "pt"}});
     } catch (const std::exception& e) {
       error = e.what();
     }
