@@ -37,6 +37,16 @@ std::unordered_map<const void*, std::string> parameter_names(const ModelDescript
   return names;
 }
 
+// The aio section, for both kinds of NVMe offload.
+AioOptions aio_options(const Config& c) {
+  AioOptions aio;
+  aio.block_size = c.aio.block_size;
+  aio.queue_depth = c.aio.queue_depth;
+  aio.intra_op_parallelism = c.aio.intra_op_parallelism;
+  aio.single_submit = c.aio.single_submit;
+  return aio;
+}
+
 // What ZeRO takes from the config.
 ZeroOptions zero_options(const Config& c, int rank, int data_size) {
   ZeroOptions o;
@@ -64,12 +74,18 @@ ZeroOptions zero_options(const Config& c, int rank, int data_size) {
     nvme.buffer_count = z.offload_optimizer.buffer_count;
     nvme.pipeline_read = z.offload_optimizer.pipeline_read;
     nvme.pipeline_write = z.offload_optimizer.pipeline_write;
-    nvme.aio.block_size = c.aio.block_size;
-    nvme.aio.queue_depth = c.aio.queue_depth;
-    nvme.aio.intra_op_parallelism = c.aio.intra_op_parallelism;
-    nvme.aio.single_submit = c.aio.single_submit;
+    nvme.aio = aio_options(c);
     nvme.rank = rank;
     o.nvme_optimizer = nvme;
+  }
+  if (z.offload_param.device == "nvme") {
+    ParameterSwapOptions nvme;
+    nvme.path = z.offload_param.nvme_path;
+    nvme.buffer_count = z.offload_param.buffer_count;
+    nvme.buffer_numel = z.offload_param.buffer_size;
+    nvme.aio = aio_options(c);
+    nvme.rank = rank;
+    o.nvme_parameters = nvme;
   }
   return o;
 }
@@ -185,13 +201,14 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
   // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
   // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
   if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();
-  // Optimizer offload runs on CPU ranks (where "cpu" is where the states live already); the GPU's
-  // host path (pinned buffers, copies overlapped with the CPU step) is not built yet.
-  const std::string& offload = config_.zero_optimization.offload_optimizer.device;
-  if (offload != "none" && !parallel_.data().device().is_cpu())
-    throw ConfigError("tessera: zero_optimization.offload_optimizer.device: \"" + offload +
-                      "\" runs on CPU ranks only so far, not on " + parallel_.data().device().str() +
-                      "; use \"none\" there");
+  // Offload runs on CPU ranks (where "cpu" is where the states and parameters live already); the
+  // GPU's host path (pinned buffers, copies overlapped with the CPU step) is not built yet.
+  for (const auto& [key, device] : {std::pair<std::string, std::string>{"offload_optimizer",
+                                                                         config_.zero_optimization.offload_optimizer.device},
+                                    {"offload_param", config_.zero_optimization.offload_param.device}})
+    if (device != "none" && !parallel_.data().device().is_cpu())
+      throw ConfigError("tessera: zero_optimization." + key + ".device: \"" + device + "\" runs on CPU ranks only so far, "
+                        "not on " + parallel_.data().device().str() + "; use \"none\" there");
   if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
   zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank(), parallel_.data().size()), parallel_, model, &units_);
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);

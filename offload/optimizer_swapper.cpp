@@ -1,12 +1,10 @@
 #include "offload/optimizer_swapper.h"
 
+#include "offload/swap_directory.h"
+
 #include <ATen/ops/zeros.h>
 
 #include <ATen/ops/from_blob.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -40,10 +38,15 @@ int64_t OptimizerSwapper::add_group(int index, const std::vector<ShardSegment>& 
   if (io_) throw std::logic_error("tessera: optimizer swapper: add_group after create_files");
   if (index >= static_cast<int>(groups_.size())) groups_.resize(index + 1);
   auto g = std::make_unique<Group>();
-  g->segments = segments;
-  // With the master in the file the segments' fp32 views would keep the whole master alive.
-  if (master.defined())
-    for (ShardSegment& seg : g->segments) seg.params = at::Tensor();
+  // Only the gradients and offsets are kept: the parameter views come from the caller at each
+  // step (they may live in a file too, offload/parameter_swapper.h), and kept views of the master
+  // or the compute buffer would hold them alive.
+  for (const ShardSegment& seg : segments) {
+    ShardSegment kept;
+    kept.grads = seg.grads;
+    kept.local_offset = seg.local_offset;
+    g->segments.push_back(std::move(kept));
+  }
   g->state_arrays = state_arrays;
   g->master_on_file = master.defined();
   g->initial_master = master;
@@ -70,24 +73,8 @@ int64_t OptimizerSwapper::add_group(int index, const std::vector<ShardSegment>& 
 
 void OptimizerSwapper::create_files() {
   if (io_) throw std::logic_error("tessera: optimizer swapper: create_files called twice");
-  const std::string& dir = options_.path;
-  struct stat st {};
-  if (dir.empty()) throw std::invalid_argument("tessera: zero_optimization.offload_optimizer.nvme_path is not set");
-  if (::stat(dir.c_str(), &st) != 0)
-    throw std::runtime_error("tessera: zero_optimization.offload_optimizer.nvme_path " + dir + " does not exist");
-  if (!S_ISDIR(st.st_mode))
-    throw std::runtime_error("tessera: zero_optimization.offload_optimizer.nvme_path " + dir + " is not a directory");
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw std::runtime_error("tessera: zero_optimization.offload_optimizer.nvme_path " + dir + " is not writable");
-  const int64_t needed = file_bytes();
-  struct statvfs fs {};
-  if (::statvfs(dir.c_str(), &fs) == 0) {
-    const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
-    if (needed > free_bytes)
-      throw std::runtime_error("tessera: zero_optimization.offload_optimizer.nvme_path " + dir + " has " +
-                               std::to_string(free_bytes) + " bytes free; this rank's optimizer swap files need " +
-                               std::to_string(needed));
-  }
+  check_swap_directory("zero_optimization.offload_optimizer.nvme_path", options_.path, file_bytes(),
+                       "this rank's optimizer swap files");
   for (int i = 0; i < options_.buffer_count; ++i) buffers_.emplace_back(largest_slot_);
   io_ = AsyncIo::create(options_.aio);
   for (auto& gp : groups_) {
@@ -118,8 +105,8 @@ std::vector<at::Tensor> OptimizerSwapper::views(const Group& g, int64_t numel, i
   return v;
 }
 
-void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const TileStep& step_tile,
-                            const std::function<void(int, int)>& segment_done) {
+void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const SegmentOf& segment_of,
+                            const TileStep& step_tile, const std::function<void(int, int)>& segment_done) {
   if (!io_) throw std::logic_error("tessera: optimizer swapper: step before create_files");
   std::vector<TileRef> tiles;
   for (const auto& [gi, s] : order) {
@@ -143,6 +130,7 @@ void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const
   const size_t spare = options_.pipeline_write ? 2 : 1;
   const size_t ahead = options_.pipeline_read && buffers > spare ? buffers - spare : 0;
   size_t next_read = 0;
+  ShardSegment seg;  // the segment being stepped, as the caller gave it at its first tile
   try {
     for (size_t k = 0; k < tiles.size(); ++k) {
       while (next_read < tiles.size() && next_read <= k + ahead) issue_read(next_read++);
@@ -151,7 +139,7 @@ void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const
       const TileRef& r = tiles[k];
       const Group& g = group(r.group);
       const Tile& t = tile_of(r);
-      const ShardSegment& seg = g.segments[r.segment];
+      if (r.tile == 0) seg = segment_of(r.group, r.segment);
       std::vector<at::Tensor> v = views(g, t.numel, static_cast<int>(b));
       ShardSegment tile;
       tile.grads = seg.grads.narrow(0, t.begin, t.numel);
@@ -162,7 +150,10 @@ void OptimizerSwapper::step(const std::vector<std::pair<int, int>>& order, const
       step_tile(r.group, tile, v);
       writing[b] = io_->write(*g.file, buffers_[b].data(), slot_bytes(g, t.numel), t.file_offset);
       if (!options_.pipeline_write) io_->wait(std::exchange(writing[b], 0));
-      if (r.tile + 1 == static_cast<int>(g.tiles[r.segment].size())) segment_done(r.group, r.segment);
+      if (r.tile + 1 == static_cast<int>(g.tiles[r.segment].size())) {
+        seg = ShardSegment();
+        segment_done(r.group, r.segment);
+      }
     }
     io_->wait_all();
     for (const auto& [gi, s] : order) groups_[gi]->fresh = false;

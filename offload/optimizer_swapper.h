@@ -46,8 +46,8 @@ class OptimizerSwapper {
   explicit OptimizerSwapper(OptimizerSwapOptions options);
   ~OptimizerSwapper();
 
-  // Registers group `group` with its segments (views into the gradient shard, the compute copy,
-  // and — unless the master moves to the file — the fp32 parameters), `state_arrays` fp32 arrays
+  // Registers group `group` with its segments (their gradient views and offsets are kept; the
+  // parameter views are asked for at each step), `state_arrays` fp32 arrays
   // of optimizer state (zero at first), and `master`, this rank's fp32 master shard whose values
   // go to the file (undefined: the parameters stay in memory, fp32 training). Call for every group
   // before check_space(); returns the group's file bytes.
@@ -56,14 +56,16 @@ class OptimizerSwapper {
   // fit; then creates and fills the files (zeros and the master values). Call once.
   void create_files();
 
-  // Steps `order`'s segments, (group, segment index) pairs, tile by tile: `step_tile` gets the
+  // Steps `order`'s segments, (group, segment index) pairs, tile by tile: `segment_of` gives a
+  // segment's views (its parameters and compute copy) before its first tile; `step_tile` gets the
   // tile as a segment (its params the master in the tile buffer when offloaded) and its state
   // arrays, which cover shard elements [tile.local_offset, + numel); `segment_done` is called when
   // a segment's last tile is stepped (its compute copy is then final: an allgather can start).
   // A step that throws (a failed transfer) leaves the files in no defined state: the engine stops
   // training, and the swapper must not be stepped again.
   using TileStep = std::function<void(int group, const ShardSegment& tile, const std::vector<at::Tensor>& state)>;
-  void step(const std::vector<std::pair<int, int>>& order, const TileStep& step_tile,
+  using SegmentOf = std::function<ShardSegment(int group, int segment)>;
+  void step(const std::vector<std::pair<int, int>>& order, const SegmentOf& segment_of, const TileStep& step_tile,
             const std::function<void(int group, int segment)>& segment_done);
 
   // Checkpoints: group `group`'s state arrays and (when in the file) master, each shard-long fp32

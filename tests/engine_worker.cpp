@@ -32,7 +32,9 @@
 //                        once is below the whole model.
 //   --offload cpu|nvme   offload_optimizer.device, with --nvme-path DIR, --tile N (sub_group_size),
 //                        --buffers N (buffer_count) and --pipeline (pipeline_read and _write).
-//   --fill-nvme          after construction rank 0 fills the disk under --nvme-path (the first
+//   --offload-param cpu|nvme   offload_param.device (stage 3), with --param-path DIR and
+//                        --param-buffers N (buffer_count), --param-buffer-size N (buffer_size).
+//   --fill-nvme          after construction rank 0 fills the disk under --nvme-path (or --param-path; the first
 //                        step's write must then fail naming its file).
 //   --dump FILE          rank 0 writes every step's mean loss (double) and the final parameters'
 //                        bytes to FILE, for byte-for-byte comparisons between runs.
@@ -117,7 +119,11 @@ std::string engine_worker::config_text(const Args& a) {
               std::to_string(a.buffers) + ", \"pipeline_read\": " + (a.pipeline ? "true" : "false") +
               ", \"pipeline_write\": " + (a.pipeline ? "true" : "false") + "}";
   }
-  char buf[2560];
+  if (a.offload_param != "none")
+    offload += ", \"offload_param\": {\"device\": \"" + a.offload_param + "\", \"nvme_path\": \"" + a.param_path +
+               "\", \"buffer_count\": " + std::to_string(a.param_buffers) +
+               ", \"buffer_size\": " + std::to_string(a.param_buffer_size) + "}";
+  char buf[4096];
   std::snprintf(buf, sizeof(buf),
                 R"({"train_micro_batch_size_per_gpu": %d, "gradient_accumulation_steps": %d, "optimizer": %s,
                     %s"data_types": {"grad_accum_dtype": "%s"},
@@ -285,7 +291,7 @@ int run(const Args& a) {
     ctx->data().all_reduce(built);
   }
   if (a.fill_nvme && rank == 0) {  // another job takes the disk's free space: the next write fails
-    std::FILE* f = std::fopen((a.nvme_path + "/filler").c_str(), "wb");
+    std::FILE* f = std::fopen(((a.nvme_path.empty() ? a.param_path : a.nvme_path) + "/filler").c_str(), "wb");
     std::vector<char> block(1 << 16, 1);
     while (f && std::fwrite(block.data(), 1, block.size(), f) == block.size() && std::fflush(f) == 0) {
     }
@@ -468,6 +474,10 @@ int main(int argc, char** argv) {
     else if (k == "--prefetch") a.prefetch = std::stoll(next());
     else if (k == "--offload") a.offload = next();
     else if (k == "--nvme-path") a.nvme_path = next();
+    else if (k == "--offload-param") a.offload_param = next();
+    else if (k == "--param-path") a.param_path = next();
+    else if (k == "--param-buffers") a.param_buffers = std::stoi(next());
+    else if (k == "--param-buffer-size") a.param_buffer_size = std::stoll(next());
     else if (k == "--tile") a.tile = std::stoll(next());
     else if (k == "--pipeline") a.pipeline = true;
     else if (k == "--buffers") a.buffers = std::stoi(next());

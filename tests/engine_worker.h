@@ -43,6 +43,9 @@ struct Args {
   // Optimizer offload: --offload cpu|nvme, --nvme-path DIR, --tile N (sub_group_size), --pipeline
   // (pipeline_read and pipeline_write), --buffers N (buffer_count).
   std::string offload = "none", nvme_path;
+  std::string offload_param = "none", param_path;  // --offload-param cpu|nvme, --param-path DIR
+  int param_buffers = 5;                          // --param-buffers N (offload_param.buffer_count)
+  int64_t param_buffer_size = 100000000;          // --param-buffer-size N (offload_param.buffer_size)
   int64_t tile = 1000000000;
   bool pipeline = false;
   int buffers = 4;

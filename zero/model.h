@@ -66,7 +66,9 @@ struct MemoryReport {
   // NVMe optimizer offload: the bytes of optimizer state (and fp32 master) in this rank's files,
   // not in memory and not in total(); optimizer_states then counts only the tile buffers.
   int64_t offloaded_optimizer_bytes = 0;
-  int64_t offload_read_bytes = 0, offload_written_bytes = 0;  // swapped so far (cumulative)
+  // NVMe parameter offload (stage 3): the bytes of this rank's parameter shards in its files.
+  int64_t offloaded_parameter_bytes = 0;
+  int64_t offload_read_bytes = 0, offload_written_bytes = 0;  // swapped so far, both kinds (cumulative)
   int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
 };
 

@@ -75,8 +75,8 @@ void PartitionedParameters::free_storage(const at::Tensor& t) {
 
 PartitionedParameters::PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups,
                                              UnitTracker& units, const PartitionedOptions& options,
-                                             bool start_released)
-    : comm_(gather), units_(units), options_(options), partitioned_mode_(start_released) {
+                                             bool start_released, ParameterSwapper* swapper)
+    : comm_(gather), swapper_(swapper), units_(units), options_(options), partitioned_mode_(start_released) {
   for (ZeroGroup* g : groups) {
     if (!g->partitioned) continue;
     for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
@@ -86,7 +86,7 @@ PartitionedParameters::PartitionedParameters(Communicator& gather, const std::ve
         slot_of_[g->params[p].unsafeGetTensorImpl()] = static_cast<int>(slots_.size());
         slot.params.emplace_back(g->params[p], g->params[p].detach());  // the detached view keeps the layout
       }
-      if (!released_value_.defined()) released_value_ = at::full({1}, NAN, g->compute.options());
+      if (!released_value_.defined()) released_value_ = at::full({1}, NAN, g->gathered.front().options());
       slot.group = g;
       slot.bucket = static_cast<int>(b);
       slot.owner = k.key;
@@ -140,7 +140,8 @@ void PartitionedParameters::launch(int s) {
   }
   // This rank's chunk of the bucket comes from its shard; the allgather fills the rest in place.
   at::Tensor chunk = full.narrow(0, comm_.rank() * k.shard, k.shard);
-  chunk.copy_(slot.group->compute.narrow(0, k.shard_offset, k.shard));
+  if (slot.group->compute.defined()) chunk.copy_(slot.group->compute.narrow(0, k.shard_offset, k.shard));
+  else swapper_->read(slot.group->index, slot.bucket, chunk);  // NVMe parameter offload
   if (comm_.size() == 1) {
     slot.state = State::Live;
     return;

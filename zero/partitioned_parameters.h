@@ -12,6 +12,9 @@
 // a read outside the units gives NaNs of the right shape, never freed memory; a gather points
 // them back (autograd keeps the same tensor objects, so its saved leaves see the gathered data).
 //
+// With NVMe parameter offload the shard is in a file (offload/parameter_swapper.h): a gather first
+// reads the bucket's chunk from it, synchronously, into its place in the whole buffer.
+//
 // Driven by the unit events (zero/units.h), on the data group's second communicator (gathers never
 // queue behind gradient reductions, and a rank that reduces a bucket later cannot reorder them):
 //   ForwardBegin(u)   gather u's slots (wait), then prefetch the next units' in the recorded order
@@ -44,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/parameter_swapper.h"
 #include "parallel/communicator.h"
 #include "zero/units.h"
 #include "zero/zero_group.h"
@@ -65,8 +69,11 @@ class PartitionedParameters final : public UnitListener {
   // `groups`: every group of the engine (only partitioned ones are acted on); the model's tensors
   // point into their `gathered` buffers, which hold the whole values, or (start_released: a model
   // built partitioned, zero/partitioned_init.h) hold no bytes yet.
+  // `swapper` (NVMe parameter offload, else null): where a group's shard is while its `compute`
+  // buffer is empty (ZeroGroup::parameters_on_file); a gather reads the bucket's chunk from it.
   PartitionedParameters(Communicator& gather, const std::vector<ZeroGroup*>& groups, UnitTracker& units,
-                        const PartitionedOptions& options, bool start_released = false);
+                        const PartitionedOptions& options, bool start_released = false,
+                        ParameterSwapper* swapper = nullptr);
   ~PartitionedParameters() override;
 
   void on_unit_event(int unit, UnitEvent event) override;
@@ -117,6 +124,7 @@ class PartitionedParameters final : public UnitListener {
   void check_order_across_ranks();  // throws, on every rank, when the recorded orders differ
 
   Communicator& comm_;
+  ParameterSwapper* swapper_;
   UnitTracker& units_;
   PartitionedOptions options_;
   std::vector<Slot> slots_;

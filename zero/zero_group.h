@@ -26,6 +26,8 @@ struct ZeroGroup {
   at::Tensor compute;              // flat, compute dtype: what the model reads (or the shard)
   at::Tensor master;               // fp32 local shard (mixed precision only; empty when in a file)
   bool master_on_file = false;     // NVMe optimizer offload moved the fp32 master shard to its file
+  bool parameters_on_file = false; // NVMe parameter offload (stage 3): `compute`, the shard, is in its
+                                   // file, and the segments' views of it are bound bucket by bucket
   at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stages 2–3)
   std::vector<at::Tensor> staging; // stages 2–3: a bucket's gradients while it fills
   std::vector<at::Tensor> gathered;  // stage 3, per bucket: its whole buffer (storage only while gathered)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -244,6 +245,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     groups_.push_back(std::move(g));
   }
   if (options.nvme_optimizer) offload_optimizer_states(*options.nvme_optimizer);
+  if (options.nvme_parameters && options.stage == 3) offload_parameters(*options.nvme_parameters);
   gathering_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
   if (units_) {
@@ -288,7 +290,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     for (auto& g : groups_) all.push_back(g.get());
     if (units_)
       partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned,
-                                                             /*start_released=*/born_partitioned);
+                                                             /*start_released=*/born_partitioned, param_swapper_.get());
   }
 }
 
@@ -427,6 +429,95 @@ void ZeroOptimizer::offload_optimizer_states(const OptimizerSwapOptions& options
   }
 }
 
+// NVMe parameter offload: each partitioned group's shard goes to its file, chunk by chunk, and its
+// memory with it; the optimizer and the gathers swap a bucket's chunk in when they need it.
+void ZeroOptimizer::offload_parameters(const ParameterSwapOptions& options) {
+  auto swapper = std::make_unique<ParameterSwapper>(options);
+  bool any = false;
+  for (auto& g : groups_) {
+    if (!g->partitioned) continue;
+    std::vector<int64_t> chunks;
+    for (const FlatBucket& k : g->layout.buckets) chunks.push_back(k.shard);
+    swapper->add_group(g->index, chunks, g->compute.scalar_type());
+    any = true;
+  }
+  if (!any) return;  // every parameter is persistent: nothing is partitioned, nothing to offload
+  swapper->create_files();
+  param_swapper_ = std::move(swapper);
+  for (auto& g : groups_)
+    if (g->partitioned) {
+      g->parameters_on_file = true;
+      put_parameters_back_group(*g);
+    }
+}
+
+ZeroOptimizer::ResidentParameters::ResidentParameters(ZeroOptimizer& zero)
+    : zero_(zero), exceptions_(std::uncaught_exceptions()) {
+  zero_.bring_parameters_in();
+}
+
+ZeroOptimizer::ResidentParameters::~ResidentParameters() noexcept(false) {
+  if (std::uncaught_exceptions() == exceptions_) {
+    zero_.put_parameters_back();
+    return;
+  }
+  try {  // unwinding already: a second error must not terminate
+    zero_.put_parameters_back();
+  } catch (const std::exception&) {
+  }
+}
+
+// The segments' parameter views (the fp32 values in fp32 training, else the compute copy) point
+// into `compute`, or are unbound while it is in the file.
+void ZeroOptimizer::bind_views(ZeroGroup& g, const at::Tensor& shard, int bucket) {
+  ShardSegment& s = g.segments[bucket];
+  if (g.mixed()) s.compute_copy = shard;
+  else s.params = shard;
+}
+
+void ZeroOptimizer::bring_parameters_in() {
+  if (resident_depth_++ > 0 || !param_swapper_) return;
+  for (auto& g : groups_) {
+    if (!g->parameters_on_file) continue;
+    g->compute = at::empty({g->layout.shard_numel}, g->params.front().options().dtype(g->params.front().scalar_type()));
+    for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
+      const FlatBucket& k = g->layout.buckets[b];
+      at::Tensor chunk = g->compute.narrow(0, k.shard_offset, k.shard);
+      param_swapper_->read(g->index, static_cast<int>(b), chunk);
+      bind_views(*g, chunk, static_cast<int>(b));
+    }
+  }
+}
+
+void ZeroOptimizer::put_parameters_back() {
+  if (resident_depth_ == 0 || --resident_depth_ > 0 || !param_swapper_) return;
+  for (auto& g : groups_)
+    if (g->parameters_on_file) put_parameters_back_group(*g);
+}
+
+void ZeroOptimizer::put_parameters_back_group(ZeroGroup& g) {
+  for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+    const FlatBucket& k = g.layout.buckets[b];
+    param_swapper_->write(g.index, static_cast<int>(b), g.compute.narrow(0, k.shard_offset, k.shard));
+    bind_views(g, at::Tensor(), static_cast<int>(b));
+  }
+  param_swapper_->wait_all();
+  g.compute = at::Tensor();  // its memory goes now: no view of it is left
+}
+
+ShardSegment ZeroOptimizer::bind_segment(ZeroGroup& g, int bucket) {
+  if (!swapped(g)) return g.segments[bucket];
+  // A mixed-precision step writes the whole compute copy from the master: nothing to read first.
+  bind_views(g, param_swapper_->swap_in(g.index, bucket, /*fill=*/!g.mixed()), bucket);
+  return g.segments[bucket];
+}
+
+void ZeroOptimizer::unbind_segment(ZeroGroup& g, int bucket) {
+  if (!swapped(g)) return;
+  param_swapper_->swap_out(g.index, bucket);
+  bind_views(g, at::Tensor(), bucket);
+}
+
 void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   std::vector<StepInputs> in(groups_.size(), inputs);
   for (auto& g : groups_) {
@@ -444,28 +535,48 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
         for (size_t b = 0; b < g->segments.size(); ++b) order.emplace_back(g->index, static_cast<int>(b));
     }
     swapper_->step(
-        order,
+        order, [&](int group, int bucket) { return bind_segment(*groups_[group], bucket); },
         [&](int group, const ShardSegment& tile, const std::vector<at::Tensor>& state) {
           groups_[group]->optimizer->step_with_state(in[group], {tile}, state, tile.local_offset);
         },
         [&](int group, int bucket) {
+          unbind_segment(*groups_[group], bucket);
           if (stage_->gathers() && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
         });
+    if (param_swapper_) param_swapper_->wait_all();
     if (partitioned_) partitioned_->after_step();
     return;
   }
   // A group whose optimizer needs all its buckets at once (LAMB), or a stage that gathers
-  // nothing, steps whole (this also writes the compute copy of this rank's chunks).
-  for (auto& g : groups_)
-    if (!stage_->gathers() || !g->optimizer->elementwise()) g->optimizer->step(in[g->index], g->segments);
+  // nothing, steps whole (this also writes the compute copy of this rank's chunks); with its
+  // parameters in files, an elementwise one steps chunk by chunk instead, and LAMB has the shard
+  // brought into memory for its step.
+  for (auto& g : groups_) {
+    if (stage_->gathers() && g->optimizer->elementwise()) continue;
+    if (!swapped(*g)) {
+      g->optimizer->step(in[g->index], g->segments);
+    } else if (g->optimizer->elementwise()) {
+      for (size_t b = 0; b < g->segments.size(); ++b) {
+        g->optimizer->step(in[g->index], {bind_segment(*g, static_cast<int>(b))});
+        unbind_segment(*g, static_cast<int>(b));
+      }
+    } else {
+      ResidentParameters whole(*this);
+      g->optimizer->step(in[g->index], g->segments);
+    }
+  }
   // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
   // on the backend's thread while the optimizer updates the next one.
   if (stage_->gathers())
     for (const auto& [group, bucket] : gather_order_) {
       ZeroGroup& g = *groups_[group];
-      if (g.optimizer->elementwise()) g.optimizer->step(in[group], {g.segments[bucket]});
+      if (g.optimizer->elementwise()) {
+        g.optimizer->step(in[group], {bind_segment(g, bucket)});
+        unbind_segment(g, bucket);
+      }
       if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
     }
+  if (param_swapper_) param_swapper_->wait_all();  // a failed write stops training at this step
   if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
 }
 
@@ -512,16 +623,19 @@ void ZeroOptimizer::write_back_parameters(int root) {
         throw std::logic_error("tessera: write_back_parameters needs every parameter gathered (Engine::gathered_parameters)");
       if (data_.size() > 1) data_.broadcast(whole, root);
       at::Tensor mine = whole.narrow(0, rank * k.shard, k.shard);
-      if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).copy_(mine);
+      if (swapped(g)) param_swapper_->write(g.index, static_cast<int>(b), mine);
+      else if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).copy_(mine);
       if (g.master_on_file) swapper_->write_master(g.index, static_cast<int>(b), mine);
       else if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).copy_(mine);
     }
   }
+  if (param_swapper_) param_swapper_->wait_all();
 }
 
 std::vector<at::Tensor> ZeroOptimizer::read_offloaded_state(int group) { return swapper_->read_arrays(group); }
 
 void ZeroOptimizer::write_offloaded_state(int group, const std::vector<at::Tensor>& arrays) {
+  ResidentParameters resident(*this);  // the compute copy follows a master
   swapper_->write_arrays(group, arrays);
   ZeroGroup& g = *groups_.at(group);
   if (g.master_on_file)
@@ -530,6 +644,7 @@ void ZeroOptimizer::write_offloaded_state(int group, const std::vector<at::Tenso
 
 void ZeroOptimizer::after_shards_loaded() {
   wait_for_parameters();
+  ResidentParameters resident(*this);
   for (auto& g : groups_) {
     if (g->mixed() && !g->master_on_file)
       for (ShardSegment& s : g->segments) s.compute_copy.copy_(s.params);
@@ -559,7 +674,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroOptimizer::optimizer_state()
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   for (const auto& g : groups_) {
-    m.parameters += g->compute.nbytes();
+    if (g->compute.defined()) m.parameters += g->compute.nbytes();
     if (g->master.defined()) m.master_parameters += g->master.nbytes();
     m.gradients += g->grads.nbytes();
     m.optimizer_states += g->optimizer->state_bytes();
@@ -570,8 +685,14 @@ MemoryReport ZeroOptimizer::memory() const {
     m.offload_read_bytes = swapper_->bytes_read();
     m.offload_written_bytes = swapper_->bytes_written();
   }
+  if (param_swapper_) {
+    m.parameters += param_swapper_->resident_bytes();  // its buffers: what of the shards is in memory
+    m.offloaded_parameter_bytes = param_swapper_->file_bytes();
+    m.offload_read_bytes += param_swapper_->bytes_read();
+    m.offload_written_bytes += param_swapper_->bytes_written();
+  }
   if (partitioned_ && !groups_.empty()) {
-    const int64_t element = groups_.front()->compute.element_size();
+    const int64_t element = groups_.front()->params.front().element_size();
     m.gathered_parameters_peak = partitioned_->peak_live_numel() * element;
     m.gathered_parameters = partitioned_->live_numel() * element;
     m.gathered_pool = partitioned_->pooled_bytes();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "offload/optimizer_swapper.h"
+#include "offload/parameter_swapper.h"
 #include "optim/grad_norm.h"
 #include "optim/options.h"
 #include "zero/buffer_plan.h"
@@ -68,6 +69,9 @@ struct ZeroOptions {
   // offload_optimizer.device "nvme": the optimizer states (and the fp32 master with mixed
   // precision) in files, streamed through tile buffers at each step (offload/optimizer_swapper.h).
   std::optional<OptimizerSwapOptions> nvme_optimizer;
+  // offload_param.device "nvme" (stage 3): each rank's shard of the partitioned parameters in files,
+  // read just before a bucket's gather and around its optimizer step (offload/parameter_swapper.h).
+  std::optional<ParameterSwapOptions> nvme_parameters;
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
@@ -154,6 +158,23 @@ class ZeroOptimizer final : public UnitListener {
   // are stale, and the gradients start from zero.
   void after_shards_loaded();
 
+  // NVMe parameter offload: every partitioned group's shard in memory (its `compute` buffer and the
+  // segments' views, as without offload) while a scope lives, written back to the files at its end,
+  // for what reads or writes the shard whole (a checkpoint, LAMB's step). Scopes nest; without
+  // parameter offload they do nothing.
+  class ResidentParameters {
+   public:
+    explicit ResidentParameters(ZeroOptimizer& zero);
+    ~ResidentParameters() noexcept(false);
+    ResidentParameters(const ResidentParameters&) = delete;
+    ResidentParameters& operator=(const ResidentParameters&) = delete;
+
+   private:
+    ZeroOptimizer& zero_;
+    int exceptions_ = 0;
+  };
+  bool parameters_in_files() const { return param_swapper_ != nullptr; }
+
   // Called by the gradient hooks.
   void on_grad_ready(int group, int param, const at::Tensor& grad);
 
@@ -170,6 +191,17 @@ class ZeroOptimizer final : public UnitListener {
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();
   void offload_optimizer_states(const OptimizerSwapOptions& options);
+  void offload_parameters(const ParameterSwapOptions& options);
+  // A bucket's segment with its parameter views bound (parameter offload: its chunk swapped in, or
+  // with mixed precision only a buffer for the compute copy the step overwrites whole), and
+  // unbound again (the chunk written back).
+  ShardSegment bind_segment(ZeroGroup& g, int bucket);
+  void unbind_segment(ZeroGroup& g, int bucket);
+  bool swapped(const ZeroGroup& g) const { return g.parameters_on_file && !g.compute.defined(); }
+  void bind_views(ZeroGroup& g, const at::Tensor& shard, int bucket);
+  void bring_parameters_in();
+  void put_parameters_back();
+  void put_parameters_back_group(ZeroGroup& g);  // its shard to the file, and its memory freed
 
   struct Gather {
     int group, bucket;
@@ -196,6 +228,9 @@ class ZeroOptimizer final : public UnitListener {
   // one rank skips cannot reorder the collectives across ranks.
   std::vector<std::pair<int, int>> launch_order_;  // (group, bucket)
   size_t next_launch_ = 0;
+  std::unique_ptr<ParameterSwapper> param_swapper_;     // NVMe parameter offload, else null; outlives
+                                                        // partitioned_, whose gathers read from it
+  int resident_depth_ = 0;                              // ResidentParameters scopes open
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
   std::unique_ptr<OptimizerSwapper> swapper_;           // NVMe optimizer offload, else null
 };

@@ -57,6 +57,8 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   at::Tensor matched;
   StepCounters steps = s.steps;
   std::optional<DynamicLossScaler::State> scaler_state;
+  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them.
+  ZeroOptimizer::ResidentParameters resident(s.zero);
   RankState rs;
   try {
     path = checkpoint_path(o.load_dir, o.tag);

@@ -143,6 +143,8 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
     }
   }
   agree(world, error, "creating checkpoint " + tag);
+  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them.
+  ZeroOptimizer::ResidentParameters resident(s.zero);
   RankState rs;
   const std::string file = rank_file_name(rank);
   std::string entry;

@@ -37,7 +37,6 @@ constexpr Severity kError = Severity::Error;
 constexpr Severity kWarning = Severity::Warning;
 
 const char* const kStage = "zero_optimization.stage";
-const char* const kOffloadParam = "zero_optimization.offload_param.device";
 
 // Errors first: a warning folds into the error that covers it, so errors are decided first.
 const std::vector<UnimplementedKey> kRows = {
@@ -48,8 +47,6 @@ const std::vector<UnimplementedKey> kRows = {
     {"checkpoint.use_node_local_storage", kError, "[false]",
      "a checkpoint is read by whichever rank owns each range now, so every rank's files must be on storage all ranks "
      "share", {}},
-    {kOffloadParam, kError, R"(["none"])",
-     "the engine keeps the parameters on the training device, without CPU or NVMe offload", {}},
 
     // ---- warnings: not read, but the training is the same without them
     {"zero_optimization.stage3_model_persistence_threshold", kWarning, "",
@@ -59,8 +56,11 @@ const std::vector<UnimplementedKey> kRows = {
     {"zero_optimization.offload_optimizer.fast_init", kWarning, "",
      "fp32 states start from zeros in memory without being written first anyway; a mixed-precision master is written "
      "once at start", {}},
-    {"zero_optimization.offload_param.*", kWarning, "", "it tunes parameter offload, which the engine does not do",
-     {kOffloadParam}},
+    {"zero_optimization.offload_param.pin_memory", kWarning, "",
+     "parameter offload runs on CPU ranks, whose host memory needs no pinning", {}},
+    {"zero_optimization.offload_param.max_in_cpu", kWarning, "",
+     "with NVMe parameter offload every partitioned shard lives in its file; only buffer_count buffers of it are in "
+     "memory", {}},
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
     {"tensorboard.enabled", kWarning, "", "no TensorBoard output; csv_monitor writes the metrics as JSON lines", {}},
