@@ -21,6 +21,7 @@ int memory_sweep(Args a) {
   const int dp = ctx->data().size(), rank = ctx->data().rank();
   for (int stage : {0, 1, 2, 3}) {
     if (stage == 0 && a.offload != "none") continue;  // optimizer offload needs a partitioned optimizer
+    if (stage < 3 && a.offload_param != "none") continue;  // parameter offload needs partitioned parameters
     for (const char* dtype : {"fp32", "bf16"}) {
       a.stage = stage;
       a.dtype = dtype;
@@ -35,9 +36,9 @@ int memory_sweep(Args a) {
       MemoryReport m = engine.memory();
       if (rank == 0)
         std::printf("memory stage %d dtype %s: params %lld master %lld grads %lld states %lld buckets %lld "
-                    "offloaded %lld\n", stage, dtype, (long long)m.parameters, (long long)m.master_parameters,
-                    (long long)m.gradients, (long long)m.optimizer_states, (long long)m.buckets,
-                    (long long)m.offloaded_optimizer_bytes);
+                    "offloaded %lld offloaded_params %lld\n", stage, dtype, (long long)m.parameters,
+                    (long long)m.master_parameters, (long long)m.gradients, (long long)m.optimizer_states,
+                    (long long)m.buckets, (long long)m.offloaded_optimizer_bytes, (long long)m.offloaded_parameter_bytes);
     }
   }
   return 0;

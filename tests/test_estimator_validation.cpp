@@ -2,6 +2,7 @@
 // (tests/engine_worker_memory.cpp --memory-sweep) on 1, 2 and 4 ranks, ZeRO 0-3, fp32 and bf16.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -20,12 +21,13 @@ using namespace tessera;
 namespace {
 
 struct Measured {
-  int64_t params, master, grads, states, buckets, offloaded = 0;
+  int64_t params, master, grads, states, buckets, offloaded = 0, offloaded_params = 0;
   int64_t model_states() const { return params + master + grads + states; }
 };
 
 // tests/engine_worker.cpp --memory-sweep: ZeRO 0/1/2/3 x fp32/bf16, one Engine each; rank 0 prints.
-// `extra`: more worker arguments (NVMe offload: ZeRO 1-3 only, so 6 lines instead of 8).
+// `extra`: more worker arguments (optimizer offload: ZeRO 1-3 only, so 6 lines instead of 8;
+// parameter offload: ZeRO-3 only, 2 lines).
 std::map<std::pair<int, std::string>, Measured> measure(int ranks, int hidden, int bucket,
                                                        const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
@@ -38,13 +40,14 @@ std::map<std::pair<int, std::string>, Measured> measure(int ranks, int hidden, i
   REQUIRE(r.status == 0);
   std::map<std::pair<int, std::string>, Measured> out;
   std::regex line("memory stage (\\d) dtype (\\w+): params (\\d+) master (\\d+) grads (\\d+) states (\\d+) buckets (\\d+) "
-                  "offloaded (\\d+)");
+                  "offloaded (\\d+) offloaded_params (\\d+)");
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
     const auto& m = *it;
     out[{std::stoi(m[1]), m[2]}] = {std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]),
-                                    std::stoll(m[6]), std::stoll(m[7]), std::stoll(m[8])};
+                                    std::stoll(m[6]), std::stoll(m[7]), std::stoll(m[8]), std::stoll(m[9])};
   }
-  REQUIRE(out.size() == (extra.empty() ? 8u : 6u));
+  const bool param_offload = std::count(extra.begin(), extra.end(), std::string("--offload-param")) > 0;
+  REQUIRE(out.size() == (param_offload ? 2u : extra.empty() ? 8u : 6u));
   return out;
 }
 
@@ -150,4 +153,39 @@ TEST_CASE("validation: NVMe and CPU optimizer offload on CPU ranks - the estimat
       }
     }
   }
+}
+
+TEST_CASE("validation: NVMe parameter offload on CPU ranks (ZeRO-3) - the estimate is the engine's buffers and files") {
+  testing::TempDir dir;
+  for (int ranks : {1, 2})
+    for (const std::string optimizer : {"none", "nvme"}) {
+      std::vector<std::string> extra = {"--offload-param", "nvme", "--param-path", dir.path, "--param-buffers", "3"};
+      if (optimizer == "nvme") extra.insert(extra.end(), {"--offload", "nvme", "--nvme-path", dir.path, "--tile", "100000", "--buffers", "2"});
+      auto measured = measure(ranks, 1024, 1000000, extra);
+      for (std::string dtype : {"fp32", "bf16"}) {
+        const Measured& m = measured.at({3, dtype});
+        EstimateInputs in = worker_model(ranks, 1024, 1000000, 3, dtype);
+        in.setup.offload_param = "nvme";
+        in.setup.param_buffer_count = 3;
+        if (optimizer == "nvme") {
+          in.setup.offload_optimizer = "nvme";
+          in.setup.sub_group_size = 100000;
+          in.setup.optimizer_buffer_count = 2;
+        }
+        EstimateResult e = estimate(in);
+        INFO("ranks " << ranks << " optimizer offload " << optimizer << " " << dtype);
+        std::printf("validation: ranks %d, offload_param nvme, optimizer %s, ZeRO-3 %s: measured parameters in memory %lld, "
+                    "in files %lld; estimated %lld, on NVMe %lld\n",
+                    ranks, optimizer.c_str(), dtype.c_str(), (long long)m.params, (long long)m.offloaded_params,
+                    (long long)e.per_gpu.bytes("parameters"), (long long)e.per_node_nvme.bytes("parameters"));
+        CHECK(m.offloaded_params > 0);
+        CHECK(e.per_gpu.bytes("parameters") == m.params);
+        CHECK(e.per_node_nvme.bytes("parameters") == ranks * m.offloaded_params);
+        CHECK(e.per_gpu.bytes("fp32 master weights") == m.master);
+        CHECK(e.per_gpu.bytes("gradients") == m.grads);
+        CHECK(e.per_gpu.bytes("optimizer states") == m.states);
+        CHECK(e.per_node_nvme.bytes("optimizer states") == ranks * m.offloaded);
+        CHECK(e.validated);
+      }
+    }
 }

@@ -32,17 +32,20 @@ std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const Traini
 
 
 bool engine_runs(const TrainingSetup& s, bool cpu_device) {
-  const bool offload_runs = s.offload_optimizer == "none" || (cpu_device && s.zero_stage >= 1);
-  return s.zero_stage <= 3 && offload_runs && s.offload_param == "none" && s.tp == 1 && s.pp == 1;
+  // Offload runs on CPU ranks: the optimizer's at stages 1-3, the parameters' at stage 3.
+  const bool optimizer_offload_runs = s.offload_optimizer == "none" || (cpu_device && s.zero_stage >= 1);
+  const bool param_offload_runs = s.offload_param == "none" || (cpu_device && s.zero_stage == 3);
+  return s.zero_stage <= 3 && optimizer_offload_runs && param_offload_runs && s.tp == 1 && s.pp == 1;
 }
 
 States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cpu_device) {
   States st;
   const int c = compute_bytes(s), k = state_bytes_per_param(s);
   const bool mixed = mixed_precision(s);
-  // On CPU ranks optimizer offload is the engine's: "cpu" changes nothing, "nvme" is planned below.
-  const bool engine_offload = cpu_device && s.offload_optimizer != "none" && s.offload_param == "none";
-  const bool off_opt = s.offload_optimizer != "none" && !engine_offload, off_param = s.offload_param != "none";
+  // On CPU ranks offload is the engine's: "cpu" changes nothing, "nvme" is planned below.
+  const bool engine_offload = cpu_device && (s.offload_optimizer != "none" || s.offload_param != "none");
+  const bool off_opt = s.offload_optimizer != "none" && !engine_offload;
+  const bool off_param = s.offload_param != "none" && !engine_offload;
   const auto groups = group_numels(m, s);
   const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
   const std::string dtype = s.precision;
@@ -95,6 +98,24 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
     }
     st.params = plan.parameter_bytes;
     st.params_detail = dtype + (s.zero_stage == 3 ? ", " + part(dp) + " (small tensors whole)" : ", whole");
+    if (engine_offload && s.offload_param == "nvme" && s.zero_stage == 3) {
+      // The engine's parameter swap files (offload/parameter_swapper.h): each partitioned group's
+      // shard, one chunk per bucket aligned to 4096; in memory buffer_count buffers of the largest.
+      int64_t file = 0, largest = 0;
+      for (const GroupBuffers& g : plan.groups) {
+        if (!g.partitioned) continue;
+        st.params -= int64_t(c) * g.compute_numel;
+        for (const FlatBucket& b : g.layout.buckets) {
+          const int64_t chunk = (int64_t(c) * b.shard + 4095) / 4096 * 4096;
+          file += chunk;
+          largest = std::max(largest, chunk);
+        }
+      }
+      st.n_params = file;
+      st.params += int64_t(std::max(1, s.param_buffer_count)) * largest;
+      st.params_detail = dtype + ", small tensors whole; " + std::to_string(s.param_buffer_count) + " swap buffers of " +
+                         format_gib(largest) + " (the shards are on NVMe)";
+    }
     if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
     if (!off_opt) {
       if (mixed) st.master = plan.master_bytes, st.master_detail = part(partitions);
