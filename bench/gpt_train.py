@@ -77,8 +77,12 @@ def engine_config(args):
             zero["offload_optimizer"].update({"nvme_path": args.nvme_path, "buffer_count": args.nvme_buffers,
                                               "pipeline_read": True, "pipeline_write": True})
             zero["sub_group_size"] = int(args.sub_group)
+    if args.offload_param != "none":  # ZeRO-3's parameter shards (ZeRO-Infinity with nvme)
+        zero["offload_param"] = {"device": args.offload_param}
+        if args.offload_param == "nvme":
+            zero["offload_param"].update({"nvme_path": args.nvme_path, "buffer_count": args.nvme_buffers})
     extra = {}
-    if args.offload == "nvme":
+    if "nvme" in (args.offload, args.offload_param):
         extra["aio"] = {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
                         "single_submit": False, "overlap_events": True}
     if args.tp > 1:  # tessera's automatic plan (tessera.tensor_parallel.auto_plan)
@@ -257,8 +261,10 @@ def main():
                          "(elements; 0: DeepSpeed's defaults, which release nothing below ~1B parameters)")
     ap.add_argument("--offload", choices=["none", "cpu", "nvme"], default="none",
                     help="zero_optimization.offload_optimizer.device (tessera, deepspeed)")
-    ap.add_argument("--nvme-path", default="/tmp", help="offload_optimizer.nvme_path (a rank-private file per group)")
-    ap.add_argument("--nvme-buffers", type=int, default=4, help="offload_optimizer.buffer_count")
+    ap.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="none",
+                    help="zero_optimization.offload_param.device (ZeRO-3; tessera, deepspeed)")
+    ap.add_argument("--nvme-path", default="/tmp", help="offload_*.nvme_path (a rank-private file per group)")
+    ap.add_argument("--nvme-buffers", type=int, default=4, help="offload_optimizer.buffer_count, offload_param's too")
     ap.add_argument("--sub-group", type=float, default=1e7, help="sub_group_size: the NVMe step's tile, in elements")
     ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel.tp_size (tessera)")
@@ -325,7 +331,7 @@ def main():
             rss_trace.append(resident_mib())
     seconds = time.perf_counter() - start
     timed = args.steps - args.warmup
-    if args.impl == "tessera" and args.offload == "nvme":  # bytes through the swap files per step (mean)
+    if args.impl == "tessera" and "nvme" in (args.offload, args.offload_param):  # through the swap files per step (mean)
         m = impl.engine.memory_report()
         impl.swapped = round((m["offload_read_bytes"] + m["offload_written_bytes"]) / args.steps)
     inner = None
@@ -370,6 +376,8 @@ def main():
         result.update(impl.describe)
         if args.offload != "none":
             result["offload"] = args.offload
+        if args.offload_param != "none":
+            result["offload_param"] = args.offload_param
         if getattr(impl, "swapped", None):
             result["swapped_bytes_per_step"] = impl.swapped
         print(json.dumps(result), flush=True)

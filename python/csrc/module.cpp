@@ -398,6 +398,7 @@ PYBIND11_MODULE(_C, m) {
         d["gathered_parameters_peak"] = r.gathered_parameters_peak;
         d["gathered_pool"] = r.gathered_pool;
         d["offloaded_optimizer_bytes"] = r.offloaded_optimizer_bytes;
+        d["offloaded_parameter_bytes"] = r.offloaded_parameter_bytes;
         d["offload_read_bytes"] = r.offload_read_bytes;
         d["offload_written_bytes"] = r.offload_written_bytes;
         return d;

@@ -102,17 +102,24 @@ RESUME_CASES = {
     # NVMe optimizer offload: the moments and the bf16 run's fp32 master are in the swap files.
     "adamw_zero2_nvme_bf16": dict(TINY, config=config(2, bf16={"enabled": True}), nvme=True),
     "adamw_zero1_nvme_fp32": dict(TINY, config=config(1), nvme=True),
+    # ZeRO-Infinity: the parameter shards in files too (the save brings them into memory).
+    "adamw_zero3_gpt_infinity_fp32": dict(TINY, model="gpt", config=config(3), nvme="infinity"),
+    "adamw_zero3_gpt_infinity_bf16": dict(TINY, model="gpt", config=config(3, bf16={"enabled": True}), nvme="infinity"),
 }
 
 
 def with_nvme(run, folder):
-    """A run whose case asks for NVMe optimizer offload gets swap files of its own under `folder`."""
+    """A run whose case asks for NVMe optimizer offload gets swap files of its own under `folder`
+    ("infinity": the parameters' too)."""
     run = copy.deepcopy(run)
-    if run.pop("nvme", False):
+    nvme = run.pop("nvme", False)
+    if nvme:
         folder.mkdir(parents=True, exist_ok=True)
-        run["config"]["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(folder),
-                                                                   "buffer_count": 2}
-        run["config"]["zero_optimization"]["sub_group_size"] = 500  # several tiles per bucket
+        zero = run["config"]["zero_optimization"]
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": str(folder), "buffer_count": 2}
+        zero["sub_group_size"] = 500  # several tiles per bucket
+        if nvme == "infinity":
+            zero["offload_param"] = {"device": "nvme", "nvme_path": str(folder), "buffer_count": 2}
     return run
 FIRST, SECOND = 3, 3
 
@@ -187,8 +194,8 @@ def chain(tmp, hops, base, steps_per_hop=2, first=3):
         nproc, stage = hop[0], hop[1]
         run = copy.deepcopy(base)
         run["config"]["zero_optimization"]["stage"] = stage
-        if len(hop) > 2 and hop[2] == "nvme":
-            run = with_nvme(dict(run, nvme=True), tmp / ("swap%d" % i))
+        if len(hop) > 2:  # "nvme": the optimizer's state in files; "infinity": the parameters' too
+            run = with_nvme(dict(run, nvme=hop[2]), tmp / ("swap%d" % i))
         run["save"] = str(tmp / ("hop%d" % i))
         if previous is None:
             run["steps"] = first
@@ -239,7 +246,7 @@ def test_reshard_with_sgd_momentum_dp_1_to_2(tmp_path):
 
 def test_reshard_in_and_out_of_nvme_offload(tmp_path):
     base = dict(TINY, config=config(2, bf16={"enabled": True}))
-    hops = [(2, 2, "nvme"), (1, 1), (2, 3, "nvme")]
+    hops = [(2, 2, "nvme"), (1, 1), (2, 3, "infinity"), (1, 3)]
     check_chain(tmp_path, hops, chain(tmp_path, hops, base), loss_rtol=1e-2)
 
 
