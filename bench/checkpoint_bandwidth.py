@@ -76,7 +76,7 @@ def main():
     model = Gpt(vocab=50304, block_size=64, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, seed=1)
     config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 1000,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": a.stage}}
-    engine = tessera.initialize(model=model, config=config)
+    engine, _, _, _ = tessera.initialize(model=model, config=config)
     x = torch.randint(0, 50304, (1, 65))
     loss = engine(x[:, :-1], x[:, 1:])
     engine.backward(loss)

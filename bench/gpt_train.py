@@ -167,7 +167,7 @@ class Tessera(EngineCalls):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import tessera
         self.tessera = tessera
-        self.engine = tessera.initialize(model=model, config=engine_config(args),
+        self.engine, _, _, _ = tessera.initialize(model=model, config=engine_config(args),
                                          model_parameters=param_groups(model, args.weight_decay))
         self.rank, self.world = tessera.comm.get_rank(), tessera.comm.get_world_size()
         self.dp_rank, self.dp = self.engine.dp_rank, self.engine.dp_world_size
@@ -200,6 +200,8 @@ class Tessera(EngineCalls):
 
     def close(self):
         self.engine.close()
+        del self.engine  # its swap files go with it (the process leaves through os._exit below)
+        gc.collect()
 
 
 class DeepSpeed(EngineCalls, TorchDistributedGather):
@@ -280,6 +282,7 @@ def main():
     ap.add_argument("--freeze", type=int, default=5, help="the 1-bit optimizers' freeze_step / var_freeze_step")
     ap.add_argument("--fortunes", default=FORTUNES)
     ap.add_argument("--rss-trace", action="store_true", help="report this rank's resident set after every step")
+    ap.add_argument("--zero-init", action="store_true", help="tessera ZeRO-3: build the model under tessera.zero.Init")
     ap.add_argument("--malloc-trim", action="store_true",
                     help="diagnostic: glibc malloc_trim(0) after every step (hands freed heap back to the OS)")
     args = ap.parse_args()
@@ -292,7 +295,13 @@ def main():
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import tessera  # noqa: F401
     corpus = FortunesCorpus(args.fortunes)
-    model = Gpt(n_layer=args.layers, n_head=args.heads, n_embd=args.embd, seed=args.seed)
+    if args.zero_init:  # built partitioned (tessera.zero.Init): no rank ever holds the whole model
+        import tessera
+        with tessera.zero.Init(config=engine_config(args)):
+            model = Gpt(n_layer=args.layers, n_head=args.heads, n_embd=args.embd, seed=args.seed,
+                        gathered=lambda p: tessera.zero.GatheredParameters(p, modifier_rank=0))
+    else:
+        model = Gpt(n_layer=args.layers, n_head=args.heads, n_embd=args.embd, seed=args.seed)
     parameters = sum(p.numel() for p in model.parameters())
     impl = IMPLS[args.impl](model, args)
     rank, world = impl.rank, impl.world

@@ -111,7 +111,7 @@ class Tessera:
                   "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
                                                             "weight_decay": args.weight_decay}},
                   "zero_optimization": zero}
-        self.engine = tessera.initialize(model=model, config=config,
+        self.engine, _, _, _ = tessera.initialize(model=model, config=config,
                                          model_parameters=param_groups(model, args.weight_decay))
 
     def train_step(self, x, y):

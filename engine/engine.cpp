@@ -412,7 +412,12 @@ void Engine::print_progress() {
   }
 }
 
-double Engine::learning_rate() const { return schedule_->lr_at(steps_.schedule_step()); }
+double Engine::learning_rate() const {
+  const std::vector<double>& client = zero_->group_learning_rates();
+  return client.empty() ? schedule_->lr_at(steps_.schedule_step()) : client.front();
+}
+
+void Engine::set_group_learning_rates(std::vector<double> lrs) { zero_->set_group_learning_rates(std::move(lrs)); }
 
 double Engine::loss_scale() const { return scaler_->scale(); }
 

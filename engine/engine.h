@@ -141,6 +141,10 @@ class Engine {
   int64_t micro_step() const { return steps_.micro_step; }
   int64_t skipped_steps() const { return steps_.skipped_steps; }
   double learning_rate() const;
+  // A client LR scheduler (Python's torch.optim.lr_scheduler) sets each model group's learning
+  // rate (ModelDescription::groups) for the steps that follow, instead of the config's schedule
+  // times the group's factor; empty: the config's schedule again.
+  void set_group_learning_rates(std::vector<double> lrs);
   double loss_scale() const;
   double last_grad_norm() const { return last_grad_norm_; }
   // Seconds spent in each part of the step since construction, summed (engine/progress.h).

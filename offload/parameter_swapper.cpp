@@ -150,6 +150,10 @@ void ParameterSwapper::wait_all() {
   io_->wait_all();
 }
 
+void ParameterSwapper::release_all() {
+  for (Buffer& b : buffers_) b.group = b.bucket = -1;
+}
+
 int64_t ParameterSwapper::resident_bytes() const {
   int64_t total = 0;
   for (const Buffer& b : buffers_) total += b.memory.capacity();

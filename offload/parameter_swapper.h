@@ -57,6 +57,8 @@ class ParameterSwapper {
   void swap_out(int group, int bucket);
   // Every write done; a failed one throws here.
   void wait_all();
+  // After a failure: every buffer a caller holds is let go without being written.
+  void release_all();
 
   int64_t resident_bytes() const;  // the buffers: all of the parameters' shard held in memory
   int64_t file_bytes() const;      // on disk, all groups

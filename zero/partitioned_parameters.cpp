@@ -121,7 +121,7 @@ PartitionedParameters::~PartitionedParameters() {
     for (size_t s = 0; s < slots_.size(); ++s)
       if (slots_[s].state == State::Released) launch(static_cast<int>(s));
     for (size_t s = 0; s < slots_.size(); ++s) wait(static_cast<int>(s));
-  } catch (const CommError&) {
+  } catch (const std::exception&) {  // a peer gone, a swap file unreadable: the engine is going anyway
   }
 }
 

@@ -244,8 +244,13 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
     groups_.push_back(std::move(g));
   }
-  if (options.nvme_optimizer) offload_optimizer_states(*options.nvme_optimizer);
-  if (options.nvme_parameters && options.stage == 3) offload_parameters(*options.nvme_parameters);
+  try {  // bad input (a path, a size) fails here: no hook may be left pointing at this object
+    if (options.nvme_optimizer) offload_optimizer_states(*options.nvme_optimizer);
+    if (options.nvme_parameters && options.stage == 3) offload_parameters(*options.nvme_parameters);
+  } catch (...) {
+    remove_grad_hooks();
+    throw;
+  }
   gathering_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
   if (units_) {
@@ -406,7 +411,11 @@ ZeroOptimizer::~ZeroOptimizer() {
   // Reductions still in flight here were launched by a backward that threw or a step that failed:
   // waiting could block for the timeout per collective, and their results are not wanted.
   reductions_.drop();
-  // The hooks point at this object: take them off the parameters, which may outlive the engine.
+  remove_grad_hooks();
+}
+
+// The hooks point at this object: taken off the parameters, which may outlive the engine.
+void ZeroOptimizer::remove_grad_hooks() {
   for (auto& g : groups_)
     for (auto& p : g->params) {
       auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
@@ -451,9 +460,9 @@ void ZeroOptimizer::offload_parameters(const ParameterSwapOptions& options) {
     }
 }
 
-ZeroOptimizer::ResidentParameters::ResidentParameters(ZeroOptimizer& zero)
+ZeroOptimizer::ResidentParameters::ResidentParameters(ZeroOptimizer& zero, bool modifies)
     : zero_(zero), exceptions_(std::uncaught_exceptions()) {
-  zero_.bring_parameters_in();
+  zero_.bring_parameters_in(modifies);
 }
 
 ZeroOptimizer::ResidentParameters::~ResidentParameters() noexcept(false) {
@@ -475,34 +484,61 @@ void ZeroOptimizer::bind_views(ZeroGroup& g, const at::Tensor& shard, int bucket
   else s.params = shard;
 }
 
-void ZeroOptimizer::bring_parameters_in() {
-  if (resident_depth_++ > 0 || !param_swapper_) return;
-  for (auto& g : groups_) {
-    if (!g->parameters_on_file) continue;
-    g->compute = at::empty({g->layout.shard_numel}, g->params.front().options().dtype(g->params.front().scalar_type()));
-    for (size_t b = 0; b < g->layout.buckets.size(); ++b) {
-      const FlatBucket& k = g->layout.buckets[b];
-      at::Tensor chunk = g->compute.narrow(0, k.shard_offset, k.shard);
-      param_swapper_->read(g->index, static_cast<int>(b), chunk);
-      bind_views(*g, chunk, static_cast<int>(b));
+void ZeroOptimizer::bring_parameters_in(bool modifies) {
+  if (!param_swapper_) return;
+  if (resident_depth_ == 0) {
+    for (auto& g : groups_) {
+      if (!g->parameters_on_file) continue;
+      try {
+        bring_group_in(*g);
+      } catch (...) {  // nothing stays half in memory: the scope was not opened
+        for (auto& h : groups_)
+          if (h->parameters_on_file && h->compute.defined()) drop_group(*h);
+        throw;
+      }
     }
+    resident_modified_ = false;
   }
+  ++resident_depth_;
+  resident_modified_ = resident_modified_ || modifies;
 }
 
 void ZeroOptimizer::put_parameters_back() {
-  if (resident_depth_ == 0 || --resident_depth_ > 0 || !param_swapper_) return;
-  for (auto& g : groups_)
-    if (g->parameters_on_file) put_parameters_back_group(*g);
+  if (!param_swapper_ || resident_depth_ == 0 || --resident_depth_ > 0) return;
+  for (auto& g : groups_) {
+    if (!g->parameters_on_file) continue;
+    if (resident_modified_) put_parameters_back_group(*g);
+    else drop_group(*g);
+  }
+}
+
+void ZeroOptimizer::bring_group_in(ZeroGroup& g) {
+  g.compute = at::empty({g.layout.shard_numel}, g.params.front().options().dtype(g.params.front().scalar_type()));
+  for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+    const FlatBucket& k = g.layout.buckets[b];
+    at::Tensor chunk = g.compute.narrow(0, k.shard_offset, k.shard);
+    param_swapper_->read(g.index, static_cast<int>(b), chunk);
+    bind_views(g, chunk, static_cast<int>(b));
+  }
+}
+
+void ZeroOptimizer::drop_group(ZeroGroup& g) {
+  for (size_t b = 0; b < g.layout.buckets.size(); ++b) bind_views(g, at::Tensor(), static_cast<int>(b));
+  g.compute = at::Tensor();
 }
 
 void ZeroOptimizer::put_parameters_back_group(ZeroGroup& g) {
-  for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
-    const FlatBucket& k = g.layout.buckets[b];
-    param_swapper_->write(g.index, static_cast<int>(b), g.compute.narrow(0, k.shard_offset, k.shard));
-    bind_views(g, at::Tensor(), static_cast<int>(b));
+  try {
+    for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
+      const FlatBucket& k = g.layout.buckets[b];
+      param_swapper_->write(g.index, static_cast<int>(b), g.compute.narrow(0, k.shard_offset, k.shard));
+    }
+    param_swapper_->wait_all();
+  } catch (...) {
+    drop_group(g);  // its memory goes either way; the failed write stops training
+    throw;
   }
-  param_swapper_->wait_all();
-  g.compute = at::Tensor();  // its memory goes now: no view of it is left
+  drop_group(g);
 }
 
 ShardSegment ZeroOptimizer::bind_segment(ZeroGroup& g, int bucket) {
@@ -512,8 +548,39 @@ ShardSegment ZeroOptimizer::bind_segment(ZeroGroup& g, int bucket) {
   return g.segments[bucket];
 }
 
+void ZeroOptimizer::set_group_learning_rates(std::vector<double> lrs) {
+  if (!lrs.empty())
+    for (const auto& g : groups_)
+      if (g->source_group >= static_cast<int>(lrs.size()))
+        throw std::invalid_argument("tessera: set_group_learning_rates: " + std::to_string(lrs.size()) +
+                                    " learning rates for a model of more parameter groups");
+  group_lrs_ = std::move(lrs);
+}
+
+// One bucket of a group whose shard is in the file: swapped in, stepped, written back behind.
+void ZeroOptimizer::step_swapped_segment(ZeroGroup& g, int bucket, const StepInputs& in) {
+  try {
+    g.optimizer->step(in, {bind_segment(g, bucket)});
+  } catch (...) {
+    abandon_swapped_segments();
+    throw;
+  }
+  unbind_segment(g, bucket);
+}
+
+// A step that failed: the buffers its chunks were swapped into are let go unwritten (the step is
+// lost and training stops) and no view points into them any more.
+void ZeroOptimizer::abandon_swapped_segments() {
+  if (!param_swapper_) return;
+  for (auto& g : groups_)
+    if (swapped(*g))
+      for (size_t b = 0; b < g->segments.size(); ++b) bind_views(*g, at::Tensor(), static_cast<int>(b));
+  param_swapper_->release_all();
+}
+
 void ZeroOptimizer::unbind_segment(ZeroGroup& g, int bucket) {
-  if (!swapped(g)) return;
+  const ShardSegment& s = g.segments[bucket];
+  if (!swapped(g) || !(g.mixed() ? s.compute_copy : s.params).defined()) return;  // never bound (no tiles here)
   param_swapper_->swap_out(g.index, bucket);
   bind_views(g, at::Tensor(), bucket);
 }
@@ -521,7 +588,7 @@ void ZeroOptimizer::unbind_segment(ZeroGroup& g, int bucket) {
 void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   std::vector<StepInputs> in(groups_.size(), inputs);
   for (auto& g : groups_) {
-    in[g->index].lr = inputs.lr * g->lr_scale;
+    in[g->index].lr = group_lrs_.empty() ? inputs.lr * g->lr_scale : group_lrs_[g->source_group];
     in[g->index].weight_decay = g->weight_decay;
     in[g->index].grad_scale = grad_scale;
   }
@@ -534,6 +601,7 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
       for (auto& g : groups_)
         for (size_t b = 0; b < g->segments.size(); ++b) order.emplace_back(g->index, static_cast<int>(b));
     }
+    try {
     swapper_->step(
         order, [&](int group, int bucket) { return bind_segment(*groups_[group], bucket); },
         [&](int group, const ShardSegment& tile, const std::vector<at::Tensor>& state) {
@@ -543,6 +611,10 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
           unbind_segment(*groups_[group], bucket);
           if (stage_->gathers() && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
         });
+    } catch (...) {
+      abandon_swapped_segments();
+      throw;
+    }
     if (param_swapper_) param_swapper_->wait_all();
     if (partitioned_) partitioned_->after_step();
     return;
@@ -556,13 +628,17 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     if (!swapped(*g)) {
       g->optimizer->step(in[g->index], g->segments);
     } else if (g->optimizer->elementwise()) {
-      for (size_t b = 0; b < g->segments.size(); ++b) {
-        g->optimizer->step(in[g->index], {bind_segment(*g, static_cast<int>(b))});
-        unbind_segment(*g, static_cast<int>(b));
-      }
+      for (size_t b = 0; b < g->segments.size(); ++b) step_swapped_segment(*g, static_cast<int>(b), in[g->index]);
     } else {
-      ResidentParameters whole(*this);
-      g->optimizer->step(in[g->index], g->segments);
+      // LAMB's trust ratios need whole parameters: this group's shard in memory for its step.
+      bring_group_in(*g);
+      try {
+        g->optimizer->step(in[g->index], g->segments);
+      } catch (...) {
+        drop_group(*g);
+        throw;
+      }
+      put_parameters_back_group(*g);
     }
   }
   // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
@@ -570,10 +646,7 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   if (stage_->gathers())
     for (const auto& [group, bucket] : gather_order_) {
       ZeroGroup& g = *groups_[group];
-      if (g.optimizer->elementwise()) {
-        g.optimizer->step(in[group], {bind_segment(g, bucket)});
-        unbind_segment(g, bucket);
-      }
+      if (g.optimizer->elementwise()) step_swapped_segment(g, bucket, in[group]);
       if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
     }
   if (param_swapper_) param_swapper_->wait_all();  // a failed write stops training at this step

@@ -119,6 +119,10 @@ class ZeroOptimizer final : public UnitListener {
   // allgather of a bucket starts as soon as its chunk is updated (buckets in the order the next
   // forward reads them: by unit), so it overlaps the optimizer on the next one.
   void apply(double grad_scale, const StepInputs& inputs);
+  // Each model group's learning rate (ModelDescription::groups), used by apply() instead of
+  // inputs.lr × the group's factor; empty (the default): the factor applies.
+  void set_group_learning_rates(std::vector<double> lrs);
+  const std::vector<double>& group_learning_rates() const { return group_lrs_; }
   // Every rank gets every updated chunk (stages 1–2): waits for the allgathers now, or, with
   // overlap_allgather and a model that reports its units, leaves each to the forward of the
   // first unit that uses it.
@@ -164,7 +168,8 @@ class ZeroOptimizer final : public UnitListener {
   // parameter offload they do nothing.
   class ResidentParameters {
    public:
-    explicit ResidentParameters(ZeroOptimizer& zero);
+    // `modifies` false: the shards are only read (a checkpoint's save), so not written back.
+    explicit ResidentParameters(ZeroOptimizer& zero, bool modifies = true);
     ~ResidentParameters() noexcept(false);
     ResidentParameters(const ResidentParameters&) = delete;
     ResidentParameters& operator=(const ResidentParameters&) = delete;
@@ -199,9 +204,14 @@ class ZeroOptimizer final : public UnitListener {
   void unbind_segment(ZeroGroup& g, int bucket);
   bool swapped(const ZeroGroup& g) const { return g.parameters_on_file && !g.compute.defined(); }
   void bind_views(ZeroGroup& g, const at::Tensor& shard, int bucket);
-  void bring_parameters_in();
+  void bring_parameters_in(bool modifies);
   void put_parameters_back();
+  void bring_group_in(ZeroGroup& g);             // its shard read into a `compute` buffer, views bound
   void put_parameters_back_group(ZeroGroup& g);  // its shard to the file, and its memory freed
+  void drop_group(ZeroGroup& g);                 // its memory freed, nothing written
+  void step_swapped_segment(ZeroGroup& g, int bucket, const StepInputs& in);
+  void abandon_swapped_segments();
+  void remove_grad_hooks();
 
   struct Gather {
     int group, bucket;
@@ -221,6 +231,7 @@ class ZeroOptimizer final : public UnitListener {
   Reductions reductions_;
   UnitTracker* units_;
   bool ignore_unused_parameters_;
+  std::vector<double> group_lrs_;  // set_group_learning_rates, by model group
   bool boundary_ = true;
   bool averaging_ = true;  // the optimizer wants this step's gradients averaged (optim/onebit.h)
   // Buckets are reduced in one fixed order on every rank (group by group, bucket by bucket, which
@@ -231,6 +242,7 @@ class ZeroOptimizer final : public UnitListener {
   std::unique_ptr<ParameterSwapper> param_swapper_;     // NVMe parameter offload, else null; outlives
                                                         // partitioned_, whose gathers read from it
   int resident_depth_ = 0;                              // ResidentParameters scopes open
+  bool resident_modified_ = false;                      // one of them writes the shards
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
   std::unique_ptr<OptimizerSwapper> swapper_;           // NVMe optimizer offload, else null
 };

@@ -57,12 +57,14 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   at::Tensor matched;
   StepCounters steps = s.steps;
   std::optional<DynamicLossScaler::State> scaler_state;
-  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them.
-  ZeroOptimizer::ResidentParameters resident(s.zero);
+  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them
+  // (opened inside the try: a failed read is agreed on by every rank like any other).
+  std::optional<ZeroOptimizer::ResidentParameters> resident;
   RankState rs;
   try {
     path = checkpoint_path(o.load_dir, o.tag);
     m = Metadata::read(path);
+    resident.emplace(s.zero);
     rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
     if (m.layout.tensor_parallel != now.tensor_parallel || m.layout.pipeline_parallel != now.pipeline_parallel)

@@ -72,7 +72,7 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
       PieceView p;
       p.name = g.names[piece.param];
       p.shape = g.params[piece.param].sizes().vec();
-      p.dtype = g.compute.scalar_type();
+      p.dtype = g.params[piece.param].scalar_type();
       p.tensor_rank = tensor_rank;
       p.begin = piece.param_offset;
       p.numel = piece.numel;
@@ -100,7 +100,7 @@ Layout current_layout(TrainingState& s, const std::vector<std::string>& shard_st
   l.pipeline_parallel = grid.pipe;
   l.zero_stage = s.zero.stage();
   l.optimizer = s.config.optimizer->type;
-  const at::ScalarType compute = s.zero.groups().front()->compute.scalar_type();
+  const at::ScalarType compute = s.zero.groups().front()->params.front().scalar_type();
   l.compute_dtype = compute == at::kBFloat16 ? "bf16" : compute == at::kHalf ? "fp16" : "fp32";
   l.states = shard_states;
   return l;

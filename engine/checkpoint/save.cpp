@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -143,12 +144,14 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
     }
   }
   agree(world, error, "creating checkpoint " + tag);
-  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them.
-  ZeroOptimizer::ResidentParameters resident(s.zero);
+  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them
+  // (opened inside the try: a failed read is agreed on by every rank like any other).
+  std::optional<ZeroOptimizer::ResidentParameters> resident;
   RankState rs;
   const std::string file = rank_file_name(rank);
   std::string entry;
   try {
+    resident.emplace(s.zero, /*modifies=*/false);
     rs = rank_state(s.zero, s.parallel);
     entry = write_rank_file(rs, partial_dir_of(options.save_dir, tag) + "/" + file, file, rank, s.parallel.device()).dump();
   } catch (const std::exception& e) {

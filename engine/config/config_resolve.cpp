@@ -132,6 +132,13 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3 && stage_ok &&
       !unparsed({"zero_optimization.offload_optimizer.ratio"}))
     report.error("zero_optimization.offload_optimizer.ratio", "a partial offload ratio needs ZeRO stage 3");
+  // DeepSpeed's ratio splits the optimizer step between the device and the CPU (ZeRO-Offload++);
+  // it has no meaning for NVMe, where DeepSpeed fails too.
+  if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != "cpu" &&
+      !unparsed({"zero_optimization.offload_optimizer.ratio", "zero_optimization.offload_optimizer.device"}))
+    report.error("zero_optimization.offload_optimizer.ratio",
+                 "a partial offload ratio splits the optimizer step between the device and the CPU: it needs "
+                 "offload_optimizer.device \"cpu\" (found \"" + z.offload_optimizer.device + "\")");
   for (const char* section : {"zero_optimization.offload_optimizer", "zero_optimization.offload_param"}) {
     const std::string path = section;
     const bool optimizer = path == "zero_optimization.offload_optimizer";

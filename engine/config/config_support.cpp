@@ -41,8 +41,6 @@ const char* const kStage = "zero_optimization.stage";
 // Errors first: a warning folds into the error that covers it, so errors are decided first.
 const std::vector<UnimplementedKey> kRows = {
     // ---- errors: ignoring these would change the result
-    {"zero_optimization.offload_optimizer.ratio", kError, "[1.0]",
-     "partial optimizer offload is not implemented: the whole optimizer state moves", {}},
     {"aio.use_gds", kError, "[false]", "GPUDirect Storage is not implemented: transfers go through host buffers", {}},
     {"checkpoint.use_node_local_storage", kError, "[false]",
      "a checkpoint is read by whichever rank owns each range now, so every rank's files must be on storage all ranks "

@@ -70,7 +70,7 @@ def main():
     model = Cnn(seed=args.seed)
     groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "name": "decay"},
               {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0, "name": "no_decay"}]
-    engine = tessera.initialize(model=model, config=args.config, model_parameters=groups)
+    engine, _, _, _ = tessera.initialize(model=model, config=args.config, model_parameters=groups)
 
     micro = engine.train_micro_batch_size_per_gpu()
     accumulation = engine.gradient_accumulation_steps()

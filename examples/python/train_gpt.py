@@ -68,7 +68,7 @@ def main():
     # Weight decay on matrices only; the decay group's value comes from the config.
     groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "name": "decay"},
               {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0, "name": "no_decay"}]
-    engine = tessera.initialize(model=model, config=args.config, model_parameters=groups)
+    engine, _, _, _ = tessera.initialize(model=model, config=args.config, model_parameters=groups)
 
     micro = engine.train_micro_batch_size_per_gpu()
     accumulation = engine.gradient_accumulation_steps()
@@ -94,8 +94,7 @@ def main():
         step_loss = 0.0
         for m in range(accumulation):
             rows = slice((m * dp + me) * micro, (m * dp + me + 1) * micro)
-            loss = engine(inputs[rows], targets[rows])
-            engine.record_batch(micro, micro * seq_len)
+            loss = engine(inputs[rows], targets[rows])  # counts the micro-batch's samples and tokens
             engine.backward(loss)
             engine.step()
             step_loss += loss.item()

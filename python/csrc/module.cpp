@@ -362,6 +362,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("micro_step", [](const EngineHandle& e) { return e.engine->micro_step(); })
       .def_property_readonly("skipped_steps", [](const EngineHandle& e) { return e.engine->skipped_steps(); })
       .def_property_readonly("learning_rate", [](const EngineHandle& e) { return e.engine->learning_rate(); })
+      .def("set_group_learning_rates",
+           [](EngineHandle& e, std::vector<double> lrs) { e.engine->set_group_learning_rates(std::move(lrs)); })
       .def_property_readonly("loss_scale", [](const EngineHandle& e) { return e.engine->loss_scale(); })
       .def_property_readonly("last_grad_norm", [](const EngineHandle& e) { return e.engine->last_grad_norm(); })
       .def_property_readonly("last_loss", [](const EngineHandle& e) { return e.engine->last_loss(); })

@@ -1,7 +1,7 @@
 """tessera: a training engine for torch.nn.Module models, driven by a DeepSpeed-compatible config.
 
     import tessera
-    engine = tessera.initialize(model=model, config="configs/zero2_bf16.json")
+    engine, _, _, _ = tessera.initialize(model=model, config="configs/zero2_bf16.json")
     for batch in data:
         loss = engine(batch)          # the module's forward
         engine.backward(loss)         # loss / gradient_accumulation_steps (x fp16 loss scale), autograd

@@ -6,6 +6,10 @@ import os
 
 from . import comm
 
+# A client LR scheduler (tessera/client.py) and the param groups' learning rates are Python state:
+# saved in the metadata's client_state under this key, taken out again by the load.
+_CLIENT_LR_KEY = "__tessera_client_lr__"
+
 
 def _type_name(x):
     return type(x).__name__
@@ -24,6 +28,10 @@ class CheckpointCalls:
             client_state = {}
         if not isinstance(client_state, collections.abc.Mapping):
             raise TypeError("tessera: save_checkpoint: client_state must be a dict, got %s" % _type_name(client_state))
+        client_state = dict(client_state)
+        lr_state = self._client_lr_state()
+        if lr_state:
+            client_state[_CLIENT_LR_KEY] = lr_state
         try:
             text = json.dumps(client_state, allow_nan=True)
         except (TypeError, ValueError) as e:
@@ -46,7 +54,34 @@ class CheckpointCalls:
         path, text = self._c.load_checkpoint(os.fspath(load_dir), "" if tag is None else str(tag),
                                              bool(load_optimizer_states), bool(load_lr_scheduler_states),
                                              bool(load_module_only), bool(load_module_strict))
-        return path, json.loads(text)
+        client_state = json.loads(text)
+        lr_state = client_state.pop(_CLIENT_LR_KEY, None)
+        if lr_state and load_lr_scheduler_states and not load_module_only:
+            self._load_client_lr_state(lr_state)
+        return path, client_state
+
+    def _client_lr_state(self):
+        optimizer, scheduler = getattr(self, "optimizer", None), getattr(self, "lr_scheduler", None)
+        if optimizer is None or not getattr(self, "_lr_from_groups", False):
+            return None
+        state = {"group_lrs": [float(g["lr"]) for g in optimizer.param_groups]}
+        if scheduler is not None:
+            try:
+                json.dumps(scheduler.state_dict())
+            except (TypeError, ValueError) as e:
+                raise TypeError("tessera: save_checkpoint: the LR scheduler's state_dict() is not JSON-serializable "
+                                "(tessera stores no pickle): %s" % e) from None
+            state["scheduler"] = scheduler.state_dict()
+        return state
+
+    def _load_client_lr_state(self, state):
+        optimizer, scheduler = getattr(self, "optimizer", None), getattr(self, "lr_scheduler", None)
+        if optimizer is not None and len(state["group_lrs"]) == len(optimizer.param_groups):
+            for g, lr in zip(optimizer.param_groups, state["group_lrs"]):
+                g["lr"] = lr
+        if scheduler is not None and "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+
 
     def save_16bit_model(self, save_dir, save_filename="model.safetensors"):
         """The model's weights in their training dtype, whole, as one safetensors file written by

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from . import _C, checkpointing, comm, tensor_parallel, zero
+from . import _C, checkpointing, client, comm, tensor_parallel, zero
 from ._checkpoint_calls import CheckpointCalls
 from .monitor import JsonlMonitor
 
@@ -36,6 +36,20 @@ def _config_text(config):
         return config
     raise TypeError("tessera.initialize: config must be a path (str or os.PathLike), JSON text or a dict, got %s"
                     % _type_name(config))
+
+
+def _config_dict(config):
+    """A path, JSON text or a dict -> a new dict (to add the client optimizer's section to)."""
+    if isinstance(config, collections.abc.Mapping):
+        return json.loads(_config_text(config))
+    text = _config_text(config)
+    if not text.startswith("{"):
+        try:
+            with open(text) as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError("tessera.initialize: cannot read config file '%s': %s" % (text, e.strerror)) from None
+    return json.loads(text)
 
 
 def _tensor_list(params, where):
@@ -159,17 +173,26 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                       Sequential counted one by one. The engine hears when each unit's forward and
                       backward start and end (module hooks); `engine.units()` lists them.
 
-    Unlike deepspeed.initialize, returns the engine alone, not a 4-tuple; the optimizer and the LR
-    schedule always come from the config (optimizer=, lr_scheduler=, training_data= are refused).
+    optimizer:        a torch.optim.Adam/AdamW/SGD (or a callable building one from the parameters):
+                      the engine runs its own optimizer of that kind with the same settings and param
+                      groups (tessera/client.py); the config then has no optimizer section.
+    lr_scheduler:     a torch LR scheduler (or a callable building one from the optimizer), stepped
+                      by the engine after each applied step; a scheduler in the config wins over it.
+    training_data:    a torch.utils.data.Dataset: a DataLoader over the data-parallel ranks
+                      (train_micro_batch_size_per_gpu per batch, `collate_fn`).
+
+    Returns (engine, optimizer, training_dataloader, lr_scheduler) as deepspeed.initialize does:
+    the optimizer is a torch.optim.Optimizer whose param groups' "lr" the engine reads every step;
+    the dataloader is None without training_data; lr_scheduler is the client's (None otherwise).
     Raises tessera.ConfigError (a ValueError) naming the JSON path of every error in the config.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError("tessera.initialize: model must be a torch.nn.Module, got %s" % _type_name(model))
-    for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data),
-                        ("mpu", mpu), ("collate_fn", collate_fn)):
-        if value is not None:
-            raise ValueError("tessera.initialize: %s= is not supported; the optimizer and LR schedule come from the "
-                             "config, and the training script feeds the data itself" % name)
+    if mpu is not None:
+        raise ValueError("tessera.initialize: mpu= is not supported: the tensor, pipeline and data-parallel groups "
+                         "come from the config's tensor_parallel.tp_size and pipeline.stages (docs/python.md)")
+    if collate_fn is not None and training_data is None:
+        raise ValueError("tessera.initialize: collate_fn= is for training_data=, which was not given")
     if config is not None and config_params is not None:
         raise ValueError("tessera.initialize: give config or config_params, not both")
     if config is None:
@@ -179,6 +202,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if config is None:
         raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
 
+    client_optimizer = client.build_client_optimizer(optimizer, model, model_parameters)
+    if client_optimizer is not None:
+        config = _config_dict(config)
+        if "optimizer" in config:
+            raise ValueError("tessera.initialize: optimizer= was given and the config has an optimizer section too; "
+                             "give one of them")
+        config["optimizer"], model_parameters = client.optimizer_section(client_optimizer)
     text = _config_text(config)
     world_size = comm.get_world_size()
     cfg, warnings = _C.load_config(text, world_size)
@@ -189,7 +219,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if isinstance(model, pipe.PipelineModule):  # a model cut into stages: tessera.pipe.PipelineEngine
         if model_parameters is not None or units is not None:
             raise ValueError("tessera.initialize: a PipelineModule takes neither model_parameters nor units")
-        return pipe._initialize(model, cfg)
+        for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data)):
+            if value is not None:
+                raise ValueError("tessera.initialize: %s= with a PipelineModule is not supported yet: give the "
+                                 "optimizer and scheduler in the config and feed train_batch() an iterator" % name)
+        return pipe._initialize(model, cfg), None, None, None
     if cfg.pipe > 1:
         raise ValueError("tessera.initialize: pipeline.stages is %d; cut the model into stages with "
                          "tessera.pipe.PipelineModule (docs/pipeline.md)" % cfg.pipe)
@@ -225,7 +259,27 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     for p in trainable.values():
         if getattr(p, "_tessera_init", None) is not None:
             del p._tessera_init  # the engine owns its values now (GatheredParameters goes through it)
-    return Engine(model, cengine, groups, unit_modules)
+    engine = Engine(model, cengine, groups, unit_modules)
+    optimizer, lr_scheduler = client.attach(engine, client_optimizer, lr_scheduler,
+                                            config_has_scheduler=engine.config.get("scheduler") is not None)
+    loader = client.training_dataloader(engine, training_data, collate_fn) if training_data is not None else None
+    engine.training_dataloader = loader
+    return engine, optimizer, loader, lr_scheduler
+
+
+# Attributes of DeepSpeed's engine that training scripts use and tessera's Engine does not have:
+# reading one raises an AttributeError that says so (the others are plain AttributeErrors).
+_DEEPSPEED_ENGINE_NAMES = frozenset({
+    "amp_enabled", "autotuning_enabled", "bfloat16_enabled_for_comm", "checkpoint_tag_validation_enabled",
+    "communication_data_type", "compression_training", "curriculum_learning_enabled", "data_efficiency_enabled",
+    "dump_state", "dynamic_loss_scale", "eigenvalue_enabled", "elasticity_enabled", "flops_profiler_enabled",
+    "get_mom", "get_pld_theta", "get_sequence_parallel_group", "get_type", "is_map_style_dataset",
+    "load_moe_state_dict", "memory_breakdown", "module_state_dict", "load_module_state_dict", "moe_enabled",
+    "offload_states", "reload_states", "optimizer_name", "pld_enabled", "quantize_training", "random_ltd_enabled",
+    "set_data_post_process_func", "set_custom_curriculum_learning_schedule", "set_train_batch_size",
+    "sparse_gradients_enabled", "steps_per_print", "tput_timer", "wall_clock_breakdown_enabled", "zero_cpu_offload",
+    "zero_optimization_partition_gradients", "zero_optimization_partition_weights", "compile", "is_compiled",
+})
 
 
 class _UnitEnter:
@@ -288,7 +342,14 @@ class Engine(CheckpointCalls):
         self._partitioned = [p for g in groups for p in g[0]] if self._zero3 else []
         zero._register(self, self._partitioned)
         self._base_lr = self.config["optimizer"]["params"]["lr"]
+        self._groups = groups
         self._group_lrs = [g[1] for g in groups]
+        # What initialize hands back with the engine (tessera/client.py): set by _attach_optimizer.
+        self.optimizer = None
+        self.lr_scheduler = None
+        self.training_dataloader = None
+        self._lr_from_groups = False
+        self._step_applied = False
         context = cengine.context
         self.global_rank = context.rank
         self.world_size = context.world_size
@@ -334,6 +395,10 @@ class Engine(CheckpointCalls):
         self._c.wait_for_parameters()
 
     def __call__(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.Tensor) and torch.is_grad_enabled() and self._module.training and \
+                not self._recorded and args[0].dim() >= 2 and not args[0].is_floating_point():
+            # token ids (batch, sequence, ...): the progress line counts samples and tokens from them
+            self.record_batch(int(args[0].shape[0]), int(args[0].numel()))
         out = self._module(*args, **kwargs)
         if self._zero3:
             self._c.end_of_forward()  # without grad (evaluation), nothing it gathered stays
@@ -355,12 +420,19 @@ class Engine(CheckpointCalls):
         return self
 
     def __getattr__(self, name):
-        # Only reached for names the engine lacks: delegate to the module, as DeepSpeed's engine does.
+        # Only reached for names the engine lacks: delegate to the module, as DeepSpeed's engine does;
+        # a name of DeepSpeed's engine that tessera does not have says so.
         module, cengine = self.__dict__.get("_module"), self.__dict__.get("_c")
         if module is None or cengine is None:
             raise AttributeError(name)
         cengine.wait_for_parameters()
-        return getattr(module, name)
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            if name in _DEEPSPEED_ENGINE_NAMES:
+                raise AttributeError("tessera.Engine has no %r: DeepSpeed's engine has it, tessera does not implement "
+                                     "it (docs/python.md lists what the engine has)" % name) from None
+            raise
 
     def parameters(self, recurse=True):
         self._c.wait_for_parameters()
@@ -394,7 +466,8 @@ class Engine(CheckpointCalls):
     # --- training ---------------------------------------------------------------------------------
     def record_batch(self, samples, tokens=0):
         """Tells the progress line (and the metrics) how many samples and tokens this rank's micro-batch
-        had. Optional: without it each micro-batch counts train_micro_batch_size_per_gpu samples."""
+        had. Rarely needed: engine(token_ids, ...) counts them from an integer input of shape
+        (batch, sequence), and otherwise each micro-batch counts train_micro_batch_size_per_gpu samples."""
         if isinstance(samples, bool) or not isinstance(samples, int) or isinstance(tokens, bool) or not isinstance(tokens, int):
             raise TypeError("Engine.record_batch: samples and tokens must be ints")
         self._c.record_batch(samples, tokens)
@@ -436,11 +509,29 @@ class Engine(CheckpointCalls):
 
     def step(self):
         """Counts a micro-step; at a gradient-accumulation boundary also unscales, clips, applies the
-        optimizer and advances the LR schedule (on every rank: call it on every rank)."""
+        optimizer and advances the LR schedule (on every rank: call it on every rank). Without a
+        scheduler in the config, the learning rate of each group is optimizer.param_groups[i]["lr"]
+        (which a client LR scheduler, stepped here after each applied step, sets)."""
         boundary = self._c.is_gradient_accumulation_boundary()
+        if boundary and self._lr_from_groups:
+            self._c.set_group_learning_rates([float(g["lr"]) for g in self.optimizer.param_groups])
+        skipped = self._c.skipped_steps
         self._c.step()
         if boundary:
+            self._step_applied = self._c.skipped_steps == skipped
+            if self._step_applied and self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            if not self._lr_from_groups and self.optimizer is not None:
+                for g, lr in zip(self.optimizer.param_groups, self.get_lr()):  # what the next step uses
+                    g["lr"] = lr
             self._end_of_step()
+
+    def _attach_optimizer(self, optimizer, lr_scheduler, lr_from_groups):
+        self.optimizer, self.lr_scheduler, self._lr_from_groups = optimizer, lr_scheduler, lr_from_groups
+
+    def was_step_applied(self):
+        """Whether the last optimizer step was applied (False after an fp16 overflow skipped it)."""
+        return self._step_applied
 
     def _end_of_step(self):
         now = time.perf_counter()
@@ -509,6 +600,8 @@ class Engine(CheckpointCalls):
 
     def get_lr(self):
         """The learning rate of each param group for the next step, as a list (DeepSpeed's get_lr)."""
+        if self._lr_from_groups:
+            return [float(g["lr"]) for g in self.optimizer.param_groups]
         lr = self._c.learning_rate
         return [lr if g is None else lr * g / self._base_lr for g in self._group_lrs]
 
@@ -531,6 +624,15 @@ class Engine(CheckpointCalls):
 
     def gradient_accumulation_steps(self):
         return self.config["gradient_accumulation_steps"]
+
+    def fp16_enabled(self):
+        return bool(self.config["fp16"]["enabled"])
+
+    def bfloat16_enabled(self):
+        return bool(self.config["bf16"]["enabled"])
+
+    def zero_optimization_stage(self):
+        return self.config["zero_optimization"]["stage"]
 
     def train_micro_batch_size_per_gpu(self):
         return self.config["train_micro_batch_size_per_gpu"]

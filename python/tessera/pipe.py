@@ -5,7 +5,7 @@
               LayerSpec(torch.nn.LayerNorm, dim),
               TiedLayerSpec("embed", Embedding, vocab, dim, forward_fn=lambda m, x: x @ m.weight.t())]
     model = tessera.pipe.PipelineModule(layers, num_stages=2, loss_fn=loss, partition_method="parameters")
-    engine = tessera.initialize(model=model, config=config)      # pipeline.stages = num_stages
+    engine, _, _, _ = tessera.initialize(model=model, config=config)      # pipeline.stages = num_stages
     for step in range(steps):
         loss = engine.train_batch(data_iter)    # gradient_accumulation_steps micro-batches, then the step
 

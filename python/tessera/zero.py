@@ -17,7 +17,7 @@ the module is built (DeepSpeed's zero.Init), so no rank ever holds the whole mod
 
     with tessera.zero.Init(config=cfg):
         model = MyModel()          # each rank keeps 1/N of every parameter
-    engine = tessera.initialize(model=model, config=cfg)
+    engine, _, _, _ = tessera.initialize(model=model, config=cfg)
 """
 import functools
 import weakref

@@ -48,7 +48,7 @@ def pipe_run(run):
     model = PipelineModule(pw.specs(), num_stages=stages, loss_fn=pw.loss_fn, seed_layers=True, base_seed=pw.SEED)
     config = dict(run["config"], train_micro_batch_size_per_gpu=pw.MICRO, gradient_accumulation_steps=pw.ACCUMULATION,
                   steps_per_print=1000, pipeline={"stages": stages})
-    engine = tessera.initialize(model=model, config=config)
+    engine, _, _, _ = tessera.initialize(model=model, config=config)
     d = tessera.comm._get_context().group_rank("data")
     result = {"losses": [], "norms": []}
     start = 0
@@ -74,7 +74,7 @@ def one_run(run):
     config["train_micro_batch_size_per_gpu"] = run["micro"]
     config.setdefault("steps_per_print", 1000)
     model = make_model(run)
-    engine = tessera.initialize(model=model, config=config)
+    engine, _, _, _ = tessera.initialize(model=model, config=config)
     dp, me, micro = engine.dp_world_size, engine.dp_rank, run["micro"]
     gas = engine.gradient_accumulation_steps()
     result = {"losses": [], "norms": []}

@@ -93,7 +93,7 @@ def tessera_run(model, data, args):
                                     "allgather_bucket_size": args.bucket, "overlap_comm": True}}
     if args.comm_dtype:
         config["communication_data_type"] = args.comm_dtype
-    engine = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
+    engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
     losses = []
     for step, tokens in enumerate(data):
         if step > 0 and args.count_syncs:

@@ -18,7 +18,7 @@ def main():
         time.sleep(120)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
-    engine = tessera.initialize(model=model, config={
+    engine, _, _, _ = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": 64, "steps_per_print": 10 ** 6,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 2}})
     step = 0

@@ -209,7 +209,7 @@ def local_gradients(model, flat_params, offsets, x, y):
 
 def run(case):
     model = TinyNet(case["seed"])
-    engine = tessera.initialize(model=model, config=config_of(case))
+    engine, _, _, _ = tessera.initialize(model=model, config=config_of(case))
     copy = TinyNet(case["seed"])
     dp = engine.dp_world_size
     assert dp == 2

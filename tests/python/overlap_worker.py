@@ -30,7 +30,7 @@ def run(overlap):
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
               "zero_optimization": {"stage": 2, "overlap_comm": overlap, "reduce_bucket_size": 1200}}
     start = time.perf_counter()  # the first forward's time counts from the engine's construction
-    engine = tessera.initialize(model=Net(), config=config)
+    engine, _, _, _ = tessera.initialize(model=Net(), config=config)
     g = torch.Generator().manual_seed(1 + engine.dp_rank)
     losses, in_flight = [], []
     for _ in range(4):

@@ -116,7 +116,7 @@ def tessera_run(case):
         tessera.checkpointing.checkpoint_modules(model)
         config["activation_checkpointing"] = {"partition_activations": case.get("partition", False)}
     recomputed = tessera.checkpointing.stats()["recomputations"]
-    engine = tessera.initialize(model=model, config=config, model_parameters=groups_of(model, case))
+    engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups_of(model, case))
     dp, me, micro = engine.dp_world_size, engine.dp_rank, case["micro"]
     assert dp == case["dp"], (dp, case)
     losses, norms, params = [], [], []

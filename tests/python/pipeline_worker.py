@@ -102,7 +102,7 @@ def run_reference(layers, optimizer_name, dp):
 
 def check_fp16(stages, schedule, zero_stage):
     model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, seed_layers=True, base_seed=SEED)
-    engine = tessera.initialize(model=model, config={
+    engine, _, _, _ = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
         "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": zero_stage},
         "fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1},
@@ -149,7 +149,7 @@ def main():
         optimizer_name = "SGD"
     opt = {"type": "SGD", "params": {"lr": 0.1}} if optimizer_name == "SGD" else \
         {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4}}  # eps: see run_reference
-    engine = tessera.initialize(model=model, config={
+    engine, _, _, _ = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
         "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
         "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule},

@@ -60,13 +60,13 @@ def test_config_file_and_json_text_are_accepted(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config()))
     for c in (str(path), path, json.dumps(config())):
-        engine = tessera.initialize(model=mlp(), config=c)
+        engine, _, _, _ = tessera.initialize(model=mlp(), config=c)
         assert engine.train_micro_batch_size_per_gpu() == 4
 
 
 def test_engine_refusals_are_value_errors():
-    with pytest.raises(tessera.ConfigError, match="zero_optimization.offload_param.device: not implemented yet"):
-        tessera.initialize(model=mlp(), config=config(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}))
+    with pytest.raises(tessera.ConfigError, match="aio.use_gds: not implemented yet"):
+        tessera.initialize(model=mlp(), config=config(aio={"use_gds": True}))
     m = mlp()
     with pytest.raises(ValueError, match="leaf tensor"):
         tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight * 2])
@@ -74,8 +74,18 @@ def test_engine_refusals_are_value_errors():
         tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight, m[0].weight])
     with pytest.raises(ValueError, match="'betas'"):
         tessera.initialize(model=m, config=config(), model_parameters=[{"params": [m[0].weight], "betas": (0.9, 0.9)}])
-    with pytest.raises(ValueError, match="optimizer= is not supported"):
+    with pytest.raises(ValueError, match="optimizer section too; give one of them"):
         tessera.initialize(model=m, config=config(), optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    no_optimizer = {k: v for k, v in config().items() if k != "optimizer"}
+    with pytest.raises(ValueError, match="optimizer=RMSprop is not supported: a client optimizer must be a torch.optim"):
+        tessera.initialize(model=m, config=no_optimizer, optimizer=torch.optim.RMSprop(m.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="amsgrad=True in param group 0"):
+        tessera.initialize(model=m, config=no_optimizer, optimizer=torch.optim.Adam(m.parameters(), amsgrad=True))
+    with pytest.raises(ValueError, match="differ in betas"):
+        tessera.initialize(model=m, config=no_optimizer, optimizer=torch.optim.Adam(
+            [{"params": [m[0].weight]}, {"params": [m[2].weight], "betas": (0.8, 0.9)}]))
+    with pytest.raises(ValueError, match="mpu= is not supported"):
+        tessera.initialize(model=m, config=config(), mpu=object())
 
 
 # --- wrong types -------------------------------------------------------------------------------
@@ -99,7 +109,7 @@ def test_wrong_types_raise_type_error():
     with pytest.raises(TypeError, match="mixes tensors and param-group dicts"):
         tessera.initialize(model=m, config=config(), model_parameters=[m[0].weight, {"params": [m[2].weight]}])
 
-    engine = tessera.initialize(model=mlp(), config=config())
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=config())
     with pytest.raises(TypeError, match="loss must be a torch.Tensor, got float"):
         engine.backward(1.0)
     with pytest.raises(ValueError, match="one element"):
@@ -124,7 +134,7 @@ def test_parameters_become_views_into_one_flat_buffer_and_train_in_place():
     m = mlp()
     params = list(m.parameters())
     before = [p.detach().clone() for p in params]
-    engine = tessera.initialize(model=m, config=config(zero_optimization={"stage": 0}))
+    engine, _, _, _ = tessera.initialize(model=m, config=config(zero_optimization={"stage": 0}))
     after_init = list(m.parameters())
     assert all(a is b for a, b in zip(params, after_init))  # the same nn.Parameter objects
     storages = {p.untyped_storage().data_ptr() for p in params}
@@ -141,9 +151,9 @@ def test_the_module_trains_with_plain_pytorch_once_its_engine_is_gone():
     import gc
 
     m = mlp()
-    first = tessera.initialize(model=m, config=config())
+    first, _, _, _ = tessera.initialize(model=m, config=config())
     train(first, 2)
-    second = tessera.initialize(model=m, config=config())  # a newer engine takes the parameters over
+    second, _, _, _ = tessera.initialize(model=m, config=config())  # a newer engine takes the parameters over
     del first
     gc.collect()
     before = [p.detach().clone() for p in m.parameters()]
@@ -158,7 +168,7 @@ def test_the_module_trains_with_plain_pytorch_once_its_engine_is_gone():
 
 def test_bf16_turns_the_module_parameters_bf16():
     m = mlp()
-    engine = tessera.initialize(model=m, config=config(bf16={"enabled": True}))
+    engine, _, _, _ = tessera.initialize(model=m, config=config(bf16={"enabled": True}))
     assert engine.compute_dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())
     loss = train(engine, 2)
@@ -171,7 +181,7 @@ def test_engine_state_follows_deepspeed():
                scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
                                                          "warmup_num_steps": 10, "warmup_type": "linear"}})
     groups = [{"params": [m[0].weight, m[2].weight]}, {"params": [m[0].bias, m[2].bias], "lr": 5e-3, "name": "b"}]
-    engine = tessera.initialize(model=m, config=c, model_parameters=groups)
+    engine, _, _, _ = tessera.initialize(model=m, config=c, model_parameters=groups)
     assert engine.gradient_accumulation_steps() == 2 and engine.train_batch_size() == 8
     assert engine.world_size == 1 and engine.dp_world_size == 1 and engine.global_rank == 0
     assert engine.loss_scale == 256.0
@@ -213,7 +223,7 @@ def test_comm_in_one_process():
 def test_csv_monitor_writes_one_jsonl_record_per_step(tmp_path):
     c = config(gradient_accumulation_steps=2,
                csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "run1"})
-    engine = tessera.initialize(model=mlp(), config=c)
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=c)
     train(engine, 10)
     engine.close()
     path = tmp_path / "run1" / "metrics.jsonl"
@@ -230,7 +240,7 @@ def test_no_metrics_file_without_csv_monitor(tmp_path):
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        engine = tessera.initialize(model=mlp(), config=config())
+        engine, _, _, _ = tessera.initialize(model=mlp(), config=config())
         train(engine, 2)
     finally:
         os.chdir(cwd)
@@ -274,7 +284,7 @@ def lm_loss(engine, g):
 
 
 def test_module_units_report_forward_then_backward_in_reverse():
-    engine = tessera.initialize(model=TiedLm(), config=config(gradient_accumulation_steps=2))
+    engine, _, _, _ = tessera.initialize(model=TiedLm(), config=config(gradient_accumulation_steps=2))
     units = engine.units()
     assert [u["name"] for u in units] == ["emb", "blocks.0", "blocks.1", "head"]
     assert units[3]["params"] == ["emb.weight"] and units[3]["shared"] == ["emb.weight"]  # tied, owned by emb
@@ -296,12 +306,12 @@ def test_module_units_report_forward_then_backward_in_reverse():
 
 
 def test_units_can_be_named_and_a_wrong_name_is_refused():
-    engine = tessera.initialize(model=TiedLm(), config=config(), units=["emb", "blocks"])
+    engine, _, _, _ = tessera.initialize(model=TiedLm(), config=config(), units=["emb", "blocks"])
     assert [u["name"] for u in engine.units()] == ["emb", "blocks"]  # the head owns nothing more: no <root>
     with pytest.raises(ValueError, match=r"units: 'block' is not a module of the model \(did you mean 'blocks'\?\)"):
         tessera.initialize(model=TiedLm(), config=config(), units=["block"])
     m = mlp()
-    engine = tessera.initialize(model=m, config=config(), units=["0"])
+    engine, _, _, _ = tessera.initialize(model=m, config=config(), units=["0"])
     assert [u["name"] for u in engine.units()] == ["0", "<root>"]  # the rest of the parameters
 
 
@@ -310,7 +320,7 @@ def test_backward_with_output_gradients_equals_backward_of_the_loss():
     same update as backward(loss) when the gradients are dloss/doutputs, already scaled."""
     def run(split):
         m = mlp()
-        engine = tessera.initialize(model=m, config=config(optimizer={"type": "SGD", "params": {"lr": 0.1}}))
+        engine, _, _, _ = tessera.initialize(model=m, config=config(optimizer={"type": "SGD", "params": {"lr": 0.1}}))
         g = torch.Generator().manual_seed(1)
         x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
         out = engine(x)

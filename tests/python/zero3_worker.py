@@ -78,7 +78,7 @@ def flat(model):
 
 def train_against_reference(make, steps, rank, dp, args_of=lambda step: (), make_model=None, **zero):
     model, ref = (make_model or make)(), Reference(make())
-    engine = tessera.initialize(model=model, config=config(**zero))
+    engine, _, _, _ = tessera.initialize(model=model, config=config(**zero))
     for step in range(steps):
         x, y = batch(step, dp)
         loss = engine(mine(x, rank), mine(y, rank), *args_of(step))
@@ -110,7 +110,7 @@ def check_memory(rank, dp):
 def trained_gpt(rank, dp, layers):
     """The example GPT at ZeRO-3 after one step on batch 0; returns (model, engine, x, y)."""
     model = Gpt(vocab=VOCAB, block_size=BLOCK, n_layer=layers, n_head=2, n_embd=EMBD, seed=3)
-    engine = tessera.initialize(model=model, config=config())
+    engine, _, _, _ = tessera.initialize(model=model, config=config())
     x, y = batch(0, dp)
     engine.backward(engine(mine(x, rank), mine(y, rank)))
     engine.step()
@@ -199,7 +199,7 @@ def check_reorder(rank, dp):
 
 
 def check_order(rank, dp):
-    engine = tessera.initialize(model=Swapping(), config=config())
+    engine, _, _, _ = tessera.initialize(model=Swapping(), config=config())
     x, y = batch(0, dp)
     try:
         engine.backward(engine(mine(x, rank), mine(y, rank), rank == 1))
@@ -269,7 +269,7 @@ def check_init_memory(rank, dp):
     model, grew = _construction_peak_mib(partitioned)
     limit = whole_mib / dp + 6 * width * width * 4 / 2**20  # the chunks + a few layers in flight
     assert grew < limit, "building under zero.Init raised the peak by %.0f MiB (limit %.0f)" % (grew, limit)
-    engine = tessera.initialize(model=model, config=cfg)
+    engine, _, _, _ = tessera.initialize(model=model, config=cfg)
     x, y = torch.randn(MICRO, width), torch.randn(MICRO, width)
     engine.backward(engine(x, y))
     engine.step()

@@ -1,0 +1,166 @@
+"""What a DeepSpeed training script hands tessera.initialize besides the model and the config: its
+own optimizer, its LR scheduler and its data set. tessera.initialize returns them as DeepSpeed does,
+(engine, optimizer, training_dataloader, lr_scheduler):
+
+- a client optimizer (a torch.optim.Adam / AdamW / SGD, or a callable that builds one from the
+  parameters) becomes the config's optimizer section, and its param groups the engine's: the engine
+  runs its own flat-shard optimizer of the same kind with the same hyper-parameters;
+- the optimizer returned (`EngineOptimizer`) is a torch.optim.Optimizer whose param_groups the
+  engine reads at every step: each group's "lr" is that step's learning rate, so a torch LR
+  scheduler (or Hugging Face's get_cosine_schedule_with_warmup) built on it, or on the client
+  optimizer whose dicts it shares, drives the learning rate as under DeepSpeed;
+- a client LR scheduler (an object, or a callable that builds one from the optimizer) is stepped by
+  the engine after each applied optimizer step; when the config names a scheduler too, the
+  config's wins, with a warning (DeepSpeed's rule);
+- training_data (a torch.utils.data.Dataset) gives a DataLoader over the data-parallel ranks.
+"""
+import warnings
+import weakref
+
+import torch
+
+# torch.optim class -> the config's optimizer type and the settings that carry over.
+_MAPPED = {
+    torch.optim.Adam: ("Adam", ("lr", "betas", "eps", "weight_decay")),
+    torch.optim.AdamW: ("AdamW", ("lr", "betas", "eps", "weight_decay")),
+    torch.optim.SGD: ("SGD", ("lr", "momentum", "nesterov", "weight_decay")),
+}
+# Settings a group may hold that only say how torch computes (not what): ignored.
+_HOW = {"foreach", "fused", "capturable", "differentiable", "initial_lr"}
+# Settings tessera's optimizers do not have, with the value that changes nothing.
+_NEUTRAL = {"amsgrad": False, "maximize": False, "dampening": 0}
+_PER_GROUP = ("lr", "weight_decay")  # may differ between groups (the engine has both per group)
+
+
+def _unsupported(optimizer):
+    return ValueError(
+        "tessera.initialize: optimizer=%s is not supported: a client optimizer must be a torch.optim.Adam, AdamW or "
+        "SGD (or a callable building one from the parameters), which the engine runs as its own flat-shard optimizer "
+        "of the same kind; for any other, name a type the engine has in the config's optimizer section instead "
+        "(Adam, AdamW, SGD, Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb; docs/config.md)" % type(optimizer).__name__)
+
+
+def build_client_optimizer(optimizer, model, model_parameters):
+    """A callable optimizer=: built on model_parameters (or the model's trainable parameters)."""
+    if isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer):
+        return optimizer
+    params = model_parameters if model_parameters is not None else [p for p in model.parameters() if p.requires_grad]
+    built = optimizer(params)
+    if not isinstance(built, torch.optim.Optimizer):
+        raise TypeError("tessera.initialize: the optimizer callable returned %s, not a torch.optim.Optimizer"
+                        % type(built).__name__)
+    return built
+
+
+def optimizer_section(optimizer):
+    """(the config's optimizer section, model_parameters as param-group dicts) for a client optimizer."""
+    mapped = _MAPPED.get(type(optimizer))
+    if mapped is None:
+        raise _unsupported(optimizer)
+    kind, keys = mapped
+    groups = optimizer.param_groups
+    first = groups[0]
+    if kind in ("Adam", "AdamW"):  # torch's Adam(decoupled_weight_decay=True) is AdamW, and AdamW's groups say so
+        kind = "AdamW" if first.get("decoupled_weight_decay", kind == "AdamW") else "Adam"
+    for i, g in enumerate(groups):
+        for key, value in g.items():
+            if key == "params" or key in _HOW or key in keys or key == "name":
+                continue
+            if key == "decoupled_weight_decay":
+                if bool(value) != (kind == "AdamW"):
+                    raise ValueError("tessera.initialize: the client %s's param groups 0 and %d differ in "
+                                     "decoupled_weight_decay" % (type(optimizer).__name__, i))
+                continue
+            if key in _NEUTRAL:
+                if value != _NEUTRAL[key]:
+                    raise ValueError("tessera.initialize: the client %s has %s=%r in param group %d; the engine's %s has "
+                                     "no %s (only %r)" % (type(optimizer).__name__, key, value, i, kind, key, _NEUTRAL[key]))
+                continue
+            raise ValueError("tessera.initialize: the client %s's param group %d sets %r, which tessera's %s does not "
+                             "have" % (type(optimizer).__name__, i, key, kind))
+        for key in keys:
+            if key not in _PER_GROUP and g.get(key) != first.get(key):
+                raise ValueError("tessera.initialize: the client %s's param groups 0 and %d differ in %s (%r, %r); "
+                                 "the engine takes per group only %s" % (type(optimizer).__name__, i, key,
+                                                                         first.get(key), g.get(key), " and ".join(_PER_GROUP)))
+    params = {key: first[key] for key in keys if key in first}
+    for key in ("lr", "weight_decay", "eps", "momentum"):
+        if isinstance(params.get(key), torch.Tensor):
+            params[key] = params[key].item()
+    if "betas" in params:
+        params["betas"] = [float(b) for b in params["betas"]]
+    if kind == "Adam":
+        params["adam_w_mode"] = False  # torch's Adam adds weight decay to the gradient (L2), not AdamW's
+    model_parameters = [{"params": list(g["params"]), "lr": float(g["lr"]), "weight_decay": float(g["weight_decay"]),
+                         "name": g.get("name", "group%d" % i)} for i, g in enumerate(groups)]
+    return {"type": kind, "params": params}, model_parameters
+
+
+class EngineOptimizer(torch.optim.Optimizer):
+    """The optimizer tessera.initialize returns: the engine's flat-shard optimizer seen through
+    torch.optim.Optimizer's interface. param_groups are the client optimizer's own dicts when one
+    was given (so a scheduler built on it drives the engine), else one dict per engine group; the
+    engine reads each group's "lr" before every optimizer step and writes back the one it used.
+    step() and zero_grad() are the engine's (engine.step() is what a training loop calls)."""
+
+    def __init__(self, engine, param_groups, defaults):
+        super().__init__([{"params": list(g["params"])} for g in param_groups], dict(defaults))
+        self.param_groups = param_groups
+        # Weak: the engine holds its optimizer, and a cycle would leave the engine (and the hooks it
+        # put on the module) to the garbage collector instead of going when the script drops it.
+        self._engine_ref = weakref.ref(engine)
+
+    @property
+    def _engine(self):
+        engine = self._engine_ref()
+        if engine is None:
+            raise RuntimeError("tessera: this optimizer's engine is gone")
+        return engine
+
+    def step(self, closure=None):
+        raise RuntimeError("tessera: the optimizer steps inside engine.step() (call that once per micro-batch, after "
+                           "engine.backward(loss)); optimizer.step() is not used")
+
+    def zero_grad(self, set_to_none=True):
+        self._engine.zero_grad()
+
+    def __repr__(self):
+        return "tessera.EngineOptimizer(%s, %d param groups)" % (self._engine.config["optimizer"]["type"],
+                                                                len(self.param_groups))
+
+
+def training_dataloader(engine, training_data, collate_fn):
+    """A DataLoader over this data-parallel rank's share of `training_data`: a DistributedSampler
+    over the data-parallel ranks, train_micro_batch_size_per_gpu samples per batch."""
+    if not isinstance(training_data, torch.utils.data.Dataset):
+        raise TypeError("tessera.initialize: training_data must be a torch.utils.data.Dataset, got %s"
+                        % type(training_data).__name__)
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        training_data, num_replicas=engine.dp_world_size, rank=engine.dp_rank, shuffle=True)
+    return torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
+                                       sampler=sampler, collate_fn=collate_fn, drop_last=False)
+
+
+def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler):
+    """Gives the engine its optimizer (EngineOptimizer) and LR scheduler; returns them."""
+    if client_optimizer is not None:
+        groups = client_optimizer.param_groups
+        defaults = client_optimizer.defaults
+    else:
+        defaults = dict(engine.config["optimizer"]["params"])
+        groups = [{"params": list(p), "lr": lr, "weight_decay": defaults.get("weight_decay", 0.0) if wd is None else wd,
+                   "name": name} for (p, _, wd, name), lr in zip(engine._groups, engine.get_lr())]
+    optimizer = EngineOptimizer(engine, groups, defaults)
+    if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+        lr_scheduler = lr_scheduler(optimizer)
+    if lr_scheduler is not None and config_has_scheduler:
+        if engine.global_rank == 0:
+            warnings.warn("tessera.initialize: the config names a scheduler and lr_scheduler= was given too; the "
+                          "config's scheduler sets the learning rate and the client scheduler is not stepped "
+                          "(DeepSpeed's rule)", stacklevel=3)
+        lr_scheduler = None
+    if lr_scheduler is not None and not hasattr(lr_scheduler, "step"):
+        raise TypeError("tessera.initialize: lr_scheduler must have step() (a torch.optim.lr_scheduler) or build one "
+                        "from the optimizer, got %s" % type(lr_scheduler).__name__)
+    engine._attach_optimizer(optimizer, lr_scheduler, lr_from_groups=not config_has_scheduler)
+    return optimizer, lr_scheduler
