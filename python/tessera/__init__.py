@@ -40,6 +40,18 @@ from . import nn  # noqa: E402
 from .engine import Engine, initialize  # noqa: E402
 
 
+def add_config_arguments(parser):
+    """DeepSpeed's add_config_arguments: adds --deepspeed (a flag), --deepspeed_config FILE and its
+    alias --tessera_config FILE to an argparse parser; initialize(args=...) reads the config from
+    args.deepspeed_config (or args.tessera_config). Returns the parser."""
+    group = parser.add_argument_group("tessera", "tessera (DeepSpeed-compatible) configuration")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="train with tessera (accepted for DeepSpeed scripts; tessera always runs)")
+    group.add_argument("--deepspeed_config", "--tessera_config", dest="deepspeed_config", default=None, type=str,
+                       help="the DeepSpeed-style JSON config file")
+    return parser
+
+
 
 def estimate(**request):
     """Memory per GPU, per node's CPU and NVMe for a training setup, like `tessera estimate`.
@@ -53,6 +65,6 @@ def estimate(**request):
     return json.loads(_C.estimate_json(json.dumps(request)))
 
 
-__all__ = ["initialize", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn", "checkpointing",
+__all__ = ["initialize", "add_config_arguments", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn", "checkpointing",
            "estimate"]
 __version__ = "0.1.0"

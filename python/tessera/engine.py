@@ -198,7 +198,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if config is None:
         config = config_params
     if config is None and args is not None:
-        config = getattr(args, "deepspeed_config", None) or getattr(args, "config", None)
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "tessera_config", None) or \
+            getattr(args, "config", None)
     if config is None:
         raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
 

@@ -353,3 +353,26 @@ def test_overlap_comm_leaves_the_allgather_to_the_next_forward_on_two_ranks():
         assert times["optimizer_steps"] == 4 and all(v >= 0 for v in times.values())
         parts = sum(v for k, v in times.items() if k.endswith("_s"))
         assert parts <= elapsed
+
+
+def test_add_config_arguments_gives_initialize_its_config(tmp_path):
+    import argparse
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config()))
+    parser = tessera.add_config_arguments(argparse.ArgumentParser())
+    for flag in ("--deepspeed_config", "--tessera_config"):
+        args = parser.parse_args(["--deepspeed", flag, str(path)])
+        assert args.deepspeed and args.deepspeed_config == str(path)
+        engine, optimizer, loader, scheduler = tessera.initialize(args=args, model=mlp())
+        assert engine.train_micro_batch_size_per_gpu() == 4 and loader is None and scheduler is None
+        assert isinstance(optimizer, torch.optim.Optimizer) and optimizer.param_groups[0]["lr"] == engine.get_lr()[0]
+
+
+def test_deepspeed_engine_names_tessera_lacks_say_so():
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=config())
+    with pytest.raises(AttributeError, match="DeepSpeed's engine has it, tessera does not implement it"):
+        engine.get_mom()
+    with pytest.raises(AttributeError, match="no_such_name"):
+        engine.no_such_name
+    assert (engine.fp16_enabled(), engine.bfloat16_enabled(), engine.zero_optimization_stage()) == (False, False, 2)
