@@ -14,6 +14,7 @@ own optimizer, its LR scheduler and its data set. tessera.initialize returns the
   config's wins, with a warning (DeepSpeed's rule);
 - training_data (a torch.utils.data.Dataset) gives a DataLoader over the data-parallel ranks.
 """
+import collections
 import warnings
 import weakref
 
@@ -104,8 +105,16 @@ class EngineOptimizer(torch.optim.Optimizer):
     step() and zero_grad() are the engine's (engine.step() is what a training loop calls)."""
 
     def __init__(self, engine, param_groups, defaults):
-        super().__init__([{"params": list(g["params"])} for g in param_groups], dict(defaults))
+        # Not torch.optim.Optimizer.__init__: its first call imports torch._dynamo (about 115 MB of
+        # resident memory per rank, measured) for checks that do not apply here. The attributes its
+        # methods and the LR schedulers read are set instead.
+        self.defaults = dict(defaults)
+        self.state = collections.defaultdict(dict)
         self.param_groups = param_groups
+        for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
+                      "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
+                      "_optimizer_load_state_dict_post_hooks"):
+            setattr(self, hooks, collections.OrderedDict())
         # Weak: the engine holds its optimizer, and a cycle would leave the engine (and the hooks it
         # put on the module) to the garbage collector instead of going when the script drops it.
         self._engine_ref = weakref.ref(engine)

@@ -521,6 +521,8 @@ class Engine(CheckpointCalls):
         if boundary:
             self._step_applied = self._c.skipped_steps == skipped
             if self._step_applied and self.lr_scheduler is not None:
+                # torch's schedulers warn unless optimizer.step() ran first: the engine's step did
+                setattr(getattr(self.lr_scheduler, "optimizer", self.optimizer), "_opt_called", True)
                 self.lr_scheduler.step()
             if not self._lr_from_groups and self.optimizer is not None:
                 for g, lr in zip(self.optimizer.param_groups, self.get_lr()):  # what the next step uses
