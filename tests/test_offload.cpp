@@ -56,6 +56,13 @@ tessera::testing::RunResult train(int ranks, const std::vector<std::string>& arg
 
 // The same with `dir` a 4 MiB tmpfs of its own (a mount namespace: root only); prints "exit=N",
 // then "left:" and what the tmpfs holds after the run.
+// Whether train_on_small_disk can run here (root and unshare -m); says so when not.
+bool can_mount_small_disk() {
+  if (geteuid() == 0 && tessera::testing::run({"unshare", "-m", "true"}, {}, 10).status == 0) return true;
+  WARN("skipped: needs root and unshare -m to mount a small tmpfs");
+  return false;
+}
+
 // With `prefill` the tmpfs is full before the run starts.
 tessera::testing::RunResult train_on_small_disk(int ranks, const std::vector<std::string>& args, const std::string& dir,
                                                 bool prefill = false) {
@@ -194,10 +201,7 @@ TEST_CASE("NVMe offload refuses a bad nvme_path and LAMB by name before training
 }
 
 TEST_CASE("NVMe offload: a disk that fills up mid-run stops training naming the file - no swap file stays") {
-  if (geteuid() != 0 || tessera::testing::run({"unshare", "-m", "true"}, {}, 10).status != 0) {
-    WARN("skipped: needs root and unshare -m to mount a small tmpfs");
-    return;
-  }
+  if (!can_mount_small_disk()) return;
   TempDir dir;
   // A 4 MiB tmpfs of its own: the files fit at construction (the check passes); then another
   // writer takes the space and the first step's write fails.
@@ -352,10 +356,7 @@ TEST_CASE("NVMe parameter offload refuses a bad nvme_path and a buffer_size belo
 TEST_CASE("NVMe parameter offload: a disk without room for the shards fails at construction naming the bytes") {
   // The shards are written whole at construction and only overwritten in place after it, so a disk
   // that fills up later cannot fail them; one without room fails before training, naming the path.
-  if (geteuid() != 0 || tessera::testing::run({"unshare", "-m", "true"}, {}, 10).status != 0) {
-    WARN("skipped: needs root and unshare -m to mount a small tmpfs");
-    return;
-  }
+  if (!can_mount_small_disk()) return;
   TempDir dir;
   const std::string swap = dir.file("swap");
   mkdir(swap.c_str(), 0700);
