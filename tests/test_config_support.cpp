@@ -149,8 +149,8 @@ TEST_CASE("engine support: a config without an optimizer section is an error") {
   REQUIRE(c.report.ok());
   auto issues = engine_support_issues(c.config);
   REQUIRE(issues.size() == 1);
-  CHECK(issues[0].str() == "error: optimizer: missing; the engine builds the optimizer from this section (client "
-                           "optimizers are not supported yet)");
+  CHECK(issues[0].str() == "error: optimizer: missing; the engine builds the optimizer from this section (from "
+                           "Python, tessera.initialize(optimizer=...) fills it in from a torch.optim Adam, AdamW or SGD)");
   // An optimizer section that failed to parse is its own error, not a missing one.
   Checked bad = check(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": "fast"}}})");
   add_engine_support_issues(bad.config, bad.report);

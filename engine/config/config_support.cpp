@@ -158,8 +158,8 @@ std::vector<ConfigIssue> issues_of(const Config& c, const ConfigReport* prior) {
   std::vector<ConfigIssue> issues;
   if (!c.optimizer && !already("optimizer"))
     issues.push_back({kError, "optimizer",
-                      "missing; the engine builds the optimizer from this section (client optimizers are not "
-                      "supported yet)"});
+                      "missing; the engine builds the optimizer from this section (from Python, "
+                      "tessera.initialize(optimizer=...) fills it in from a torch.optim Adam, AdamW or SGD)"});
 
   std::vector<Finding> findings = findings_of(c);
   std::map<std::string, std::vector<std::string>> folded;  // error path -> the keys it covers
