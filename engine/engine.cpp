@@ -3,6 +3,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <chrono>
 #include <cmath>
@@ -263,23 +264,48 @@ void Engine::record_loss(double loss) {
 }
 
 void Engine::run_backward(const std::function<void()>& autograd) {
-  StepTimes t;
-  zero_->wait_for_parameters();  // a unit the forward did not enter: its parameters are final now
-  t.allgather_s = zero_->take_allgather_wait_s();
-  t.forward_s = since(last_step_end_) - t.allgather_s;
-  auto start = Clock::now();
-  zero_->begin_backward(is_gradient_accumulation_boundary(), steps_.optimizer_step() + 1);
+  open_backward(BackwardKind::Engine);
   try {
     autograd();
   } catch (...) {
-    // Buckets of this micro-step may be half filled or in flight: start the window again.
-    zero_->abort_backward();
-    steps_.micro_step -= steps_.micro_step % gradient_accumulation_steps_;
+    abort_open_backward();
     throw;
   }
+  close_backward();
+}
+
+void Engine::open_backward(BackwardKind kind) {
+  if (backward_open_) abort_open_backward();  // an earlier autograd pass failed before its end
+  if (window_kind_ != BackwardKind::None && window_kind_ != kind)
+    throw std::logic_error(
+        "tessera: this gradient-accumulation window mixes engine.backward(loss) and loss.backward(): the first "
+        "scales the loss by 1/gradient_accumulation_steps, the second leaves it whole for the step to divide; "
+        "use one of them in every micro-step");
+  window_kind_ = kind;
+  zero_->wait_for_parameters();  // a unit the forward did not enter: its parameters are final now
+  open_allgather_s_ = zero_->take_allgather_wait_s();
+  open_forward_s_ = since(last_step_end_) - open_allgather_s_;
+  backward_start_ = Clock::now();
+  zero_->begin_backward(is_gradient_accumulation_boundary(), steps_.optimizer_step() + 1);
+  backward_open_ = true;
+}
+
+void Engine::abort_open_backward() {
+  backward_open_ = false;
+  // Buckets of this micro-step may be half filled or in flight: start the window again.
+  zero_->abort_backward();
+  steps_.micro_step -= steps_.micro_step % gradient_accumulation_steps_;
+  window_kind_ = BackwardKind::None;
+}
+
+void Engine::close_backward() {
+  backward_open_ = false;
+  StepTimes t;
+  t.forward_s = open_forward_s_;
+  t.allgather_s = open_allgather_s_;
   // ZeRO-3 waits for a unit's parameters inside autograd: counted as gather wait, not backward.
   const double gather_in_backward = zero_->take_allgather_wait_s();
-  t.backward_s = since(start) - gather_in_backward;
+  t.backward_s = since(backward_start_) - gather_in_backward;
   t.allgather_s += gather_in_backward;
   auto wait_start = Clock::now();
   zero_->end_backward();
@@ -295,6 +321,33 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   warned_no_units_ = true;
 }
 
+void Engine::watch_model_output(const at::Tensor& output) {
+  if (!output.requires_grad()) return;
+  output.register_hook([this](const at::Tensor& grad) {
+    begin_autograd_backward();
+    return grad;
+  });
+}
+
+void Engine::begin_autograd_backward() {
+  // engine.backward(loss) runs this pass, or another output of the same pass came first (a pass
+  // that failed before its end is caught at step()).
+  if (backward_open_) return;
+  if (config_.fp16.enabled)
+    throw std::runtime_error(
+        "tessera: loss.backward() with fp16 enabled: fp16 gradients need the loss multiplied by the loss scale "
+        "before autograd, which engine.backward(loss) does; call engine.backward(loss) instead");
+  open_backward(BackwardKind::Autograd);
+  try {
+    torch::autograd::Engine::get_default_engine().queue_callback([this] {
+      if (backward_open_) close_backward();
+    });
+  } catch (...) {
+    abort_open_backward();
+    throw;
+  }
+}
+
 const StepTimes& Engine::wall_clock_breakdown() const { return progress_->totals(); }
 
 void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samples(samples, tokens); }
@@ -302,6 +355,11 @@ void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samp
 // ---- step ----------------------------------------------------------------------------------------
 
 void Engine::step() {
+  if (backward_open_) {  // loss.backward()'s pass never reached its end: it threw inside autograd
+    abort_open_backward();
+    throw std::runtime_error("tessera: step() after a backward that did not finish (an exception inside autograd); "
+                             "the gradients of this accumulation window were dropped, start it again");
+  }
   ++steps_.micro_step;
   if (steps_.micro_step % gradient_accumulation_steps_ == 0) optimizer_step();
   last_step_end_ = Clock::now();
@@ -315,7 +373,10 @@ void Engine::optimizer_step() {
 
   // 2. Unscale, norm, overflow: the norm over every rank's part of the gradients, reduced over the
   //    right groups (optim/grad_norm.h); non-finite on any rank means overflow on every rank.
-  const double scale = scaler_->scale();
+  // loss.backward() left each micro-batch's loss whole: the window's sum is divided here.
+  const double scale =
+      scaler_->scale() * (window_kind_ == BackwardKind::Autograd ? double(gradient_accumulation_steps_) : 1.0);
+  window_kind_ = BackwardKind::None;
   const NormGroups groups{&parallel_.data(), &parallel_.tensor(), &parallel_.pipe()};
   const double sumsq = global_grad_sumsq(zero_->gradient_parts(), groups);
   const bool overflow = !std::isfinite(sumsq);
@@ -386,7 +447,7 @@ void Engine::print_overflow(const UpdateResult& update) const {
 // losses happens here, every steps_per_print steps.
 void Engine::print_progress() {
   at::Tensor mean = interval_losses_ ? interval_loss_sum_ / double(interval_losses_)
-                                     : at::zeros({1}, parallel_.data().options(at::kDouble));
+                                     : at::full({1}, NAN, parallel_.data().options(at::kDouble));  // "n/a"
   if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
   interval_loss_sum_ = at::Tensor();
   interval_losses_ = 0;

@@ -85,6 +85,13 @@ class Engine {
   // from `outputs` with `output_grads` as their gradients, which are used as given (they come from
   // the part that owns the loss, already scaled by it). Records no loss.
   void backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& output_grads);
+  // PyTorch-style `loss.backward()` followed by step(): call with each output of the model's
+  // forward that requires grad. When autograd reaches one without backward() having begun, the
+  // engine's backward begins there and ends with autograd's pass. Such a backward leaves the loss
+  // unscaled: its window's gradients are the micro-batches' sum, and the step divides by
+  // gradient_accumulation_steps in its unscale factor (no extra pass over the gradients). Refused
+  // under fp16 (the loss must be scaled: backward(loss) does it); one window is all one kind.
+  void watch_model_output(const at::Tensor& output);
   // A pipeline stage (PipelineEngine): after the boundary backward, param group `group`'s gradients
   // summed over `across`, the stages holding the same tied weights (ZeroOptimizer::sum_group_gradients).
   void sum_tied_gradients(int group, Communicator& across, bool counted_here);
@@ -169,7 +176,13 @@ class Engine {
   std::string save_16bit_model(const std::string& save_dir, const std::string& save_filename = "model.safetensors");
 
  private:
+  // Who began the micro-steps of the current accumulation window (they may not mix).
+  enum class BackwardKind { None, Engine, Autograd };
   void run_backward(const std::function<void()>& autograd);
+  void open_backward(BackwardKind kind);  // before autograd runs
+  void close_backward();                  // after it
+  void abort_open_backward();             // autograd threw: the window starts again
+  void begin_autograd_backward();         // a watched output's gradient arrived
   void add_interval_loss(const at::Tensor& on_group);  // a loss for the next progress line's mean
   void optimizer_step();
   void print_overflow(const UpdateResult& update) const;
@@ -193,6 +206,10 @@ class Engine {
   int64_t steps_at_last_print_ = 0, sent_at_last_print_ = 0;  // the progress line's bytes per step
   bool warned_no_units_ = false;
   std::chrono::steady_clock::time_point last_step_end_;
+  bool backward_open_ = false;
+  BackwardKind window_kind_ = BackwardKind::None;
+  double open_forward_s_ = 0, open_allgather_s_ = 0;  // the backward in progress: its forward's times
+  std::chrono::steady_clock::time_point backward_start_;
 };
 
 }  // namespace tessera

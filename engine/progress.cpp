@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdio>
 
 namespace tessera {
@@ -39,8 +40,11 @@ std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr
   const double seconds = std::chrono::duration<double>(now - interval_start_).count();
   const double steps = times_.optimizer_steps ? double(times_.optimizer_steps) : 1.0;
   char buf[512];
-  int n = std::snprintf(buf, sizeof(buf), "step %lld | loss %.4f | lr %.3e | loss scale %g | grad norm %.4f",
-                        (long long)global_step, mean_loss, lr, loss_scale, grad_norm);
+  // No loss known (loss.backward() by the script, not engine.backward(loss)): "n/a".
+  char loss[32] = "n/a";
+  if (!std::isnan(mean_loss)) std::snprintf(loss, sizeof(loss), "%.4f", mean_loss);
+  int n = std::snprintf(buf, sizeof(buf), "step %lld | loss %s | lr %.3e | loss scale %g | grad norm %.4f",
+                        (long long)global_step, loss, lr, loss_scale, grad_norm);
   n += std::snprintf(buf + n, sizeof(buf) - n, "%s", extra.c_str());
   // Every data-parallel rank draws the same number of samples: this rank's count times dp.
   if (samples_ > 0) n += std::snprintf(buf + n, sizeof(buf) - n, " | %.1f samples/s", samples_ * dp_ / seconds);

@@ -12,14 +12,11 @@ std::unique_ptr<ParallelContext> ParallelContext::from_environment(const Paralle
 }
 
 ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptions& options) : info_(info), options_(options) {
-  std::string error;
-  auto grid = make_grid_shape(info.world_size, options.tensor, options.pipe, &error);
-  if (!grid) throw std::invalid_argument("tessera: " + error);
-  grid_ = *grid;
-
+  grid_ = *make_grid_shape(info.world_size, 1, 1, nullptr);  // data-parallel only until the axis groups exist
   if (options.backend == "nccl" || (options.backend == "auto" && nccl_available())) backend_ = BackendKind::Nccl;
   else if (options.backend != "gloo" && options.backend != "auto")
     throw std::invalid_argument("tessera: unknown backend '" + options.backend + "' (expected auto, gloo or nccl)");
+  if (!options.defer_axis_groups) check_degrees(options.tensor, options.pipe);
 
   // NCCL binds a group to the current CUDA device: make it this rank's GPU before any group exists.
   set_current_device(backend_, info_.local_rank);
@@ -27,15 +24,37 @@ ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptio
   std::vector<int> everyone(info.world_size);
   for (int r = 0; r < info.world_size; ++r) everyone[r] = r;
   world_ = make_group("world", everyone, options);
-  data_ = make_group("data", grid_.group_of(Axis::Data, info.rank), options);
-  tensor_ = make_group("tensor", grid_.group_of(Axis::Tensor, info.rank), options);
-  pipe_ = make_group("pipe", grid_.group_of(Axis::Pipe, info.rank), options);
-  model_ = make_group("model", grid_.group_of(Axis::Model, info.rank), options);
+  if (!options.defer_axis_groups) make_axis_groups(options.tensor, options.pipe);
+}
+
+GridShape ParallelContext::check_degrees(int tensor, int pipe) const {
+  std::string error;
+  auto grid = make_grid_shape(info_.world_size, tensor, pipe, &error);
+  if (!grid) throw std::invalid_argument("tessera: " + error);
+  return *grid;
+}
+
+void ParallelContext::make_axis_groups(int tensor, int pipe) {
+  if (axis_groups_made())
+    throw std::logic_error("tessera: the axis groups exist already (" + grid_.str() + "); they are made once");
+  grid_ = check_degrees(tensor, pipe);
+  data_ = make_group("data", grid_.group_of(Axis::Data, info_.rank), options_);
+  tensor_ = make_group("tensor", grid_.group_of(Axis::Tensor, info_.rank), options_);
+  pipe_ = make_group("pipe", grid_.group_of(Axis::Pipe, info_.rank), options_);
+  model_ = make_group("model", grid_.group_of(Axis::Model, info_.rank), options_);
+}
+
+Communicator& ParallelContext::axis(const std::unique_ptr<Communicator>& group) const {
+  if (!group)
+    throw std::logic_error("tessera: the data/tensor/pipe groups are not made yet: only the world group exists "
+                           "until the parallel degrees are known (tessera.initialize makes them from the config)");
+  return *group;
 }
 
 ParallelContext::~ParallelContext() = default;
 
 Communicator& ParallelContext::data_parameters() {
+  axis(data_);
   if (!data_parameters_) data_parameters_ = make_group("data_parameters", grid_.group_of(Axis::Data, info_.rank), options_);
   return *data_parameters_;
 }
@@ -89,6 +108,9 @@ Communicator& ParallelContext::group(Axis axis) {
 
 std::string ParallelContext::describe() const {
   Coordinates c = coordinates();
+  if (!axis_groups_made())
+    return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (world group only), " +
+           backend_name(backend_);
   return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (pipe " +
          std::to_string(c.pipe) + ", data " + std::to_string(c.data) + ", tensor " + std::to_string(c.tensor) +
          ") in " + grid_.str() + ", " + backend_name(backend_);

@@ -19,6 +19,9 @@ struct ParallelOptions {
   int tensor = 1;  // tensor_parallel.tp_size
   int pipe = 1;    // pipeline.stages
   std::string backend = "auto";  // "auto" (nccl with a GPU, else gloo), "gloo", "nccl"
+  // Make only the world group now; the axis groups come with make_axis_groups(tensor, pipe) once
+  // the degrees are known (DeepSpeed's init_distributed() comes before the config is read).
+  bool defer_axis_groups = false;
   CommunicatorOptions communicator;
 };
 
@@ -41,14 +44,19 @@ class ParallelContext {
   BackendKind backend() const { return backend_; }
   c10::Device device() const { return collective_device(backend_, info_.local_rank); }  // where collectives run
 
+  // Makes the data, tensor, pipe and model groups for a `pipe × data × tensor` grid (every rank
+  // together, once); the constructor does it unless options.defer_axis_groups.
+  void make_axis_groups(int tensor, int pipe);
+  bool axis_groups_made() const { return data_ != nullptr; }
+
   Communicator& world() { return *world_; }
-  Communicator& data() { return *data_; }
+  Communicator& data() { return axis(data_); }
   // A second group over the data axis, made on first use (every rank of the data group must ask
   // for it together): ZeRO-3's parameter gathers run there, never queued behind gradient reductions.
   Communicator& data_parameters();
-  Communicator& tensor() { return *tensor_; }
-  Communicator& pipe() { return *pipe_; }
-  Communicator& model() { return *model_; }  // tensor × pipe: one model replica
+  Communicator& tensor() { return axis(tensor_); }
+  Communicator& pipe() { return axis(pipe_); }
+  Communicator& model() { return axis(model_); }  // tensor × pipe: one model replica
   Communicator& group(Axis axis);
   // Some stages of this rank's pipeline (pipe-group ranks, ascending; this rank's among them), made
   // on first use by those stages' ranks together and kept: where weights tied across stages (a
@@ -58,6 +66,8 @@ class ParallelContext {
   std::string describe() const;  // "rank 3 of 4 (pipe 0, data 1, tensor 1) in pipe 1 x data 2 x tensor 2, gloo"
 
  private:
+  GridShape check_degrees(int tensor, int pipe) const;  // throws std::invalid_argument naming the mismatch
+  Communicator& axis(const std::unique_ptr<Communicator>& group) const;
   std::unique_ptr<Communicator> make_group(const std::string& name, std::vector<int> ranks, const ParallelOptions& o);
 
   RendezvousInfo info_;

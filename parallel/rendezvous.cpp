@@ -131,7 +131,13 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info) {
   options.timeout = info.timeout;
   c10::intrusive_ptr<c10d::TCPStore> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+    } catch (const std::exception&) {
+      if (!options.isServer || !info.store_may_exist) throw;
+      options.isServer = false;  // the port is taken by the store torch.distributed hosts: join it
+      store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+    }
   } catch (const std::exception& e) {
     // Under `tessera launch` the launcher sets MASTER_PORT itself: only its flag changes the port.
     const char* launched = std::getenv("TESSERA_LAUNCHED");

@@ -28,6 +28,9 @@ struct RendezvousInfo {
   int master_port = 29500;
   std::string source = "single process";  // "torchrun", "slurm", "openmpi"
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // TESSERA_TIMEOUT_S
+  // Rank 0 joins a store someone else hosts on the port when it cannot host one there itself:
+  // set when torch.distributed's default group was made first (env:// hosts its store there).
+  bool store_may_exist = false;
 };
 
 class RendezvousError : public std::runtime_error {

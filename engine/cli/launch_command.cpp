@@ -23,8 +23,9 @@ struct LaunchFlags {
   std::optional<int> nproc_per_node, nnodes, node_rank, master_port;
   std::optional<std::string> master_addr;
   std::optional<double> grace_period_s, timeout_s;
-  bool tag_output = false;
+  bool tag_output = false, pass_local_rank = false;
   CLI::Option* tag_output_flag = nullptr;
+  CLI::Option* pass_local_rank_flag = nullptr;
   std::vector<std::string> command;
 };
 
@@ -39,6 +40,7 @@ nlohmann::json overrides_from(const LaunchFlags& f) {
   if (f.grace_period_s) j["grace_period_s"] = *f.grace_period_s;
   if (f.timeout_s) j["timeout_s"] = *f.timeout_s;
   if (f.tag_output_flag->count() > 0) j["tag_output"] = f.tag_output;
+  if (f.pass_local_rank_flag->count() > 0) j["pass_local_rank"] = f.pass_local_rank;
   return j;
 }
 
@@ -84,6 +86,9 @@ void register_launch_command(CLI::App& app, int& exit_code, const std::vector<st
   sub->add_option("--config", flags->config, "Launch config JSON file; flags override its keys");
   flags->tag_output_flag =
       sub->add_flag("--tag-output,--tag_output", flags->tag_output, "Prefix each output line with [rankN]: ");
+  flags->pass_local_rank_flag = sub->add_flag(
+      "--pass-local-rank,--pass_local_rank", flags->pass_local_rank,
+      "Append --local_rank=N to each rank's arguments, as DeepSpeed's launcher does (scripts that read args.local_rank)");
   sub->add_option("--grace-period", flags->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping ranks after a failure (5)");
   sub->add_option("--timeout", flags->timeout_s, "Rendezvous/collective timeout in seconds, as TESSERA_TIMEOUT_S (300)");

@@ -47,6 +47,7 @@ struct LaunchConfig {
   // oversubscribe the CPU).
   std::optional<int> omp_num_threads;
   bool tag_output = false;     // prefix each line a rank prints with "[rankN]: "
+  bool pass_local_rank = false;  // append --local_rank=N to each rank's arguments (DeepSpeed's launcher does)
   double grace_period_s = 5;   // after a failure: SIGTERM, wait this long, then SIGKILL
   double timeout_s = 300;      // rendezvous/collective timeout, given to ranks as TESSERA_TIMEOUT_S
   std::map<std::string, std::string> env;  // extra environment variables for every rank
@@ -61,6 +62,7 @@ struct LaunchConfig {
     v("master_port", master_port, in_range(1, 65535));
     v("omp_num_threads", omp_num_threads, at_least(1));
     v("tag_output", tag_output);
+    v("pass_local_rank", pass_local_rank);
     v("grace_period_s", grace_period_s, at_least(0.0));
     v("timeout_s", timeout_s, greater_than(0.0));
     v("env", env);

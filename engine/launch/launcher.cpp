@@ -245,11 +245,13 @@ class Job {
  private:
   // Starts the ranks in order; stops early when one cannot start or the launcher is interrupted.
   void start_ranks() {
-    std::vector<char*> argv;
-    for (const auto& a : command_) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
     for (auto& r : ranks_) {
       if (g_interrupts > 0) return;
+      std::vector<std::string> args = command_;
+      if (config_.pass_local_rank) args.push_back("--local_rank=" + std::to_string(r.local_rank));  // DeepSpeed's launcher
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
       std::string error = start_rank(r, argv);
       if (error.empty()) continue;
       if (r.pid > 0) {

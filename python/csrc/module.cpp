@@ -99,6 +99,7 @@ py::dict rendezvous_dict(const RendezvousInfo& i) {
   d["master_addr"] = i.master_addr;
   d["master_port"] = i.master_port;
   d["source"] = i.source;
+  d["timeout_s"] = i.timeout.count() / 1000.0;
   return d;
 }
 
@@ -199,15 +200,29 @@ PYBIND11_MODULE(_C, m) {
       "Returns (config, warnings).");
 
   py::class_<ParallelContext, std::shared_ptr<ParallelContext>>(m, "ParallelContext")
-      .def(py::init([](int tensor, int pipe, const std::string& backend) {
+      .def(py::init([](int tensor, int pipe, const std::string& backend, bool defer_axis_groups, bool store_may_exist,
+                       double timeout_s) {
              ParallelOptions o;
              o.tensor = tensor;
              o.pipe = pipe;
              o.backend = backend;
+             o.defer_axis_groups = defer_axis_groups;
+             RendezvousInfo info = rendezvous_info_from_environment();
+             info.store_may_exist = store_may_exist;
+             if (timeout_s > 0) info.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
              py::gil_scoped_release release;  // the rendezvous waits for every rank
-             return std::shared_ptr<ParallelContext>(ParallelContext::from_environment(o));
+             return std::make_shared<ParallelContext>(info, o);
            }),
-           py::arg("tensor") = 1, py::arg("pipe") = 1, py::arg("backend") = "auto")
+           py::arg("tensor") = 1, py::arg("pipe") = 1, py::arg("backend") = "auto", py::arg("defer_axis_groups") = false,
+           py::arg("store_may_exist") = false, py::arg("timeout_s") = 0.0)
+      .def(
+          "make_axis_groups",
+          [](ParallelContext& c, int tensor, int pipe) {
+            py::gil_scoped_release release;  // every rank of each group connects
+            c.make_axis_groups(tensor, pipe);
+          },
+          py::arg("tensor"), py::arg("pipe"))
+      .def_property_readonly("axis_groups_made", &ParallelContext::axis_groups_made)
       .def_property_readonly("rank", &ParallelContext::rank)
       .def_property_readonly("world_size", &ParallelContext::world_size)
       .def_property_readonly("local_rank", &ParallelContext::local_rank)
@@ -304,6 +319,8 @@ PYBIND11_MODULE(_C, m) {
           "backward",
           [](EngineHandle& e, const at::Tensor& loss) { blocking([&] { e.engine->backward(loss); }); },
           py::arg("loss"))
+      .def("watch_model_output", [](EngineHandle& e, const at::Tensor& output) { e.engine->watch_model_output(output); },
+           "loss.backward() then step(): the engine's backward begins when autograd reaches this output")
       .def(
           "backward_outputs",
           [](EngineHandle& e, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {

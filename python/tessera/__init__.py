@@ -38,6 +38,7 @@ from . import tensor_parallel  # noqa: E402
 from . import checkpointing  # noqa: E402
 from . import nn  # noqa: E402
 from .engine import Engine, initialize  # noqa: E402
+from .comm import init_distributed  # noqa: E402  (DeepSpeed's deepspeed.init_distributed)
 
 
 def add_config_arguments(parser):
@@ -65,6 +66,6 @@ def estimate(**request):
     return json.loads(_C.estimate_json(json.dumps(request)))
 
 
-__all__ = ["initialize", "add_config_arguments", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn", "checkpointing",
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn", "checkpointing",
            "estimate"]
 __version__ = "0.1.0"

@@ -149,7 +149,7 @@ get_cuda_rng_tracker = get_rng_tracker  # DeepSpeed's and Megatron's name
 def model_parallel_seed(seed):
     """The default generator gets `seed` on every rank; the tracker's "model-parallel-rng" gets
     seed + 2718 + this rank's tensor-parallel rank (Megatron's offset)."""
-    tensor_rank = comm._get_context().group_rank("tensor") if comm.is_initialized() else 0
+    tensor_rank = comm._get_context().group_rank("tensor") if comm._axes_made() else 0
     torch.manual_seed(seed)
     _tracker.reset()
     _tracker.add("model-parallel-rng", seed + 2718 + tensor_rank)
@@ -175,7 +175,7 @@ def _set_rng_state(state):
 
 def _tensor_group():
     """(context, t, rank) of the tensor group when partitioning applies, else None."""
-    if not _options["partition_activations"] or _sequence_parallel or not comm.is_initialized():
+    if not _options["partition_activations"] or _sequence_parallel or not comm._axes_made():
         return None
     ctx = comm._get_context()
     t = ctx.group_size("tensor")

@@ -3,12 +3,11 @@
 Rank, world size and local rank come from the environment the job was launched with
 (`tessera launch`, torchrun, SLURM, Open MPI; a single process when none is set) and need no
 connection. barrier/all_reduce/broadcast use tessera's process groups (c10d Gloo, or NCCL with CUDA
-tensors), created once per process: by tessera.initialize(), by init_distributed(), or lazily by the
-first collective.
-
-Do not also call torch.distributed.init_process_group with the same MASTER_PORT: tessera's rank 0
-hosts its rendezvous store there.
+tensors), created once per process: by init_distributed(), by tessera.initialize(), or lazily by the
+first collective. The first of those also makes torch.distributed's default process group on the same
+rendezvous (unless the script made it before), so the script's own torch.distributed calls work.
 """
+import atexit
 import signal
 import threading
 
@@ -61,32 +60,107 @@ def is_initialized():
     return _context is not None
 
 
-def init_distributed(backend="auto", tensor_parallel=1, pipeline_stages=1):
-    """Joins the job's process groups (every rank must call it); idempotent.
+def _axes_made():
+    """Whether the data/tensor/pipe groups exist (their degrees are fixed)."""
+    return _context is not None and _context.axis_groups_made
 
-    backend: "auto" (NCCL when a GPU is visible, else Gloo), "gloo" or "nccl". tessera.initialize()
-    calls it with the config's parallel degrees and "gloo" for a model on the CPU.
+
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True, timeout=None,
+                     init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1, *,
+                     backend=None, tensor_parallel=None, pipeline_stages=None):
+    """Joins the job (every rank must call it); idempotent. DeepSpeed's deepspeed.init_distributed.
+
+    It makes the rendezvous store and the world group, and torch.distributed's default process
+    group on the same store (so torch.distributed.get_rank(), barrier(), all_reduce() and
+    DistributedSampler() work in the script). The data, tensor and pipe groups are made by
+    tessera.initialize() from the config (or here, when tensor_parallel/pipeline_stages are given).
+
+    dist_backend (or backend): None/"auto" (NCCL when a GPU is visible, else Gloo), "gloo" or
+    "nccl". timeout: a datetime.timedelta (or seconds) for the rendezvous and every collective
+    (default TESSERA_TIMEOUT_S, 300 s). rank/world_size: -1, or the environment's values.
+    distributed_port, auto_mpi_discovery, verbose and dist_init_required are accepted for
+    DeepSpeed's scripts: the rendezvous reads MASTER_PORT (tessera launch, torchrun, SLURM, Open MPI).
     """
-    return _get_context(backend, tensor_parallel, pipeline_stages)
+    if dist_backend is not None and backend is not None and dist_backend != backend:
+        raise ValueError("tessera.comm.init_distributed: dist_backend=%r and backend=%r differ" % (dist_backend, backend))
+    chosen = backend if backend is not None else dist_backend
+    if init_method not in (None, "env://"):
+        raise ValueError("tessera.comm.init_distributed: init_method=%r is not supported: tessera meets at "
+                         "MASTER_ADDR:MASTER_PORT from the environment (env://); tessera launch and torchrun set them"
+                         % (init_method,))
+    if config is not None:
+        raise ValueError("tessera.comm.init_distributed: config= is not supported here (DeepSpeed reads its comms "
+                         "logger from it); give the config to tessera.initialize()")
+    info = _environment()
+    for name, given, actual in (("rank", rank, info["rank"]), ("world_size", world_size, info["world_size"])):
+        if given not in (-1, None) and int(given) != actual:
+            raise ValueError("tessera.comm.init_distributed: %s=%d but the environment (%s) says %d"
+                             % (name, int(given), info["source"], actual))
+    if distributed_port is not None and int(distributed_port) != info["master_port"] and info["world_size"] > 1:
+        raise ValueError("tessera.comm.init_distributed: distributed_port=%d but MASTER_PORT is %d; the rendezvous "
+                         "uses MASTER_PORT" % (int(distributed_port), info["master_port"]))
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+    return _get_context(chosen or "auto", tensor_parallel, pipeline_stages, make_axes=tensor_parallel is not None
+                        or pipeline_stages is not None, timeout_s=seconds)
 
 
-def _get_context(backend="auto", tensor=1, pipe=1):
+def _get_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None):
+    """The process's ParallelContext. The first call joins the job (world group, and torch.distributed's
+    default group); the axis groups are made by the first call with make_axes, with tensor x pipe
+    (default 1 x 1), and are fixed from then on."""
     global _context
     if not isinstance(backend, str):
         raise TypeError("tessera.comm: backend must be a str ('auto', 'gloo' or 'nccl'), got %s" % type(backend).__name__)
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError("tessera.comm: unknown backend %r (expected 'auto', 'gloo' or 'nccl')" % backend)
     with _lock:
         if _context is None:
-            _context = _while_sigint_kills(lambda: _C.ParallelContext(int(tensor), int(pipe), backend))
-        elif (_context.tensor, _context.pipe) != (tensor, pipe) and (tensor, pipe) != (1, 1):
-            raise ValueError(
-                "tessera.comm: the process groups were created for tensor %d x pipe %d, the config asks for "
-                "tensor %d x pipe %d; call tessera.initialize() before any other collective"
-                % (_context.tensor, _context.pipe, tensor, pipe))
+            import torch.distributed as dist
+            torch_first = dist.is_available() and dist.is_initialized()
+            _context = _while_sigint_kills(lambda: _C.ParallelContext(
+                1, 1, backend, defer_axis_groups=True, store_may_exist=torch_first, timeout_s=float(timeout_s or 0)))
+            if not torch_first:
+                _init_torch_distributed(_context, timeout_s)
         elif backend not in ("auto", _context.backend):
             raise ValueError(
                 "tessera.comm: the process groups already use %s, %s was asked for; call "
                 "tessera.comm.init_distributed(backend=...) first" % (_context.backend, backend))
+        if make_axes and not _context.axis_groups_made:
+            _while_sigint_kills(lambda: _context.make_axis_groups(int(tensor or 1), int(pipe or 1)))
+        elif make_axes and (_context.tensor, _context.pipe) != (int(tensor or 1), int(pipe or 1)) and \
+                (tensor, pipe) not in ((None, None), (1, 1)):
+            raise ValueError(
+                "tessera.comm: the process groups were made for tensor %d x pipe %d, the config asks for "
+                "tensor %d x pipe %d; the degrees are fixed by the first tessera.initialize() (or collective on "
+                "a data/tensor/pipe group)" % (_context.tensor, _context.pipe, int(tensor or 1), int(pipe or 1)))
         return _context
+
+
+def _init_torch_distributed(context, timeout_s):
+    """torch.distributed's default process group, over the rendezvous tessera just made (its own key
+    prefix on the same store; rank 0 hosts it), so scripts' torch.distributed calls work. Gloo, with
+    NCCL for CUDA tensors when tessera uses NCCL."""
+    import datetime
+    import torch.distributed as dist
+    if not dist.is_available():
+        return
+    info = context.info
+    timeout = datetime.timedelta(seconds=float(timeout_s or info["timeout_s"]))
+    if info["world_size"] == 1:
+        store = dist.HashStore()
+    else:
+        store = dist.TCPStore(info["master_addr"], info["master_port"], info["world_size"], is_master=False,
+                              timeout=timeout, wait_for_workers=False)
+    backend = "cpu:gloo,cuda:nccl" if context.backend == "nccl" else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore("torch.distributed/", store), rank=info["rank"],
+                            world_size=info["world_size"], timeout=timeout)
+    atexit.register(_destroy_torch_default_group)
+
+
+def _destroy_torch_default_group():
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _while_sigint_kills(fn):
@@ -111,7 +185,7 @@ def _group(group):
 
 def barrier(group="world"):
     """Blocks until every rank of the group has called it."""
-    _get_context().barrier(_group(group))
+    _get_context(make_axes=group != "world").barrier(_group(group))
 
 
 def all_reduce(tensor, op="sum", group="world"):
@@ -120,7 +194,7 @@ def all_reduce(tensor, op="sum", group="world"):
         raise TypeError("tessera.comm.all_reduce: tensor must be a torch.Tensor, got %s" % type(tensor).__name__)
     if op not in _OPS:
         raise ValueError("tessera.comm.all_reduce: unknown op %r (expected one of %s)" % (op, ", ".join(_OPS)))
-    _get_context().all_reduce(tensor, op, _group(group))
+    _get_context(make_axes=group != "world").all_reduce(tensor, op, _group(group))
     return tensor
 
 
@@ -128,7 +202,7 @@ def broadcast(tensor, src=0, group="world"):
     """Copies `tensor` from group rank `src` to every rank of the group, in place; returns it."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("tessera.comm.broadcast: tensor must be a torch.Tensor, got %s" % type(tensor).__name__)
-    _get_context().broadcast(tensor, int(src), _group(group))
+    _get_context(make_axes=group != "world").broadcast(tensor, int(src), _group(group))
     return tensor
 
 

@@ -309,6 +309,18 @@ class _UnitLeave:
         self._c.unit_forward_end(self._index)
 
 
+def _tensors_of(output):
+    """The tensors of a forward's output: a tensor, or nested tuples/lists/dicts of them."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for x in output:
+            yield from _tensors_of(x)
+    elif isinstance(output, collections.abc.Mapping):
+        for x in output.values():
+            yield from _tensors_of(x)
+
+
 class _WaitForParameters:
     def __init__(self, cengine):
         self._c = cengine
@@ -362,6 +374,7 @@ class Engine(CheckpointCalls):
         self.compute_dtype = first.dtype  # after the engine took the parameters over: bf16/fp16/fp32
         self._micro = self.config["train_micro_batch_size_per_gpu"]
         self._recorded = False  # record_batch() called since the last backward
+        self._backward_called = False  # engine.backward() in this micro-step (else the script's loss.backward())
         self._step_losses = []  # this step's micro-batch losses, as tensors: read from the device only when needed
         self._last_step_loss = None
         self._step_samples = 0
@@ -403,6 +416,10 @@ class Engine(CheckpointCalls):
         out = self._module(*args, **kwargs)
         if self._zero3:
             self._c.end_of_forward()  # without grad (evaluation), nothing it gathered stays
+        if torch.is_grad_enabled():  # a loss.backward() of the script's own begins the engine's backward
+            for t in _tensors_of(out):
+                if t.requires_grad:
+                    self._c.watch_model_output(t)
         return out
 
     def gathered_parameters(self, modifier_rank=None):
@@ -506,13 +523,21 @@ class Engine(CheckpointCalls):
         self._c.backward(loss)
         self._step_losses.append(loss.detach().reshape(()))
         self._recorded = False
+        self._backward_called = True
         return loss
 
     def step(self):
-        """Counts a micro-step; at a gradient-accumulation boundary also unscales, clips, applies the
+        """Counts a micro-step (after engine.backward(loss), or the script's own loss.backward():
+        then the gradients hold the micro-batches' sum and the step divides it by
+        gradient_accumulation_steps; refused under fp16, whose loss must be scaled); at a gradient-accumulation boundary also unscales, clips, applies the
         optimizer and advances the LR schedule (on every rank: call it on every rank). Without a
         scheduler in the config, the learning rate of each group is optimizer.param_groups[i]["lr"]
         (which a client LR scheduler, stepped here after each applied step, sets)."""
+        if not self._backward_called:  # the script ran loss.backward(): the micro-batch is counted here
+            if not self._recorded:
+                self.record_batch(self._micro)
+            self._recorded = False
+        self._backward_called = False
         boundary = self._c.is_gradient_accumulation_boundary()
         if boundary and self._lr_from_groups:
             self._c.set_group_learning_rates([float(g["lr"]) for g in self.optimizer.param_groups])
@@ -545,7 +570,9 @@ class Engine(CheckpointCalls):
         self._last_step_loss = torch.stack(losses).double().mean() if losses else None
         if self.monitor is None:
             return
-        if self.dp_world_size > 1:  # every rank joins: the step's loss averaged over the data-parallel ranks,
+        if self._last_step_loss is None:  # the script's loss.backward(): no loss was given to the engine
+            loss = None
+        elif self.dp_world_size > 1:  # every rank joins: the step's loss averaged over the data-parallel ranks,
             # on the device the data group's collectives take (CPU for Gloo, this rank's GPU for NCCL)
             t = self._last_step_loss.reshape(1).to(self._c.context.device)
             self._c.context.all_reduce(t, "avg", "data")

@@ -95,7 +95,7 @@ class PipelineModule(nn.Module):
         layers = list(layers)
         # The process groups: those already made (tessera.comm.init_distributed(tensor_parallel=t,
         # pipeline_stages=p)), else made here with `tensor_parallel` (default 1) x num_stages.
-        if comm.is_initialized() and tensor_parallel is None:
+        if comm._axes_made() and tensor_parallel is None:
             ctx = comm._get_context()
             if ctx.pipe != int(num_stages):
                 raise ValueError("tessera.pipe.PipelineModule: num_stages is %d but the process groups were made for "

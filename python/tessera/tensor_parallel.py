@@ -77,7 +77,7 @@ _MARKERS = ("sequence", "scatter_input", "gather_output")
 def _context(tp_size=None, device=None):
     """The process's parallel context, created with tp_size when there is none yet."""
     if tp_size is None:
-        if not comm.is_initialized():
+        if not comm._axes_made():
             raise ValueError("tessera.tensor_parallel: give tp_size, or call tessera.comm.init_distributed("
                              "tensor_parallel=...) first")
         return comm._get_context()

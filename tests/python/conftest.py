@@ -44,12 +44,13 @@ def child_env(**extra):
     return env
 
 
-def launch(nproc, argv, timeout=240, **kwargs):
-    """Runs `python argv...` on `nproc` local ranks through tessera launch; returns CompletedProcess."""
+def launch(nproc, argv, timeout=240, flags=(), **kwargs):
+    """Runs `python argv...` on `nproc` local ranks through tessera launch (with its `flags`);
+    returns CompletedProcess."""
     if not os.path.exists(CLI):
         pytest.fail("%s not built (run `make build` or scripts/build.sh tessera_cli)" % CLI)
-    cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120",
-           "--", sys.executable] + list(argv)
+    cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120"] + \
+        list(flags) + ["--", sys.executable] + list(argv)
     return subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 

@@ -13,6 +13,12 @@ SCRIPT:
   sgd_gas        an MLP; a client SGD with momentum, gradient accumulation 2, a StepLR passed as a
                  callable that builds it from tessera's optimizer
   adam_l2        an MLP; a client torch.optim.Adam with weight decay (L2, not AdamW's), no scheduler
+  sgd_gas_torch  sgd_gas with PyTorch's loss.backward() before engine.step()
+  dist_args      an MLP, written like DeepSpeed's CIFAR tutorial: argparse with --local_rank (from
+                 `tessera launch --pass-local-rank`) and add_config_arguments (the config is
+                 args.deepspeed_config), init_distributed() first, its own DataLoader with
+                 DistributedSampler(dataset) and no arguments, torch.distributed.all_reduce of the
+                 loss for logging and a barrier at the end
 
 Each rank writes {"losses": [...], "lrs": [...], "params": {name: flat list}} (rank 0 to OUT, the
 others to OUT.rankR): its every step's loss and the learning rate the step used; the reference
@@ -22,6 +28,7 @@ worth of micro-batches per step).
 import argparse
 import json
 import math
+import os
 import sys
 
 import torch
@@ -113,6 +120,12 @@ def setup(script):
         scheduler = cosine_with_warmup(optimizer, 2, STEPS)
         config = dict(base, gradient_accumulation_steps=1, gradient_clipping=1.0)
         return model, config, optimizer, scheduler, 1
+    if script == "dist_args":  # the config comes from args.deepspeed_config (the test writes this one there)
+        config = dict(base, gradient_accumulation_steps=1,
+                      optimizer={"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.05}},
+                      scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.02,
+                                                                "warmup_num_steps": 2, "warmup_type": "linear"}})
+        return Mlp(), config, None, None, 1
     if script == "adam_l2":  # torch's Adam: weight decay added to the gradient (L2), not decoupled
         model = Mlp()
         return model, dict(base, gradient_accumulation_steps=1), torch.optim.Adam(
@@ -156,12 +169,18 @@ def run_tessera(script, out, resume_dir=None):
         for _ in range(gas):
             x, y = next(batches)
             loss = engine(x, y)
-            engine.backward(loss)
+            if script.endswith("_torch"):
+                loss.backward()
+            else:
+                engine.backward(loss)
             engine.step()
             step_loss += loss.item() / gas
         losses.append(step_loss)
         assert engine.was_step_applied()
-    result = {"losses": losses, "lrs": lrs, "dp": engine.dp_world_size}
+    write_result(engine, out, {"losses": losses, "lrs": lrs, "dp": engine.dp_world_size})
+
+
+def write_result(engine, out, result):
     with engine.gathered_parameters():
         result["params"] = {n: p.detach().double().reshape(-1).tolist() for n, p in engine.module.named_parameters()}
     result["get_lr"] = engine.get_lr()
@@ -172,6 +191,40 @@ def run_tessera(script, out, resume_dir=None):
     else:
         with open(out + ".rank%d" % engine.global_rank, "w") as f:
             json.dump(result, f)
+
+
+def run_dist_args(out, argv):
+    import tessera as deepspeed
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser(description="an MLP, DeepSpeed-tutorial style")
+    parser.add_argument("--local_rank", type=int, default=-1, help="local rank passed from distributed launcher")
+    parser = deepspeed.add_config_arguments(parser)
+    args = parser.parse_args(argv)
+    assert args.deepspeed and args.deepspeed_config
+
+    deepspeed.init_distributed()
+    assert args.local_rank == int(os.environ["LOCAL_RANK"]), (args.local_rank, os.environ["LOCAL_RANK"])
+    torch.manual_seed(SEED)
+    model = Mlp()
+    data = dataset("dist_args")
+    sampler = torch.utils.data.distributed.DistributedSampler(data)  # torch.distributed's default group
+    loader = iter(torch.utils.data.DataLoader(data, batch_size=MICRO, sampler=sampler))
+    engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    assert engine.local_rank == args.local_rank and engine.global_rank == dist.get_rank()
+    losses, lrs, mean_losses = [], [], []
+    for _ in range(STEPS):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        x, y = next(loader)
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+        metric = loss.detach().clone()
+        dist.all_reduce(metric)  # a script's own logging: the mean loss over the ranks
+        mean_losses.append(metric.item() / dist.get_world_size())
+    dist.barrier()
+    write_result(engine, out, {"losses": losses, "lrs": lrs, "mean_losses": mean_losses, "dp": engine.dp_world_size})
 
 
 def run_reference(script, out, dp):
@@ -216,14 +269,17 @@ def run_reference(script, out, dp):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("script", choices=["cnn_data", "gpt_client", "sgd_gas", "adam_l2"])
+    ap.add_argument("script", choices=["cnn_data", "gpt_client", "sgd_gas", "adam_l2", "sgd_gas_torch", "dist_args"])
     ap.add_argument("out")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--resume", help="a directory: save half-way, load into a new engine, go on")
-    a = ap.parse_args()
+    a, rest = ap.parse_known_args()
     if a.reference:
-        run_reference(a.script, a.out, a.dp)
+        run_reference(a.script.replace("_torch", ""), a.out, a.dp)
+    elif a.script == "dist_args":
+        run_dist_args(a.out, rest)
     else:
+        assert not rest, rest
         run_tessera(a.script, a.out, a.resume)
     sys.stdout.flush()

@@ -126,7 +126,10 @@ def tessera_run(case):
         for m in range(case["gas"]):
             rows = slice((m * dp + me) * micro, (m * dp + me + 1) * micro)
             loss = engine(x[rows], y[rows])
-            engine.backward(loss)
+            if case.get("torch_backward"):  # PyTorch's way: the step divides by gradient_accumulation_steps
+                loss.backward()
+            else:
+                engine.backward(loss)
             engine.step()
             total += loss.item()
         t = torch.tensor([total / case["gas"]], dtype=torch.float64)
@@ -178,10 +181,25 @@ def reference_run(case):
     return {"losses": losses, "grad_norms": norms, "params": snapshots}
 
 
+def init_distributed_first():
+    """DeepSpeed's order: deepspeed.init_distributed() before initialize(); torch.distributed then works
+    on the same rendezvous, and the config's tensor_parallel.tp_size still applies at initialize()."""
+    tessera.init_distributed()
+    assert torch.distributed.is_initialized()
+    assert torch.distributed.get_rank() == tessera.comm.get_rank()
+    assert torch.distributed.get_world_size() == tessera.comm.get_world_size()
+    t = torch.tensor([float(tessera.comm.get_rank() + 1)])
+    torch.distributed.all_reduce(t)
+    n = tessera.comm.get_world_size()
+    assert t.item() == n * (n + 1) / 2, t
+
+
 def main():
     with open(sys.argv[1]) as f:
         cases = json.load(f)
     out = sys.argv[2]
+    if "--init-distributed-first" in sys.argv[3:]:
+        init_distributed_first()
     results = [tessera_run(case) for case in cases]
     if tessera.comm.get_rank() == 0:
         torch.save(results, out)

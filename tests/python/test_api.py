@@ -376,3 +376,53 @@ def test_deepspeed_engine_names_tessera_lacks_say_so():
     with pytest.raises(AttributeError, match="no_such_name"):
         engine.no_such_name
     assert (engine.fp16_enabled(), engine.bfloat16_enabled(), engine.zero_optimization_stage()) == (False, False, 2)
+
+
+def test_loss_backward_needs_no_engine_backward_but_not_mixed_and_not_under_fp16(capfd):
+    """loss.backward() then engine.step() equals engine.backward(loss) (gradient accumulation 2, SGD:
+    a wrong 1/gas would show in the parameters); one window cannot mix the two; fp16 refuses it."""
+    results = []
+    for torch_way in (False, True):
+        engine, _, _, _ = tessera.initialize(model=mlp(), config=config(
+            gradient_accumulation_steps=2, steps_per_print=2, optimizer={"type": "SGD", "params": {"lr": 0.1}}))
+        g = torch.Generator().manual_seed(3)
+        for _ in range(4):
+            loss = nn.functional.mse_loss(engine(torch.randn(4, 8, generator=g)), torch.randn(4, 2, generator=g))
+            loss.backward() if torch_way else engine.backward(loss)
+            engine.step()
+        results.append((torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()]),
+                        engine.get_global_grad_norm()))
+        assert engine.global_steps == 2
+    assert torch.equal(results[0][0], results[1][0]) and results[0][1] == pytest.approx(results[1][1], rel=1e-12)
+    assert "loss n/a" in capfd.readouterr().out  # the engine never saw the loss: the progress line says so
+
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=config(gradient_accumulation_steps=2))
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    engine.backward(nn.functional.mse_loss(engine(x), y))
+    engine.step()
+    with pytest.raises(RuntimeError, match="mixes engine.backward\\(loss\\) and loss.backward\\(\\)"):
+        nn.functional.mse_loss(engine(x), y).backward()
+
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=config(fp16={"enabled": True}))
+    with pytest.raises(RuntimeError, match="call engine.backward\\(loss\\) instead"):
+        nn.functional.mse_loss(engine(x.half()).float(), y).backward()
+    engine.backward(nn.functional.mse_loss(engine(x.half()).float(), y))  # the engine goes on
+    engine.step()
+    assert engine.global_steps == 1
+
+
+def test_init_distributed_takes_deepspeeds_arguments_and_makes_torch_distributed_work():
+    import datetime
+
+    import torch.distributed as dist
+
+    tessera.init_distributed(dist_backend="gloo", distributed_port=29500, verbose=False,
+                             timeout=datetime.timedelta(minutes=5), rank=0, world_size=1)
+    assert dist.is_initialized() and dist.get_rank() == 0 and dist.get_world_size() == 1
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="init_method='tcp://h:1' is not supported"):
+        tessera.init_distributed(init_method="tcp://h:1")
+    with pytest.raises(ValueError, match="rank=3 but the environment"):
+        tessera.init_distributed(rank=3)

@@ -67,7 +67,10 @@ def test_one_rank_matches_torch(stage):
 
 GPT = dict(model="gpt", micro=2, clip=0.05)
 TWO_RANK_CASES = [case(0, dp=2), case(1, dp=2), case(2, dp=2), case(2, dp=2, bf16=True, lr=1e-3), case(3, dp=2),
-                  case(3, dp=2, **GPT), case(3, dp=2, bf16=True, lr=1e-3), case(2, dp=2, **GPT)]
+                  case(3, dp=2, **GPT), case(3, dp=2, bf16=True, lr=1e-3), case(2, dp=2, **GPT),
+                  # the script's own loss.backward() then engine.step() (gradient accumulation 2)
+                  case(0, dp=2, torch_backward=True), case(1, dp=2, bf16=True, lr=1e-3, torch_backward=True),
+                  case(3, dp=2, torch_backward=True)]
 # The GPT's parameters drift from torch's by ~3e-6 after 6 steps at every stage (0 and 2 alike: Adam
 # turns last-bit differences of tiny gradients into lr-sized moves), so it is held to 1e-5 against
 # torch and to 1e-6 against the same GPT at ZeRO-2.
@@ -94,6 +97,17 @@ def test_two_ranks_zero3_gpt_with_tied_head_matches_torch_and_zero2(two_ranks):
     compare(zero2, TWO_RANK_CASES[7], param_tol=GPT_PARAM_TOL)
     for step in range(STEPS):
         assert (zero3["params"][step] - zero2["params"][step]).abs().max().item() <= 1e-6, step
+
+
+@pytest.mark.parametrize("index", [8, 9, 10], ids=["zero0", "zero1_bf16", "zero3"])
+def test_loss_backward_then_step_matches_torch(two_ranks, index):
+    """PyTorch-style loss.backward() + engine.step(): the 1/gradient_accumulation_steps division moves to
+    the step's unscale factor; losses, clipped norms and parameters as with engine.backward(loss)."""
+    got, c = two_ranks[index], TWO_RANK_CASES[index]
+    if c.get("bf16"):
+        compare(got, c, param_tol=BF16_PARAM_TOL, loss_tol=BF16_LOSS_TOL, norm_rtol=BF16_NORM_RTOL)
+    else:
+        compare(got, c)
 
 
 FOUR_RANK_CASES = [case(3, dp=4), case(3, dp=4, **GPT)]

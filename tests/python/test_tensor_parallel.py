@@ -52,6 +52,15 @@ def test_gpt_matches_single_process_torch(tmp_path, ranks, cases):
         assert len(result["sliced"]) == 2 * 6, result["sliced"]
 
 
+def test_tp_config_after_init_distributed(tmp_path):
+    """DeepSpeed's order, init_distributed() then initialize(): the world group (and torch.distributed)
+    first, the tensor group from the config's tp_size at initialize."""
+    c = tp_case(1, 2, sp=True)
+    out = tmp_path / "tp.pt"
+    check(launch(2, ["tests/python/parity_worker.py", write_cases(tmp_path, [c]), str(out), "--init-distributed-first"]))
+    compare(torch.load(out)[0], c, param_tol=GPT_PARAM_TOL)
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_estimator_activation_bytes_match_what_autograd_saves(ranks):
     result = check(launch(ranks, ["tests/python/activation_memory_worker.py"]))
