@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <tuple>
 
 #include "engine/config/config_io.h"
 #include "config_checks.h"
@@ -147,8 +148,10 @@ TEST_CASE("bad configs: every error names its JSON path") {
        "zero_optimization.offload_optimizer.device", "offload_optimizer needs ZeRO stage 1, 2 or 3"},
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
        "zero_optimization.offload_optimizer.nvme_path", "needs nvme_path"},
-      {R"({"train_micro_batch_size_per_gpu": "auto"})", "train_micro_batch_size_per_gpu",
+      {R"({"train_batch_size": 8, "gradient_clipping": "auto"})", "gradient_clipping",
        "\"auto\" is a placeholder that Hugging Face's Trainer fills in"},
+      {R"({"train_micro_batch_size_per_gpu": "auto"})", "train_batch_size",
+       "\"auto\", Hugging Face's placeholder, counts as unset"},
       {R"({"train_batch_size": 8, "optimizer": {"type": "Adamax"}})", "optimizer.type",
        R"(expected one of "Adam", "AdamW", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb")"},
       {R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})",
@@ -245,6 +248,43 @@ TEST_CASE("Hugging Face style DeepSpeed configs get clear errors for every auto 
   CHECK(has_error(c.report, "optimizer.params.lr", "\"auto\""));
   CHECK(has_error(c.report, "scheduler.params.warmup_num_steps", "\"auto\""));
   CHECK(has_error(c.report, "zero_optimization.reduce_bucket_size", "\"auto\""));
+  CHECK(!has_error(c.report, "train_micro_batch_size_per_gpu", ""));  // counted as unset, not a type error
+}
+
+TEST_CASE("\"auto\" batch sizes are resolved from the other two and the data-parallel size") {
+  auto c = check(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"})", 2);
+  INFO(c.report.errors());
+  CHECK(c.report.ok());
+  CHECK(*c.config.gradient_accumulation_steps == 4);
+  auto d = check(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 4);
+  CHECK(d.report.ok());
+  CHECK(*d.config.train_batch_size == 24);
+}
+
+TEST_CASE("a DeepSpeed key tessera lacks is accepted at DeepSpeed's default, refused otherwise by name") {
+  auto quiet = check(R"({"train_batch_size": 8, "prescale_gradients": false, "zero_allow_untested_optimizer": false,
+    "zero_optimization": {"stage": 1, "cpu_offload": false, "elastic_checkpoint": false},
+    "fp16": {"enabled": true, "fp16_master_weights_and_grads": false, "auto_cast": false},
+    "autotuning": {"enabled": false, "arg_mappings": {"x": "y"}}, "flops_profiler": {"enabled": false, "profile_step": 1},
+    "progressive_layer_drop": {"enabled": false}, "data_efficiency": {}, "wandb": {"enabled": false}})", 2);
+  INFO(quiet.report.errors());
+  CHECK(quiet.report.ok());
+  INFO(all_lines(quiet.report.issues));
+  CHECK(all_lines(quiet.report.issues).find("autotuning") == std::string::npos);
+  CHECK(all_lines(quiet.report.issues).find("does not implement") == std::string::npos);
+  for (const auto& [text, path, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {R"("autotuning": {"enabled": true})", "autotuning", "DeepSpeed's autotuner (autotuning) is outside tessera's scope"},
+           {R"("progressive_layer_drop": {"enabled": true, "theta": 0.5})", "progressive_layer_drop", "progressive layer drop"},
+           {R"("compression_training": {"weight_quantization": {"shared_parameters": {"enabled": true}}})",
+            "compression_training", "compression library"},
+           {R"("data_efficiency": {"enabled": true})", "data_efficiency", "data efficiency library"},
+           {R"("sparse_attention": {"mode": "fixed"})", "sparse_attention", "sparse attention kernels"},
+           {R"("zero_allow_untested_optimizer": true)", "zero_allow_untested_optimizer", "any other is refused"},
+           {R"("zero_optimization": {"cpu_offload": true})", "zero_optimization.cpu_offload", "renamed by DeepSpeed"}}) {
+    auto c = check(R"({"train_batch_size": 8, )" + text + "}", 2);
+    INFO(text << "\n" << c.report.errors());
+    CHECK(has_error(c.report, path, message));
+  }
 }
 
 TEST_CASE("tessera config check prints the effective config or every error") {
@@ -259,7 +299,8 @@ TEST_CASE("tessera config check prints the effective config or every error") {
   auto bad = tessera::testing::run({TESSERA_CLI_PATH, "config", "check",
                                     TESSERA_SOURCE_DIR "/tests/data/hf_trainer_zero2.json"});
   CHECK(bad.status == 1);
-  CHECK(contains(bad.output, "error: train_batch_size: \"auto\""));
+  CHECK(contains(bad.output, "error: train_batch_size: either train_batch_size or train_micro_batch_size_per_gpu"));
+  CHECK(contains(bad.output, "counts as unset"));
   CHECK(contains(bad.output, "errors"));
 }
 
@@ -366,4 +407,25 @@ TEST_CASE("a config file that cannot be read says why") {
   auto r = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", "/nonexistent/ds_config.json"});
   CHECK(r.status == 1);
   CHECK(contains(r.output, "error: cannot read config file '/nonexistent/ds_config.json': No such file or directory"));
+}
+
+TEST_CASE("configs in the shapes of DeepSpeedExamples' are accepted or refused for a feature named") {
+  const std::string folder = TESSERA_SOURCE_DIR "/tests/data/deepspeed_examples/";
+  const json expected = json::parse(read_text_file(folder + "expected.json"));
+  REQUIRE(expected.size() >= 10);
+  for (const auto& [file, outcome] : expected.items()) {
+    auto result = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", folder + file});
+    INFO(file << "\n" << result.output);
+    if (outcome == "ok") {
+      CHECK(result.status == 0);
+      CHECK_FALSE(contains(result.output, "does not implement"));
+    } else {
+      CHECK(result.status == 1);
+      for (const auto& error : outcome) {  // [JSON path, words of its message], and nothing else
+        CHECK(contains(result.output, "error: " + error[0].get<std::string>() + ": "));
+        CHECK(contains(result.output, error[1].get<std::string>()));
+      }
+      CHECK(contains(result.output, ": " + std::to_string(outcome.size()) + (outcome.size() == 1 ? " error" : " errors")));
+    }
+  }
 }

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "parallel/parallel_context.h"
 #include "parallel/rendezvous.h"
 #include "subprocess.h"
 
@@ -121,4 +122,21 @@ TEST_CASE("a port in use is reported with the way to change it and no C++ backtr
   CHECK_FALSE(contains(launched.output, "frame #"));  // torch's backtrace stays out of the message
   CHECK(by_hand.status != 0);
   CHECK(contains(by_hand.output, "set MASTER_PORT to a free port"));
+}
+
+TEST_CASE("a context made with the world group only makes its axis groups once, when asked") {
+  tessera::ParallelOptions options;
+  options.backend = "gloo";
+  options.defer_axis_groups = true;
+  tessera::ParallelContext context(tessera::rendezvous_info_from_environment({{"NOTHING", "1"}}), options);
+  CHECK_FALSE(context.axis_groups_made());
+  CHECK(context.world().size() == 1);
+  CHECK_THROWS_WITH(context.data(), Catch::Contains("only the world group exists"));
+  CHECK(context.describe().find("world group only") != std::string::npos);
+  CHECK_THROWS_WITH(context.make_axis_groups(2, 1), Catch::Contains("tensor_parallel.tp_size"));
+  CHECK_FALSE(context.axis_groups_made());  // a refused grid leaves nothing half made
+  context.make_axis_groups(1, 1);
+  CHECK(context.axis_groups_made());
+  CHECK(context.data().size() == 1);
+  CHECK_THROWS_WITH(context.make_axis_groups(1, 1), Catch::Contains("made once"));
 }

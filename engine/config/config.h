@@ -18,8 +18,12 @@
 namespace tessera {
 
 struct Fp16Config : LossScaleParams {
+  // DeepSpeed's fp16.auto_cast: the forward's floating-point inputs are cast to fp16 (the Python
+  // engine's __call__; a C++ model casts its own inputs).
+  bool auto_cast = false;
   template <class V> void fields(V& v) {
     v("enabled", enabled);
+    v("auto_cast", auto_cast);
     v("loss_scale", loss_scale, at_least(0.0));
     v("initial_scale_power", initial_scale_power, in_range(0, 127));
     v("loss_scale_window", loss_scale_window, at_least<int64_t>(1));

@@ -53,7 +53,7 @@ void resolve_batch(Config& c, int dp, ConfigReport& report) {
     report.error("train_batch_size",
                  "either train_batch_size or train_micro_batch_size_per_gpu must be set (the third of "
                  "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
-                 "data-parallel size is derived)");
+                 "data-parallel size is derived; \"auto\", Hugging Face's placeholder, counts as unset)");
   }
 }
 

@@ -75,7 +75,11 @@ class ParseVisitor {
       std::string path = join_path(path_, key);
       std::string message;
       if (const UnsupportedKey* u = find_unsupported_key(path)) {
-        message = "DeepSpeed knows this key but tessera does not implement it";
+        if (is_deepspeed_default(*u, item.value())) continue;  // DeepSpeed's default changes nothing
+        if (u->out_of_scope)
+          message = std::string("DeepSpeed's ") + u->out_of_scope + " is outside tessera's scope; remove the key";
+        else
+          message = "DeepSpeed knows this key but tessera does not implement it";
         if (u->hint && *u->hint) message += std::string(": ") + u->hint;
       } else {
         message = "unknown key";
@@ -101,6 +105,10 @@ class ParseVisitor {
   size_t error_count() const {
     return std::count_if(report_.issues.begin(), report_.issues.end(),
                          [](const ConfigIssue& i) { return i.severity == ConfigIssue::Severity::Error; });
+  }
+
+  static bool auto_resolves(const std::string& path) {
+    return path == "train_batch_size" || path == "train_micro_batch_size_per_gpu" || path == "gradient_accumulation_steps";
   }
 
   std::string list_known() const {
@@ -129,7 +137,9 @@ class ParseVisitor {
   void read(const json& v, T& field, const std::string& path, const R& rule) {
     if constexpr (is_optional<T>::value) {
       using Inner = typename T::value_type;
-      if (v.is_null()) {
+      // "auto" (Hugging Face's placeholder) where the value follows from the rest of the config:
+      // the batch sizes, resolved from the other two and the data-parallel size (config_resolve.cpp).
+      if (v.is_null() || (v == "auto" && auto_resolves(path))) {
         field.reset();
         return;
       }

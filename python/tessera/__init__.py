@@ -66,6 +66,28 @@ def estimate(**request):
     return json.loads(_C.estimate_json(json.dumps(request)))
 
 
+# Names of DeepSpeed's top-level module that scripts use and tessera does not have: reading one says
+# so (a module-level __getattr__ only runs for names the module lacks).
+_DEEPSPEED_MODULE_NAMES = frozenset({
+    "init_inference", "InferenceEngine", "DeepSpeedEngine", "DeepSpeedConfig", "DeepSpeedOptimizer",
+    "DeepSpeedHybridEngine", "DeepSpeedTransformerLayer", "DeepSpeedTransformerConfig", "ops", "moe", "runtime",
+    "utils", "accelerator", "profiling", "compression", "inference", "autotuning", "elasticity", "launcher",
+    "module_inject", "sequence", "env_report", "git_version_info", "is_compile_supported", "tp_model_init",
+    "add_tuning_arguments", "default_inference_config", "replace_transformer_layer", "revert_transformer_layer",
+})
+_SUBMODULES = frozenset({"pipe", "monitor", "plot"})
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:  # imported on first use (pipe pulls in more than most scripts need)
+        import importlib
+        return importlib.import_module("." + name, __name__)
+    if name in _DEEPSPEED_MODULE_NAMES:
+        raise AttributeError("module 'tessera' has no attribute %r: DeepSpeed has deepspeed.%s, tessera does not "
+                             "implement it (docs/python.md lists what tessera has)" % (name, name))
+    raise AttributeError("module 'tessera' has no attribute %r" % name)
+
+
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "Engine", "ConfigError", "RendezvousError", "CommError", "comm", "zero", "tensor_parallel", "nn", "checkpointing",
            "estimate"]
 __version__ = "0.1.0"

@@ -279,7 +279,8 @@ _DEEPSPEED_ENGINE_NAMES = frozenset({
     "offload_states", "reload_states", "optimizer_name", "pld_enabled", "quantize_training", "random_ltd_enabled",
     "set_data_post_process_func", "set_custom_curriculum_learning_schedule", "set_train_batch_size",
     "sparse_gradients_enabled", "steps_per_print", "tput_timer", "wall_clock_breakdown_enabled", "zero_cpu_offload",
-    "zero_optimization_partition_gradients", "zero_optimization_partition_weights", "compile", "is_compiled",
+    "zero_optimization_partition_gradients", "zero_optimization_partition_weights", "is_compiled",
+    "no_sync", "set_gradient_accumulation_boundary", "get_data_types", "destroy", "empty_partition_cache",
 })
 
 
@@ -307,6 +308,17 @@ class _UnitLeave:
         if isinstance(first, torch.Tensor) and first.requires_grad:
             self._c.unit_output(self._index, first)
         self._c.unit_forward_end(self._index)
+
+
+def _to_half(x):
+    """x with every floating-point tensor in it (nested in tuples, lists and dicts) cast to fp16."""
+    if isinstance(x, torch.Tensor):
+        return x.half() if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_half(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_half(v) for k, v in x.items()}
+    return x
 
 
 def _tensors_of(output):
@@ -351,6 +363,7 @@ class Engine(CheckpointCalls):
         self.config = json.loads(cengine.config_json())  # the effective config, every default filled in
         # ZeRO-3: parameters read outside their units are gathered on access (tessera/zero.py).
         self._zero3 = self.config["zero_optimization"]["stage"] == 3
+        self._auto_cast = self.config["fp16"]["enabled"] and self.config["fp16"]["auto_cast"]
         self._fetching = zero._install_fetching(module, cengine) if self._zero3 else None
         self._partitioned = [p for g in groups for p in g[0]] if self._zero3 else []
         zero._register(self, self._partitioned)
@@ -413,6 +426,8 @@ class Engine(CheckpointCalls):
                 not self._recorded and args[0].dim() >= 2 and not args[0].is_floating_point():
             # token ids (batch, sequence, ...): the progress line counts samples and tokens from them
             self.record_batch(int(args[0].shape[0]), int(args[0].numel()))
+        if self._auto_cast:  # fp16.auto_cast: floating-point inputs in fp16, as DeepSpeed's forward casts them
+            args, kwargs = _to_half(args), _to_half(kwargs)
         out = self._module(*args, **kwargs)
         if self._zero3:
             self._c.end_of_forward()  # without grad (evaluation), nothing it gathered stays

@@ -426,3 +426,46 @@ def test_init_distributed_takes_deepspeeds_arguments_and_makes_torch_distributed
         tessera.init_distributed(init_method="tcp://h:1")
     with pytest.raises(ValueError, match="rank=3 but the environment"):
         tessera.init_distributed(rank=3)
+
+
+def test_fp16_auto_cast_casts_the_forwards_floating_inputs():
+    c = config(fp16={"enabled": True, "auto_cast": True}, zero_optimization={"stage": 1})
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=c)
+    seen = []
+    engine.module[0].register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+    x = torch.randn(4, 8)  # fp32, as the data loader gives it
+    loss = nn.functional.mse_loss(engine(x).float(), torch.randn(4, 2))
+    engine.backward(loss)
+    engine.step()
+    assert seen == [torch.float16] and x.dtype == torch.float32
+    assert engine.config["fp16"]["auto_cast"] is True
+
+
+# What DeepSpeed's engine and top-level module expose that training scripts use: each name tessera has
+# works; each it lacks raises an AttributeError that says so.
+DEEPSPEED_ENGINE_NAMES_TESSERA_HAS = [
+    "forward", "backward", "step", "train", "eval", "module", "optimizer", "lr_scheduler", "training_dataloader",
+    "local_rank", "global_rank", "world_size", "dp_world_size", "device", "global_steps", "micro_steps",
+    "skipped_steps", "fp16_enabled", "bfloat16_enabled", "gradient_accumulation_steps",
+    "train_micro_batch_size_per_gpu", "train_batch_size", "get_lr", "get_global_grad_norm", "was_step_applied",
+    "zero_optimization_stage", "is_gradient_accumulation_boundary", "save_checkpoint", "load_checkpoint",
+    "save_16bit_model", "zero_grad", "state_dict", "parameters", "named_parameters",
+]
+
+
+def test_every_deepspeed_name_is_there_or_says_tessera_lacks_it():
+    from tessera.engine import _DEEPSPEED_ENGINE_NAMES
+
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=config())
+    for name in DEEPSPEED_ENGINE_NAMES_TESSERA_HAS:
+        assert getattr(engine, name) is not None or name in ("lr_scheduler", "training_dataloader"), name
+    for name in sorted(_DEEPSPEED_ENGINE_NAMES):
+        with pytest.raises(AttributeError, match="DeepSpeed's engine has it, tessera does not implement it"):
+            getattr(engine, name)
+    for name in ("initialize", "init_distributed", "add_config_arguments", "comm", "zero", "checkpointing", "pipe"):
+        assert getattr(tessera, name) is not None, name
+    for name in sorted(tessera._DEEPSPEED_MODULE_NAMES):
+        with pytest.raises(AttributeError, match="DeepSpeed has deepspeed.%s, tessera does not implement it" % name):
+            getattr(tessera, name)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_thing'$"):
+        tessera.no_such_thing
