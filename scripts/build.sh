@@ -4,6 +4,9 @@
 #   BUILD_DIR  build folder (default build)     JOBS  parallel compile jobs (default: nproc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache keys leave out the build folder, so `pip install .` (build/pip-*, pyproject.toml) reuses
+# these objects: the same sources with the same flags compile once.
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 python=$(scripts/setup.sh | tail -n 1)
 build=${BUILD_DIR:-build}
 if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/.tessera-python" 2>/dev/null)" != "$python" ]; then

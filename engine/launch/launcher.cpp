@@ -484,6 +484,8 @@ std::vector<std::string> rank_environment(const LaunchConfig& c, int local_rank)
   env["MASTER_PORT"] = std::to_string(c.master_port);
   env["TESSERA_TIMEOUT_S"] = format_seconds(c.timeout_s);
   env["TESSERA_LAUNCHED"] = "1";  // errors then point at tessera launch's flags, not the variables it sets
+  // The launcher prefixes every line: Python's tessera then keeps torch.distributed from adding a second "[rankN]: ".
+  if (c.tag_output) env["TESSERA_TAG_OUTPUT"] = "1";
   // torchrun's rule: several ranks each using every core would oversubscribe the CPU, so unless
   // told otherwise (the config, or the launcher's own environment) each gets one OpenMP thread.
   if (c.omp_num_threads)

@@ -8,7 +8,9 @@ first collective. The first of those also makes torch.distributed's default proc
 rendezvous (unless the script made it before), so the script's own torch.distributed calls work.
 """
 import atexit
+import os
 import signal
+import sys
 import threading
 
 import torch
@@ -152,8 +154,11 @@ def _init_torch_distributed(context, timeout_s):
         store = dist.TCPStore(info["master_addr"], info["master_port"], info["world_size"], is_master=False,
                               timeout=timeout, wait_for_workers=False)
     backend = "cpu:gloo,cuda:nccl" if context.backend == "nccl" else "gloo"
+    excepthook = sys.excepthook
     dist.init_process_group(backend, store=dist.PrefixStore("torch.distributed/", store), rank=info["rank"],
                             world_size=info["world_size"], timeout=timeout)
+    if os.environ.get("TESSERA_TAG_OUTPUT") == "1":  # tessera launch --tag-output prefixes each line already;
+        sys.excepthook = excepthook                   # torch's hook would add a second "[rankN]: "
     atexit.register(_destroy_torch_default_group)
 
 
