@@ -34,6 +34,7 @@ TRAIN = textwrap.dedent("""
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env.setdefault("CCACHE_NOHASHDIR", "true")
+    env.setdefault("CXX", "c++")  # CMake's default, which `make build` used (scikit-build-core would say g++)
     env.update(extra)
     return env
 
@@ -86,3 +87,19 @@ def test_pip_install_then_import_and_the_command_work_elsewhere(venv):
     launched = subprocess.run(["tessera", "launch", "--nproc-per-node", "1", "--", "python", "-c", TRAIN],
                               cwd=elsewhere, env=path_env, capture_output=True, text=True, timeout=300)
     assert launched.returncode == 0 and "trained 2" in launched.stdout, launched.stdout + launched.stderr
+
+
+def test_an_editable_install_imports_the_checkouts_sources(venv):
+    """`pip install -e .`: the package's Python files are the checkout's (edits show without a
+    reinstall); the extension is the one built in build/pip-<tag>."""
+    folder, python = venv
+    result = run([str(python), "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", ROOT], cwd=folder)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    probe = run([str(python), "-c", "import tessera, tessera._C as c; print(tessera.__file__); print(c.__file__)"],
+                cwd=folder, timeout=300)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    package, extension = probe.stdout.split()
+    assert package == os.path.join(ROOT, "python", "tessera", "__init__.py"), package
+    assert extension.endswith(os.path.join("tessera", "_C.so")), extension
+    trained = run([str(python), "-c", TRAIN], cwd=folder, timeout=300)
+    assert trained.returncode == 0 and "trained 2" in trained.stdout, trained.stdout + trained.stderr
