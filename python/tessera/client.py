@@ -26,8 +26,32 @@ _MAPPED = {
     torch.optim.AdamW: ("AdamW", ("lr", "betas", "eps", "weight_decay")),
     torch.optim.SGD: ("SGD", ("lr", "momentum", "nesterov", "weight_decay")),
 }
-# Settings a group may hold that only say how torch computes (not what): ignored.
-_HOW = {"foreach", "fused", "capturable", "differentiable", "initial_lr"}
+# Settings a group may hold that only say how torch computes (not what), or that an LR scheduler
+# built before initialize keeps there for itself (OneCycleLR's, CyclicLR's): ignored.
+_HOW = {"foreach", "fused", "capturable", "differentiable", "initial_lr", "max_lr", "min_lr", "base_lr",
+        "max_momentum", "base_momentum"}
+# What the engine takes from the groups at each step is "lr"; these must stay as initialize saw them.
+FIXED_AFTER_INITIALIZE = ("betas", "momentum", "weight_decay", "eps")
+
+
+def fixed_settings(optimizer):
+    """Each group's settings the engine read once, at initialize (FIXED_AFTER_INITIALIZE)."""
+    return [{k: g[k] for k in FIXED_AFTER_INITIALIZE if k in g} for g in optimizer.param_groups]
+
+
+def check_fixed_settings(optimizer, fixed):
+    """A scheduler (or the script) that changes a group's betas or momentum after initialize would
+    change nothing in the engine's optimizer: say so rather than train with other values."""
+    for i, (g, then) in enumerate(zip(optimizer.param_groups, fixed)):
+        for key, value in then.items():
+            now = g.get(key)
+            if (tuple(now) if isinstance(now, (list, tuple)) else now) != \
+                    (tuple(value) if isinstance(value, (list, tuple)) else value):
+                raise ValueError(
+                    "tessera: param group %d's %r changed from %r to %r after initialize (a client LR scheduler that "
+                    "cycles momentum, such as OneCycleLR or CyclicLR with cycle_momentum=True?); the engine takes "
+                    "only 'lr' from the param groups at each step. Pass cycle_momentum=False, or use the config's "
+                    "OneCycle scheduler, which cycles momentum in the engine" % (i, key, value, now))
 # Settings tessera's optimizers do not have, with the value that changes nothing.
 _NEUTRAL = {"amsgrad": False, "maximize": False, "dampening": 0}
 _PER_GROUP = ("lr", "weight_decay")  # may differ between groups (the engine has both per group)
@@ -172,4 +196,5 @@ def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler):
         raise TypeError("tessera.initialize: lr_scheduler must have step() (a torch.optim.lr_scheduler) or build one "
                         "from the optimizer, got %s" % type(lr_scheduler).__name__)
     engine._attach_optimizer(optimizer, lr_scheduler, lr_from_groups=not config_has_scheduler)
+    engine._fixed_settings = fixed_settings(optimizer)
     return optimizer, lr_scheduler

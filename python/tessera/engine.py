@@ -555,6 +555,7 @@ class Engine(CheckpointCalls):
         self._backward_called = False
         boundary = self._c.is_gradient_accumulation_boundary()
         if boundary and self._lr_from_groups:
+            client.check_fixed_settings(self.optimizer, self._fixed_settings)
             self._c.set_group_learning_rates([float(g["lr"]) for g in self.optimizer.param_groups])
         skipped = self._c.skipped_steps
         self._c.step()

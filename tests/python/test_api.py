@@ -469,3 +469,23 @@ def test_every_deepspeed_name_is_there_or_says_tessera_lacks_it():
             getattr(tessera, name)
     with pytest.raises(AttributeError, match="no attribute 'no_such_thing'$"):
         tessera.no_such_thing
+
+
+def test_a_client_scheduler_that_cycles_momentum_is_refused_by_name():
+    """OneCycleLR cycles AdamW's beta1 through the param groups; the engine reads only lr there, so
+    the step says so instead of training with betas the scheduler did not ask for."""
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=10)  # cycle_momentum=True
+    engine, _, _, _ = tessera.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                         config={"train_micro_batch_size_per_gpu": 4})
+    train(engine, 1)  # the first step runs at the betas initialize saw; the scheduler then moves beta1
+    with pytest.raises(ValueError, match="'betas' changed .* cycle_momentum=False"):
+        train(engine, 1)
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=10, cycle_momentum=False)
+    engine, optimizer, _, _ = tessera.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                 config={"train_micro_batch_size_per_gpu": 4})
+    train(engine, 3)
+    assert engine.get_lr()[0] == pytest.approx(scheduler.get_last_lr()[0]) and engine.global_steps == 3

@@ -21,8 +21,7 @@ import pytest
 
 from conftest import ROOT
 
-# README.md first; the documents under docs/ join as their blocks are made to run.
-DOCUMENTS = ["README.md"]
+DOCUMENTS = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 RUN = {"sh", "python", "json"}
 FENCE = re.compile(r"^```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^<!--\s*doc-test:\s*([\w-]+)\s*(?::\s*(.*?))?\s*-->\s*$")
