@@ -198,7 +198,8 @@ def run_dist_args(out, argv):
     import torch.distributed as dist
 
     parser = argparse.ArgumentParser(description="an MLP, DeepSpeed-tutorial style")
-    parser.add_argument("--local_rank", type=int, default=-1, help="local rank passed from distributed launcher")
+    parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)),
+                        help="local rank passed from distributed launcher (torchrun: the environment)")
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args(argv)
     assert args.deepspeed and args.deepspeed_config

@@ -58,6 +58,26 @@ def test_a_script_with_args_init_distributed_and_torch_distributed_calls(tmp_pat
     compare_ranks(tmp_path, "dist_args", out, ranks)
 
 
+def test_the_same_script_under_torchrun(tmp_path):
+    """torchrun's agent hosts the store on MASTER_PORT: tessera's rendezvous and torch.distributed's
+    default group (DistributedSampler(), all_reduce, barrier) both join it."""
+    import os
+
+    from conftest import ROOT, child_env, free_port
+    from deepspeed_style_worker import setup
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun not installed next to %s" % sys.executable)
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(setup("dist_args")[1]))
+    out = tmp_path / "dist_args.json"
+    check(subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), WORKER, "dist_args",
+                          str(out), "--deepspeed", "--deepspeed_config", str(config)],
+                         env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=240))
+    compare_ranks(tmp_path, "dist_args", out, 2)
+
+
 @pytest.mark.parametrize("script", ["gpt_client", "sgd_gas_torch"])
 def test_a_client_scheduler_resumes_from_a_checkpoint(tmp_path, script):
     """Saved half-way and loaded into a new engine with a new optimizer and scheduler: the
