@@ -274,8 +274,14 @@ void Engine::run_backward(const std::function<void()>& autograd) {
   close_backward();
 }
 
+void Engine::discard_unfinished_backward() {
+  // A loss.backward() that raised inside autograd never reached its end: its window goes, as a
+  // failed engine.backward(loss)'s does (the next forward or backward starts a fresh window).
+  if (backward_open_) abort_open_backward();
+}
+
 void Engine::open_backward(BackwardKind kind) {
-  if (backward_open_) abort_open_backward();  // an earlier autograd pass failed before its end
+  discard_unfinished_backward();
   if (window_kind_ != BackwardKind::None && window_kind_ != kind)
     throw std::logic_error(
         "tessera: this gradient-accumulation window mixes engine.backward(loss) and loss.backward(): the first "
@@ -308,7 +314,13 @@ void Engine::close_backward() {
   t.backward_s = since(backward_start_) - gather_in_backward;
   t.allgather_s += gather_in_backward;
   auto wait_start = Clock::now();
-  zero_->end_backward();
+  try {
+    zero_->end_backward();
+  } catch (...) {  // it discarded the buckets (an unused parameter, a peer gone): the window starts again
+    steps_.micro_step -= steps_.micro_step % gradient_accumulation_steps_;
+    window_kind_ = BackwardKind::None;
+    throw;
+  }
   t.reduce_s = since(wait_start);
   progress_->add_times(t);
   last_step_end_ = Clock::now();
@@ -322,14 +334,19 @@ void Engine::close_backward() {
 }
 
 void Engine::watch_model_output(const at::Tensor& output) {
-  if (!output.requires_grad()) return;
-  output.register_hook([this](const at::Tensor& grad) {
-    begin_autograd_backward();
+  // Outputs the forward computed only: a leaf (a parameter or an input handed back) would keep a
+  // hook per forward for as long as it lives.
+  if (!output.requires_grad() || output.is_leaf()) return;
+  std::weak_ptr<Engine*> alive = alive_;  // the output may outlive the engine
+  output.register_hook([alive](const at::Tensor& grad) {
+    if (auto engine = alive.lock()) (*engine)->begin_autograd_backward();
     return grad;
   });
 }
 
 void Engine::begin_autograd_backward() {
+  // Outputs on several devices run their hooks on several autograd threads: one opens.
+  std::lock_guard<std::mutex> lock(autograd_open_mutex_);
   // engine.backward(loss) runs this pass, or another output of the same pass came first (a pass
   // that failed before its end is caught at step()).
   if (backward_open_) return;
@@ -446,8 +463,11 @@ void Engine::print_overflow(const UpdateResult& update) const {
 // All ranks join the average of the interval's loss; rank 0 prints. The one host read of the
 // losses happens here, every steps_per_print steps.
 void Engine::print_progress() {
-  at::Tensor mean = interval_losses_ ? interval_loss_sum_ / double(interval_losses_)
-                                     : at::full({1}, NAN, parallel_.data().options(at::kDouble));  // "n/a"
+  // No loss recorded (the script's loss.backward(): the engine never saw it) prints "n/a"; every
+  // rank of the data group trains the same way, so the count decides alike everywhere.
+  const bool loss_known = interval_losses_ > 0;
+  at::Tensor mean = loss_known ? interval_loss_sum_ / double(interval_losses_)
+                               : at::zeros({1}, parallel_.data().options(at::kDouble));
   if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
   interval_loss_sum_ = at::Tensor();
   interval_losses_ = 0;
@@ -465,7 +485,8 @@ void Engine::print_progress() {
     sent_at_last_print_ = sent;
   }
   steps_at_last_print_ = steps_.global_step;
-  std::string line = progress_->line(steps_.global_step, mean.item<double>(), learning_rate(), scaler_->scale(),
+  std::string line = progress_->line(steps_.global_step, loss_known ? std::optional<double>(mean.item<double>()) : std::nullopt,
+                                     learning_rate(), scaler_->scale(),
                                      last_grad_norm_, extra);
   if (progress_->printer()) {
     std::printf("%s\n", line.c_str());

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -92,6 +93,9 @@ class Engine {
   // gradient_accumulation_steps in its unscale factor (no extra pass over the gradients). Refused
   // under fp16 (the loss must be scaled: backward(loss) does it); one window is all one kind.
   void watch_model_output(const at::Tensor& output);
+  // The Python forward calls it first: a loss.backward() that raised inside autograd left its
+  // backward open; that window is dropped, as a failed backward(loss)'s is.
+  void discard_unfinished_backward();
   // A pipeline stage (PipelineEngine): after the boundary backward, param group `group`'s gradients
   // summed over `across`, the stages holding the same tied weights (ZeroOptimizer::sum_group_gradients).
   void sum_tied_gradients(int group, Communicator& across, bool counted_here);
@@ -209,6 +213,8 @@ class Engine {
   bool backward_open_ = false;
   BackwardKind window_kind_ = BackwardKind::None;
   double open_forward_s_ = 0, open_allgather_s_ = 0;  // the backward in progress: its forward's times
+  std::mutex autograd_open_mutex_;
+  std::shared_ptr<Engine*> alive_ = std::make_shared<Engine*>(this);  // hooks on outputs hold it weakly
   std::chrono::steady_clock::time_point backward_start_;
 };
 

@@ -34,7 +34,7 @@ void ProgressMeter::add_times(const StepTimes& t) {
   totals_ += t;
 }
 
-std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr, double loss_scale,
+std::string ProgressMeter::line(int64_t global_step, std::optional<double> mean_loss, double lr, double loss_scale,
                                 double grad_norm, const std::string& extra) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - interval_start_).count();
@@ -42,7 +42,7 @@ std::string ProgressMeter::line(int64_t global_step, double mean_loss, double lr
   char buf[512];
   // No loss known (loss.backward() by the script, not engine.backward(loss)): "n/a".
   char loss[32] = "n/a";
-  if (!std::isnan(mean_loss)) std::snprintf(loss, sizeof(loss), "%.4f", mean_loss);
+  if (mean_loss) std::snprintf(loss, sizeof(loss), "%.4f", *mean_loss);
   int n = std::snprintf(buf, sizeof(buf), "step %lld | loss %s | lr %.3e | loss scale %g | grad norm %.4f",
                         (long long)global_step, loss, lr, loss_scale, grad_norm);
   n += std::snprintf(buf + n, sizeof(buf) - n, "%s", extra.c_str());

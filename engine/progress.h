@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace tessera {
@@ -30,7 +31,7 @@ class ProgressMeter {
   bool due(int64_t global_step) const { return global_step % steps_per_print_ == 0; }
   // Formats the line (the caller averages the interval's loss across ranks first) and resets the interval.
   // `extra` goes after the grad norm (the 1-bit family's phase and bytes sent).
-  std::string line(int64_t global_step, double mean_loss, double lr, double loss_scale, double grad_norm,
+  std::string line(int64_t global_step, std::optional<double> mean_loss, double lr, double loss_scale, double grad_norm,
                    const std::string& extra = {});
   bool printer() const { return printer_; }
   // Every time added since construction (the Python API's wall_clock_breakdown()).

@@ -37,11 +37,14 @@ GridShape ParallelContext::check_degrees(int tensor, int pipe) const {
 void ParallelContext::make_axis_groups(int tensor, int pipe) {
   if (axis_groups_made())
     throw std::logic_error("tessera: the axis groups exist already (" + grid_.str() + "); they are made once");
-  grid_ = check_degrees(tensor, pipe);
-  data_ = make_group("data", grid_.group_of(Axis::Data, info_.rank), options_);
-  tensor_ = make_group("tensor", grid_.group_of(Axis::Tensor, info_.rank), options_);
-  pipe_ = make_group("pipe", grid_.group_of(Axis::Pipe, info_.rank), options_);
-  model_ = make_group("model", grid_.group_of(Axis::Model, info_.rank), options_);
+  const GridShape grid = check_degrees(tensor, pipe);
+  // All four or none: a failure half-way leaves the context as it was.
+  auto data = make_group("data", grid.group_of(Axis::Data, info_.rank), options_);
+  auto tensor_group = make_group("tensor", grid.group_of(Axis::Tensor, info_.rank), options_);
+  auto pipe_group = make_group("pipe", grid.group_of(Axis::Pipe, info_.rank), options_);
+  auto model = make_group("model", grid.group_of(Axis::Model, info_.rank), options_);
+  grid_ = grid;
+  data_ = std::move(data), tensor_ = std::move(tensor_group), pipe_ = std::move(pipe_group), model_ = std::move(model);
 }
 
 Communicator& ParallelContext::axis(const std::unique_ptr<Communicator>& group) const {

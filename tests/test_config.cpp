@@ -251,7 +251,7 @@ TEST_CASE("Hugging Face style DeepSpeed configs get clear errors for every auto 
   CHECK(!has_error(c.report, "train_micro_batch_size_per_gpu", ""));  // counted as unset, not a type error
 }
 
-TEST_CASE("\"auto\" batch sizes are resolved from the other two and the data-parallel size") {
+TEST_CASE("auto batch sizes are resolved from the other two and the data-parallel size") {
   auto c = check(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"})", 2);
   INFO(c.report.errors());
   CHECK(c.report.ok());
@@ -262,7 +262,7 @@ TEST_CASE("\"auto\" batch sizes are resolved from the other two and the data-par
 }
 
 TEST_CASE("a DeepSpeed key tessera lacks is accepted at DeepSpeed's default, refused otherwise by name") {
-  auto quiet = check(R"({"train_batch_size": 8, "prescale_gradients": false, "zero_allow_untested_optimizer": false,
+  auto quiet = check(R"({"train_batch_size": 8, "sparse_gradients": false, "zero_allow_untested_optimizer": false,
     "zero_optimization": {"stage": 1, "cpu_offload": false, "elastic_checkpoint": false},
     "fp16": {"enabled": true, "fp16_master_weights_and_grads": false, "auto_cast": false},
     "autotuning": {"enabled": false, "arg_mappings": {"x": "y"}}, "flops_profiler": {"enabled": false, "profile_step": 1},
@@ -321,15 +321,15 @@ TEST_CASE("a type error does not hide the errors found by resolution") {
 }
 
 TEST_CASE("the README's three-error example prints three errors") {
-  const std::string text = R"({"train_batch_sise": 32, "train_micro_batch_size_per_gpu": "auto",
+  const std::string text = R"({"train_batch_sise": 16, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": "auto",
     "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})";
   const char* lines[] = {
       "error: zero_optimization.offload_param.device: offload_param needs ZeRO stage 3 (parameters are partitioned "
       "only there); zero_optimization.stage is 2\n",
       "error: train_batch_sise: unknown key; did you mean \"train_batch_size\"? (set \"unknown_keys\": \"warn\" to "
       "carry on regardless)\n",
-      "error: train_micro_batch_size_per_gpu: \"auto\" is a placeholder that Hugging Face's Trainer fills in; "
-      "tessera reads the config as written: set an integer\n"};
+      "error: gradient_clipping: \"auto\" is a placeholder that Hugging Face's Trainer fills in; "
+      "tessera reads the config as written: set a number\n"};
   std::string e = error_of_load(text);
   INFO(e);
   CHECK(count_of(e, "error: ") == 3);
@@ -349,13 +349,13 @@ TEST_CASE("the README's three-error example prints three errors") {
 TEST_CASE("resolution skips the checks on keys that failed to parse: no second error about them") {
   // Each key below fails to parse; the checks that would read it (the batch triple, offload at
   // stage 0, the parallel degrees, WarmupDecayLR's total_num_steps) must not add a second error.
-  auto c = check(R"({"train_batch_size": "auto", "optimizer": {"type": "AdamW"},
+  auto c = check(R"({"train_batch_size": "32", "optimizer": {"type": "AdamW"},
                      "zero_optimization": {"stage": 7, "offload_optimizer": {"device": "cpu"}},
                      "tensor_parallel": {"tp_size": 0},
                      "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})", 2);
   INFO(c.report.errors());
   CHECK(error_count(c.report) == 4);
-  CHECK(has_error(c.report, "train_batch_size", "\"auto\""));
+  CHECK(has_error(c.report, "train_batch_size", "found \"32\""));
   CHECK(has_error(c.report, "zero_optimization.stage", "found 7"));
   CHECK(has_error(c.report, "tensor_parallel.tp_size", "found 0"));
   CHECK(has_error(c.report, "scheduler.params.total_num_steps", "\"auto\""));

@@ -50,12 +50,15 @@ int run_plot(const PlotFlags& flags) {
   const std::string python = env_python && *env_python ? env_python : TESSERA_PLOT_PYTHON;
   const char* env_script = std::getenv("TESSERA_PLOT_SCRIPT");
   const std::string script = env_script && *env_script ? env_script : TESSERA_PLOT_SCRIPT;
-  if (!is_file(script)) {
+  // "-m tessera.plot": the module of an installed package (pip install), run by its interpreter.
+  const bool module = script.rfind("-m ", 0) == 0;
+  if (!module && !is_file(script)) {
     std::cerr << "tessera plot: the plotting script " << script
               << " is missing (set TESSERA_PLOT_SCRIPT to python/tessera/plot.py of a tessera checkout)\n";
     return 1;
   }
-  std::vector<std::string> args = {python, script, flags.metrics};
+  std::vector<std::string> args = module ? std::vector<std::string>{python, "-m", script.substr(3), flags.metrics}
+                                         : std::vector<std::string>{python, script, flags.metrics};
   if (!flags.output.empty()) {
     args.push_back("-o");
     args.push_back(flags.output);

@@ -63,7 +63,7 @@ const UnsupportedKey kUnsupported[] = {
     {"fp16.fp16_master_weights_and_grads", "tessera keeps fp32 master weights", "false", nullptr},
     {"bf16.immediate_grad_update", "", nullptr, nullptr},
     {"aio.thread_count", "DeepSpeed ignores it too; use aio.intra_op_parallelism", "1", nullptr},
-    {"pipeline.partition", "use pipeline.partition_method", nullptr, nullptr},
+    {"pipeline.partition", "use pipeline.partition_method", "\"best\"", nullptr},
     {"pipeline.seed_layers", "", "false", nullptr},
     {"pipeline.pipe_partitioned", "", "true", nullptr},
     {"pipeline.grad_partitioned", "", "true", nullptr},

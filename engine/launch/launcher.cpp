@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -248,7 +249,9 @@ class Job {
     for (auto& r : ranks_) {
       if (g_interrupts > 0) return;
       std::vector<std::string> args = command_;
-      if (config_.pass_local_rank) args.push_back("--local_rank=" + std::to_string(r.local_rank));  // DeepSpeed's launcher
+      if (config_.pass_local_rank)  // where DeepSpeed's launcher puts it: before the script's own arguments
+        args.insert(args.begin() + static_cast<std::ptrdiff_t>(script_end(args)),
+                    "--local_rank=" + std::to_string(r.local_rank));
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -262,6 +265,20 @@ class Job {
       }
       return;
     }
+  }
+
+  // Where a program's own arguments begin: after `python [options] script.py` (or `-m module`),
+  // else right after the program.
+  static size_t script_end(const std::vector<std::string>& args) {
+    const std::string program = args[0].substr(args[0].rfind('/') + 1);
+    if (program.rfind("python", 0) != 0) return 1;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "-m" || a == "-c") return std::min(i + 2, args.size());
+      if (a == "-X" || a == "-W") ++i;  // an option with its value
+      else if (a.empty() || a[0] != '-') return i + 1;  // the script
+    }
+    return args.size();
   }
 
   // Forks and execs one rank. Returns "" or why the rank could not start; when exec failed, the

@@ -321,6 +321,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("loss"))
       .def("watch_model_output", [](EngineHandle& e, const at::Tensor& output) { e.engine->watch_model_output(output); },
            "loss.backward() then step(): the engine's backward begins when autograd reaches this output")
+      .def("discard_unfinished_backward", [](EngineHandle& e) { blocking([&] { e.engine->discard_unfinished_backward(); }); })
       .def(
           "backward_outputs",
           [](EngineHandle& e, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& grads) {

@@ -149,6 +149,10 @@ get_cuda_rng_tracker = get_rng_tracker  # DeepSpeed's and Megatron's name
 def model_parallel_seed(seed):
     """The default generator gets `seed` on every rank; the tracker's "model-parallel-rng" gets
     seed + 2718 + this rank's tensor-parallel rank (Megatron's offset)."""
+    if comm.is_initialized() and not comm._axes_made():
+        raise RuntimeError("tessera.checkpointing.model_parallel_seed: the tensor-parallel degree is not known yet "
+                           "(init_distributed() makes only the world group); call it after tessera.initialize(), or "
+                           "call tessera.init_distributed(tensor_parallel=...) first")
     tensor_rank = comm._get_context().group_rank("tensor") if comm._axes_made() else 0
     torch.manual_seed(seed)
     _tracker.reset()

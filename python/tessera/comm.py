@@ -98,9 +98,6 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         if given not in (-1, None) and int(given) != actual:
             raise ValueError("tessera.comm.init_distributed: %s=%d but the environment (%s) says %d"
                              % (name, int(given), info["source"], actual))
-    if distributed_port is not None and int(distributed_port) != info["master_port"] and info["world_size"] > 1:
-        raise ValueError("tessera.comm.init_distributed: distributed_port=%d but MASTER_PORT is %d; the rendezvous "
-                         "uses MASTER_PORT" % (int(distributed_port), info["master_port"]))
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
     return _get_context(chosen or "auto", tensor_parallel, pipeline_stages, make_axes=tensor_parallel is not None
                         or pipeline_stages is not None, timeout_s=seconds)

@@ -314,6 +314,8 @@ def _to_half(x):
     """x with every floating-point tensor in it (nested in tuples, lists and dicts) cast to fp16."""
     if isinstance(x, torch.Tensor):
         return x.half() if x.is_floating_point() else x
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
+        return type(x)(*(_to_half(v) for v in x))
     if isinstance(x, (tuple, list)):
         return type(x)(_to_half(v) for v in x)
     if isinstance(x, dict):
@@ -422,6 +424,7 @@ class Engine(CheckpointCalls):
         self._c.wait_for_parameters()
 
     def __call__(self, *args, **kwargs):
+        self._c.discard_unfinished_backward()  # after a loss.backward() that raised inside autograd
         if args and isinstance(args[0], torch.Tensor) and torch.is_grad_enabled() and self._module.training and \
                 not self._recorded and args[0].dim() >= 2 and not args[0].is_floating_point():
             # token ids (batch, sequence, ...): the progress line counts samples and tokens from them
@@ -526,6 +529,7 @@ class Engine(CheckpointCalls):
                 self.record_batch(self._micro)
             self._c.backward_outputs(outputs, grads)
             self._recorded = False
+            self._backward_called = True
             return loss
         if not isinstance(loss, torch.Tensor):
             raise TypeError("Engine.backward: loss must be a torch.Tensor, got %s" % _type_name(loss))

@@ -489,3 +489,22 @@ def test_a_client_scheduler_that_cycles_momentum_is_refused_by_name():
                                                  config={"train_micro_batch_size_per_gpu": 4})
     train(engine, 3)
     assert engine.get_lr()[0] == pytest.approx(scheduler.get_last_lr()[0]) and engine.global_steps == 3
+
+
+def test_a_loss_backward_that_raises_drops_its_window_and_training_goes_on():
+    """A loss.backward() that raises inside autograd never reaches its end: the next forward drops
+    that window (as a failed engine.backward(loss) does) and training goes on from a fresh one."""
+    engine, _, _, _ = tessera.initialize(model=mlp(), config=config(gradient_accumulation_steps=2,
+                                                                    optimizer={"type": "SGD", "params": {"lr": 0.1}}))
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    out = engine(x)
+
+    def fail(grad):
+        raise RuntimeError("out of memory (simulated)")
+    out.register_hook(fail)
+    with pytest.raises(RuntimeError, match="simulated"):
+        nn.functional.mse_loss(out, y).backward()
+    for _ in range(2):  # one whole window
+        nn.functional.mse_loss(engine(x), y).backward()
+        engine.step()
+    assert engine.global_steps == 1 and engine.micro_steps == 2

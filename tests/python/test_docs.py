@@ -23,7 +23,7 @@ from conftest import ROOT
 
 DOCUMENTS = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 RUN = {"sh", "python", "json"}
-FENCE = re.compile(r"^```(\S*)\s*$")
+FENCE = re.compile(r"^\s*```(\S*)\s*$")  # indented fences (in lists) too
 DIRECTIVE = re.compile(r"^<!--\s*doc-test:\s*([\w-]+)\s*(?::\s*(.*?))?\s*-->\s*$")
 
 
@@ -101,6 +101,8 @@ def test_documented_block_runs(document, line, language, text, directive, reason
             assert shown, "%s: expect-errors needs the errors in the output block after it" % where
             for error in shown:
                 assert error in result.stdout + result.stderr, "%s: %r not in\n%s" % (where, error, result.stdout)
+            assert (result.stdout + result.stderr).count("error:") == len(shown), \
+                "%s: the output shown lists %d errors, the check gives\n%s" % (where, len(shown), result.stdout)
         else:
             check(result, where)
 
