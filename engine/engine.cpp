@@ -300,6 +300,10 @@ void Engine::abort_open_backward() {
   backward_open_ = false;
   // Buckets of this micro-step may be half filled or in flight: start the window again.
   zero_->abort_backward();
+  restart_window();
+}
+
+void Engine::restart_window() {
   steps_.micro_step -= steps_.micro_step % gradient_accumulation_steps_;
   window_kind_ = BackwardKind::None;
 }
@@ -317,8 +321,7 @@ void Engine::close_backward() {
   try {
     zero_->end_backward();
   } catch (...) {  // it discarded the buckets (an unused parameter, a peer gone): the window starts again
-    steps_.micro_step -= steps_.micro_step % gradient_accumulation_steps_;
-    window_kind_ = BackwardKind::None;
+    restart_window();
     throw;
   }
   t.reduce_s = since(wait_start);
@@ -348,7 +351,7 @@ void Engine::begin_autograd_backward() {
   // Outputs on several devices run their hooks on several autograd threads: one opens.
   std::lock_guard<std::mutex> lock(autograd_open_mutex_);
   // engine.backward(loss) runs this pass, or another output of the same pass came first (a pass
-  // that failed before its end is caught at step()).
+  // that failed before its end was dropped by the next forward, discard_unfinished_backward).
   if (backward_open_) return;
   if (config_.fp16.enabled)
     throw std::runtime_error(

@@ -186,6 +186,7 @@ class Engine {
   void open_backward(BackwardKind kind);  // before autograd runs
   void close_backward();                  // after it
   void abort_open_backward();             // autograd threw: the window starts again
+  void restart_window();                  // the micro-step count back to the window's start
   void begin_autograd_backward();         // a watched output's gradient arrived
   void add_interval_loss(const at::Tensor& on_group);  // a loss for the next progress line's mean
   void optimizer_step();

@@ -34,9 +34,13 @@ _HOW = {"foreach", "fused", "capturable", "differentiable", "initial_lr", "max_l
 FIXED_AFTER_INITIALIZE = ("betas", "momentum", "weight_decay", "eps")
 
 
+def _frozen(value):
+    return tuple(value) if isinstance(value, list) else value  # betas may be given as a list
+
+
 def fixed_settings(optimizer):
     """Each group's settings the engine read once, at initialize (FIXED_AFTER_INITIALIZE)."""
-    return [{k: g[k] for k in FIXED_AFTER_INITIALIZE if k in g} for g in optimizer.param_groups]
+    return [{k: _frozen(g[k]) for k in FIXED_AFTER_INITIALIZE if k in g} for g in optimizer.param_groups]
 
 
 def check_fixed_settings(optimizer, fixed):
@@ -44,9 +48,8 @@ def check_fixed_settings(optimizer, fixed):
     change nothing in the engine's optimizer: say so rather than train with other values."""
     for i, (g, then) in enumerate(zip(optimizer.param_groups, fixed)):
         for key, value in then.items():
-            now = g.get(key)
-            if (tuple(now) if isinstance(now, (list, tuple)) else now) != \
-                    (tuple(value) if isinstance(value, (list, tuple)) else value):
+            now = _frozen(g.get(key))
+            if now != value:
                 raise ValueError(
                     "tessera: param group %d's %r changed from %r to %r after initialize (a client LR scheduler that "
                     "cycles momentum, such as OneCycleLR or CyclicLR with cycle_momentum=True?); the engine takes "
@@ -196,5 +199,4 @@ def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler):
         raise TypeError("tessera.initialize: lr_scheduler must have step() (a torch.optim.lr_scheduler) or build one "
                         "from the optimizer, got %s" % type(lr_scheduler).__name__)
     engine._attach_optimizer(optimizer, lr_scheduler, lr_from_groups=not config_has_scheduler)
-    engine._fixed_settings = fixed_settings(optimizer)
     return optimizer, lr_scheduler

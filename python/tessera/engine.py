@@ -300,12 +300,8 @@ class _UnitLeave:
         self._c, self._index = cengine, index
 
     def __call__(self, module, inputs, output):
-        first = output
-        while isinstance(first, (tuple, list)) and first:
-            first = first[0]
-        if isinstance(output, dict):
-            first = next((v for v in output.values() if isinstance(v, torch.Tensor)), None)
-        if isinstance(first, torch.Tensor) and first.requires_grad:
+        first = next(_tensors_of(output), None)
+        if first is not None and first.requires_grad:
             self._c.unit_output(self._index, first)
         self._c.unit_forward_end(self._index)
 
@@ -576,6 +572,7 @@ class Engine(CheckpointCalls):
 
     def _attach_optimizer(self, optimizer, lr_scheduler, lr_from_groups):
         self.optimizer, self.lr_scheduler, self._lr_from_groups = optimizer, lr_scheduler, lr_from_groups
+        self._fixed_settings = client.fixed_settings(optimizer) if lr_from_groups else None
 
     def was_step_applied(self):
         """Whether the last optimizer step was applied (False after an fp16 overflow skipped it)."""
