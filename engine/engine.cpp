@@ -211,6 +211,12 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
       throw ConfigError("tessera: zero_optimization." + key + ".device: \"" + device + "\" runs on CPU ranks only so far, "
                         "not on " + parallel_.data().device().str() + "; use \"none\" there");
   if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
+  if (config_.optimizer->client != static_cast<bool>(model.client_optimizer))
+    throw std::invalid_argument(config_.optimizer->client
+                                    ? "tessera: the config's optimizer is a client optimizer (" + config_.optimizer->type +
+                                          ") but the model description brings none"
+                                    : "tessera: the model description brings a client optimizer and the config has an "
+                                      "optimizer section too");
   zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank(), parallel_.data().size()), parallel_, model, &units_);
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);
   schedule_ = config_.scheduler ? make_lr_schedule(config_.scheduler->type, config_.scheduler->params,

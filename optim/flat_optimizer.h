@@ -76,6 +76,13 @@ class FlatOptimizer {
   virtual bool wants_averaged_gradients(int64_t step) const { return true; }
   // The phase of the coming step for the progress line ("warm-up", "compressed", ...); empty: none.
   virtual std::string phase() const { return {}; }
+  // An optimizer whose state appears at its first step (a script's own torch optimizer,
+  // python/csrc/client_optimizer.h) creates it now, without changing the parameters, so that a
+  // checkpoint saved after some steps can be loaded into it; the others have theirs already.
+  virtual void materialize_state() {}
+  // A load that failed after materialize_state(): the state goes again, so that the first step
+  // starts it as it would have.
+  virtual void discard_materialized_state() {}
 };
 
 // What an optimizer may need beyond its shard: LAMB's norms over whole parameters that straddle

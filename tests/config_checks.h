@@ -17,10 +17,10 @@ struct Checked {
 };
 
 // What load_config and `tessera config check` do: parse, then resolve (after parse errors too).
-inline Checked check(const std::string& text, int world_size = 1) {
+inline Checked check(const std::string& text, int world_size = 1, const ParseOptions& options = {}) {
   Checked c;
   if (auto j = parse_json_text(text, "test config", c.report))
-    c.config = parse_and_resolve_config(*j, world_size, c.report, &c.layout);
+    c.config = parse_and_resolve_config(*j, world_size, c.report, &c.layout, options);
   return c;
 }
 

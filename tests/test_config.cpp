@@ -279,12 +279,44 @@ TEST_CASE("a DeepSpeed key tessera lacks is accepted at DeepSpeed's default, ref
             "compression_training", "compression library"},
            {R"("data_efficiency": {"enabled": true})", "data_efficiency", "data efficiency library"},
            {R"("sparse_attention": {"mode": "fixed"})", "sparse_attention", "sparse attention kernels"},
-           {R"("zero_allow_untested_optimizer": true)", "zero_allow_untested_optimizer", "any other is refused"},
            {R"("zero_optimization": {"cpu_offload": true})", "zero_optimization.cpu_offload", "renamed by DeepSpeed"}}) {
     auto c = check(R"({"train_batch_size": 8, )" + text + "}", 2);
     INFO(text << "\n" << c.report.errors());
     CHECK(has_error(c.report, path, message));
   }
+}
+
+TEST_CASE("a client torch optimizer stands for the optimizer section; ZeRO needs zero_allow_untested_optimizer") {
+  ParseOptions client;
+  client.client_optimizer = ClientOptimizerInfo{"torch.optim.Adagrad", 0.05};
+  auto stage0 = check(R"({"train_batch_size": 8})", 2, client);
+  INFO(stage0.report.errors());
+  REQUIRE(stage0.report.ok());
+  REQUIRE(stage0.config.optimizer);
+  CHECK(stage0.config.optimizer->client);
+  CHECK(stage0.config.optimizer->type == "torch.optim.Adagrad");
+  CHECK(stage0.config.optimizer->params.lr == 0.05);
+  const json effective = config_to_json(stage0.config)["optimizer"];  // the type and lr, no Adam settings
+  CHECK(effective == json::parse(R"({"type": "torch.optim.Adagrad", "params": {"lr": 0.05}})"));
+
+  auto zero2 = check(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})", 2, client);
+  CHECK(has_error(zero2.report, "zero_allow_untested_optimizer", "set \"zero_allow_untested_optimizer\": true"));
+  CHECK(has_error(zero2.report, "zero_allow_untested_optimizer", "torch.optim.Adagrad"));
+  auto allowed = check(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": true})",
+                       2, client);
+  INFO(allowed.report.errors());
+  CHECK(allowed.report.ok());
+  auto nvme = check(R"({"train_batch_size": 8, "zero_allow_untested_optimizer": true, "zero_optimization": {"stage": 3,
+    "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})", 2, client);
+  CHECK(has_error(nvme.report, "zero_optimization.offload_param.device", "client torch optimizer"));
+  auto both = check(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.1}}})", 2, client);
+  CHECK(has_error(both.report, "optimizer", "give the optimizer in one place"));
+  // Without a client optimizer the key changes nothing, at either value (as in DeepSpeed).
+  auto plain = check(R"({"train_batch_size": 8, "zero_allow_untested_optimizer": true,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 2}})", 2);
+  INFO(all_lines(plain.report.issues));
+  CHECK(plain.report.ok());
+  CHECK(plain.report.issues.empty());
 }
 
 TEST_CASE("tessera config check prints the effective config or every error") {

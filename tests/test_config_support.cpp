@@ -150,7 +150,14 @@ TEST_CASE("engine support: a config without an optimizer section is an error") {
   auto issues = engine_support_issues(c.config);
   REQUIRE(issues.size() == 1);
   CHECK(issues[0].str() == "error: optimizer: missing; the engine builds the optimizer from this section (from "
-                           "Python, tessera.initialize(optimizer=...) fills it in from a torch.optim Adam, AdamW or SGD)");
+                           "Python, tessera.initialize(optimizer=...) stands for it: a torch.optim Adam, AdamW or SGD "
+                           "becomes this section, and any other torch optimizer runs as given over the flat shards)");
+  // A client optimizer run as given stands for the section: nothing is missing, nothing is flagged.
+  ParseOptions client;
+  client.client_optimizer = ClientOptimizerInfo{"torch.optim.RMSprop", 0.01};
+  Checked with_client = check(R"({"train_batch_size": 8})", 1, client);
+  REQUIRE(with_client.report.ok());
+  CHECK(engine_support_issues(with_client.config).empty());
   // An optimizer section that failed to parse is its own error, not a missing one.
   Checked bad = check(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": "fast"}}})");
   add_engine_support_issues(bad.config, bad.report);

@@ -16,9 +16,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "optim/flat_optimizer.h"
 
 namespace tessera {
 
@@ -46,9 +50,17 @@ struct ModelUnit {
   std::vector<at::Tensor> params;  // the parameters its forward uses (each one in some ParamGroup)
 };
 
+// A script's own optimizer, of a kind the engine does not have (Python: tessera.initialize(optimizer=
+// torch.optim.Adagrad(...)), DeepSpeed's zero_allow_untested_optimizer): builds the optimizer of ZeRO
+// group `group`, made of parameters of ParamGroup `source`, over this rank's shard `segments` (views
+// that stay where they are for the engine's life).
+using ClientOptimizerFactory = std::function<std::unique_ptr<FlatOptimizer>(
+    int group, int source, const std::vector<ShardSegment>& segments, int64_t shard_numel)>;
+
 struct ModelDescription {
   std::vector<ParamGroup> groups;
   std::vector<ModelUnit> units;  // in forward order; empty: one unit holding every parameter
+  ClientOptimizerFactory client_optimizer;  // empty: the config's optimizer section
 };
 
 // Per-rank bytes held by the engine's own buffers (not activations), measured from the buffers.

@@ -233,12 +233,27 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       };
     }
     context.data = &data_;
-    g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
-                                       f32, std::move(context));
-    if (options.nvme_optimizer && !g->optimizer->elementwise())
-      throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
-                                  g->optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
-                                  "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
+    try {  // a refusal here must not leave the hooks just put on this group's parameters
+      if (model.client_optimizer) {
+        // The script's own optimizer steps these views in place; NVMe offload would re-point them.
+        if (options.nvme_optimizer || options.nvme_parameters)
+          throw std::invalid_argument("tessera: a client optimizer (" + options.optimizer + ") steps the shards where "
+                                      "they are in memory; NVMe offload is not available with it");
+        g->optimizer = model.client_optimizer(g->index, g->source_group, g->segments, L.shard_numel);
+        if (!g->optimizer) throw std::invalid_argument("tessera: the client optimizer factory returned no optimizer");
+      } else {
+        g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
+                                           f32, std::move(context));
+      }
+      if (options.nvme_optimizer && !g->optimizer->elementwise())
+        throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
+                                    g->optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
+                                    "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
+    } catch (...) {
+      groups_.push_back(std::move(g));
+      remove_grad_hooks();
+      throw;
+    }
     g->lr_scale = spec.source->lr ? *spec.source->lr / base_lr : 1.0;
     g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
     groups_.push_back(std::move(g));
@@ -550,6 +565,14 @@ void ZeroOptimizer::write_back_parameters(int root) {
     }
   }
   if (param_swapper_) param_swapper_->wait_all();
+}
+
+void ZeroOptimizer::materialize_optimizer_state() {
+  for (auto& g : groups_) g->optimizer->materialize_state();
+}
+
+void ZeroOptimizer::discard_materialized_optimizer_state() {
+  for (auto& g : groups_) g->optimizer->discard_materialized_state();
 }
 
 void ZeroOptimizer::after_shards_loaded() {

@@ -161,6 +161,10 @@ class ZeroOptimizer final : public UnitListener {
   // of its chunks follows them, every rank gets every chunk (stages 1–2), ZeRO-3's gathered copies
   // are stale, and the gradients start from zero.
   void after_shards_loaded();
+  // Before a checkpoint's optimizer state is loaded: every group's optimizer has its state arrays
+  // (FlatOptimizer::materialize_state; a client torch optimizer makes them at its first step).
+  void materialize_optimizer_state();
+  void discard_materialized_optimizer_state();  // the load failed
 
   // NVMe parameter offload: every partitioned group's shard in memory (its `compute` buffer and the
   // segments' views, as without offload) while a scope lives, written back to the files at its end,

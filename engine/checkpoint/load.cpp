@@ -61,10 +61,28 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   // (opened inside the try: a failed read is agreed on by every rank like any other).
   std::optional<ZeroOptimizer::ResidentParameters> resident;
   RankState rs;
+  // Until the values are taken (step 3), a failed load leaves no optimizer state it made behind.
+  struct DiscardUnlessTaken {
+    ZeroOptimizer& zero;
+    bool materialized = false, taken = false;
+    ~DiscardUnlessTaken() {
+      if (materialized && !taken) zero.discard_materialized_optimizer_state();
+    }
+  } made{s.zero};
   try {
     path = checkpoint_path(o.load_dir, o.tag);
     m = Metadata::read(path);
     resident.emplace(s.zero);
+    // State that appears at an optimizer's first step (a client torch optimizer's) is made now
+    // when the checkpoint has some to load into it: it was saved after applied optimizer steps.
+    if (optimizer && m.engine.is_object()) {
+      const json& e = m.engine;
+      if (e.at("global_step").get<int64_t>() - e.at("skipped_steps").get<int64_t>() -
+              e.at("optimizer_step_base").get<int64_t>() > 0) {
+        made.materialized = true;
+        s.zero.materialize_optimizer_state();
+      }
+    }
     rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
     if (m.layout.tensor_parallel != now.tensor_parallel || m.layout.pipeline_parallel != now.pipeline_parallel)
@@ -181,6 +199,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   }
 
   // 3. Every rank read everything: now the engine takes the values.
+  made.taken = true;
   for (Copy& c : copies) c.from.defined() ? (void)c.into.copy_(c.from) : (void)c.into.zero_();
   for (auto& [group, arrays] : rs.offloaded) s.zero.write_offloaded_state(group, arrays);  // NVMe: back to the files
   s.zero.after_shards_loaded();

@@ -48,6 +48,7 @@ struct OptimizerParams : OptimizerHyperparams {
 
   template <class V> void fields(V& v) {
     v("lr", lr, at_least(0.0));
+    if (kind == "client") return;  // a client torch optimizer keeps its settings in its param groups
     if (kind == "SGD") {
       v("momentum", momentum, at_least(0.0));
       v("dampening", dampening, at_least(0.0));
@@ -92,9 +93,12 @@ struct OptimizerParams : OptimizerHyperparams {
 struct OptimizerConfig {
   std::string type;
   OptimizerParams params;
+  // Not a JSON key: the optimizer is a script's own torch optimizer (ParseOptions::client_optimizer),
+  // `type` its class ("torch.optim.Adagrad") and params.lr its first group's learning rate.
+  bool client = false;
   template <class V> void fields(V& v) {
     v("type", type, one_of({"Adam", "AdamW", "SGD", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"}));
-    params.kind = type;
+    params.kind = client ? "client" : type;
     if (type == "AdamW") params.adam_w_mode = true;
     v("params", params);
   }
@@ -379,6 +383,9 @@ struct Config {
   // divides after. The result is the same average; dividing first keeps fp16/bf16 sums in range.
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
+  // DeepSpeed's consent to run a client optimizer it has not tested under ZeRO: tessera runs a
+  // script's own torch optimizer over each rank's flat fp32 shard (zero stages 1-3 need this true).
+  bool zero_allow_untested_optimizer = false;
 
   template <class V> void fields(V& v) {
     v("train_batch_size", train_batch_size, at_least<int64_t>(1));
@@ -405,6 +412,7 @@ struct Config {
     v("communication_data_type", communication_data_type, one_of({"fp32", "fp16", "bf16"}));
     v("prescale_gradients", prescale_gradients);
     v("gradient_predivide_factor", gradient_predivide_factor, greater_than(0.0));
+    v("zero_allow_untested_optimizer", zero_allow_untested_optimizer);
   }
 };
 

@@ -99,6 +99,18 @@ Config parse_config(const json& j, ConfigReport& report, const ParseOptions& opt
   config.fields(visitor);
   visitor.finish();
   if (options.unknown_keys) config.unknown_keys = *options.unknown_keys;
+  if (options.client_optimizer) {
+    if (config.optimizer) {
+      report.error("optimizer", "tessera.initialize was given optimizer=" + options.client_optimizer->type +
+                                    " as well; give the optimizer in one place");
+    } else {
+      config.optimizer.emplace();
+      config.optimizer->client = true;
+      config.optimizer->type = options.client_optimizer->type;
+      config.optimizer->params.kind = "client";
+      config.optimizer->params.lr = options.client_optimizer->lr;
+    }
+  }
   return config;
 }
 

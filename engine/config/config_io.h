@@ -45,9 +45,17 @@ class ConfigError : public std::runtime_error {
   explicit ConfigError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A script's own torch optimizer (Python's tessera.initialize(optimizer=...), of a kind the engine
+// does not have): it stands for the config's optimizer section, which must then be absent.
+struct ClientOptimizerInfo {
+  std::string type;  // its class, "torch.optim.Adagrad"
+  double lr = 0;     // its first param group's learning rate (the schedule's base)
+};
+
 struct ParseOptions {
   // Overrides the config's own "unknown_keys" switch when set ("error" or "warn").
   std::optional<std::string> unknown_keys;
+  std::optional<ClientOptimizerInfo> client_optimizer;
 };
 
 // Parallel degrees and batch sizes once the world size is known.

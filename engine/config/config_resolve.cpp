@@ -147,6 +147,25 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
                     optimizer ? z.offload_optimizer.nvme_path : z.offload_param.nvme_path, report);
   }
 
+  // A script's own torch optimizer (tessera.initialize(optimizer=...) of a kind the engine lacks) runs
+  // over each rank's flat fp32 shard. Under ZeRO that is DeepSpeed's "untested optimizer": its
+  // consent key is needed, as there. NVMe offload streams state the client optimizer owns: refused.
+  if (c.optimizer && c.optimizer->client) {
+    const std::string& type = c.optimizer->type;
+    if (z.stage > 0 && stage_ok && !c.zero_allow_untested_optimizer && !unparsed({"zero_allow_untested_optimizer"}))
+      report.error("zero_allow_untested_optimizer",
+                   "optimizer=" + type + " is not one of the optimizers tessera implements (Adam, AdamW, SGD, Lamb, "
+                   "the 1-bit family); at ZeRO stage " + stage + " the engine can run it as given over each rank's "
+                   "flat fp32 shard, untested: set \"zero_allow_untested_optimizer\": true to do that (DeepSpeed's "
+                   "rule), or use stage 0, or one of those optimizers");
+    for (const auto& [key, device] : {std::pair<std::string, std::string>{"offload_optimizer", z.offload_optimizer.device},
+                                      {"offload_param", z.offload_param.device}})
+      if (device == "nvme" && !unparsed({"zero_optimization." + key + ".device"}))
+        report.error("zero_optimization." + key + ".device",
+                     "\"nvme\" streams the shards through files, while optimizer=" + type + " (a client torch "
+                     "optimizer) steps them where they are in memory; expected \"cpu\" or \"none\"");
+  }
+
   if (c.scheduler) {
     const auto& p = c.scheduler->params;
     const std::string& type = c.scheduler->type;

@@ -88,6 +88,7 @@ json reference_of(const Config& c) {
   if (c.optimizer) {
     ref.optimizer.emplace();
     ref.optimizer->type = c.optimizer->type;  // params' defaults depend on the type
+    ref.optimizer->client = c.optimizer->client;
   }
   if (c.zero_optimization.overlap_comm) ref.zero_optimization.overlap_comm = c.zero_optimization.stage == 3;
   json j = config_to_json(ref);
@@ -159,7 +160,8 @@ std::vector<ConfigIssue> issues_of(const Config& c, const ConfigReport* prior) {
   if (!c.optimizer && !already("optimizer"))
     issues.push_back({kError, "optimizer",
                       "missing; the engine builds the optimizer from this section (from Python, "
-                      "tessera.initialize(optimizer=...) fills it in from a torch.optim Adam, AdamW or SGD)"});
+                      "tessera.initialize(optimizer=...) stands for it: a torch.optim Adam, AdamW or SGD becomes this section, and "
+                      "any other torch optimizer runs as given over the flat shards)"});
 
   std::vector<Finding> findings = findings_of(c);
   std::map<std::string, std::vector<std::string>> folded;  // error path -> the keys it covers

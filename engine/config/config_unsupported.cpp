@@ -16,7 +16,6 @@ const UnsupportedKey kUnsupported[] = {
     {"comet", "use \"csv_monitor\" or \"tensorboard\"", kDisabledSection, nullptr},
     {"sparse_gradients", "", "false", nullptr},
     {"fp32_allreduce", "", "false", nullptr},
-    {"zero_allow_untested_optimizer", "tessera runs the optimizers it implements (and the torch Adam, AdamW and SGD a script passes to initialize, mapped onto them); any other is refused whatever this says", "false", nullptr},
     {"zero_force_ds_cpu_optimizer", "", "true", nullptr},
     {"memory_breakdown", "tessera's progress lines always include peak memory", "false", nullptr},
     {"dump_state", "", "false", nullptr},

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "client_optimizer.h"
 #include "engine_handle.h"
 #include "csrc/cpu_block_cache.h"
 #include "csrc/cpu_features.h"
@@ -189,15 +190,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "load_config",
-      [](const std::string& path_or_json, int world_size) {
+      [](const std::string& path_or_json, int world_size, std::optional<std::pair<std::string, double>> client) {
         auto c = std::make_shared<ConfigHandle>();
         std::vector<std::string> warnings;
-        c->config = load_config(path_or_json, world_size, &c->layout, &warnings);
+        ParseOptions options;
+        if (client) options.client_optimizer = ClientOptimizerInfo{client->first, client->second};
+        c->config = load_config(path_or_json, world_size, &c->layout, &warnings, options);
         return std::make_tuple(c, warnings);
       },
-      py::arg("path_or_json"), py::arg("world_size"),
+      py::arg("path_or_json"), py::arg("world_size"), py::arg("client_optimizer") = py::none(),
       "Parses, checks and resolves a config file or JSON text; raises ConfigError listing every error. "
-      "Returns (config, warnings).");
+      "client_optimizer: (type, lr) of a script's own torch optimizer that stands for the optimizer "
+      "section. Returns (config, warnings).");
 
   py::class_<ParallelContext, std::shared_ptr<ParallelContext>>(m, "ParallelContext")
       .def(py::init([](int tensor, int pipe, const std::string& backend, bool defer_axis_groups, bool store_may_exist,
@@ -297,9 +301,10 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context,
                        const std::vector<GroupTuple>& groups,
                        const std::vector<std::pair<std::string, std::vector<at::Tensor>>>& units,
-                       const std::vector<std::shared_ptr<InitHandle>>& inits) {
+                       const std::vector<std::shared_ptr<InitHandle>>& inits, py::object client_optimizer) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");
              ModelDescription model = description_of(groups);
+             if (!client_optimizer.is_none()) model.client_optimizer = client_optimizer_factory(client_optimizer);
              for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
              for (const auto& init : inits)  // a model built under tessera.zero.Init: its chunks
                if (init) init->init->take_shards(model);
@@ -314,7 +319,7 @@ PYBIND11_MODULE(_C, m) {
              return e;
            }),
            py::arg("config"), py::arg("context"), py::arg("groups"), py::arg("units"),
-           py::arg("inits") = std::vector<std::shared_ptr<InitHandle>>{})
+           py::arg("inits") = std::vector<std::shared_ptr<InitHandle>>{}, py::arg("client_optimizer") = py::none())
       .def(
           "backward",
           [](EngineHandle& e, const at::Tensor& loss) { blocking([&] { e.engine->backward(loss); }); },

@@ -4,7 +4,8 @@ own optimizer, its LR scheduler and its data set. tessera.initialize returns the
 
 - a client optimizer (a torch.optim.Adam / AdamW / SGD, or a callable that builds one from the
   parameters) becomes the config's optimizer section, and its param groups the engine's: the engine
-  runs its own flat-shard optimizer of the same kind with the same hyper-parameters;
+  runs its own flat-shard optimizer of the same kind with the same hyper-parameters; any other
+  torch optimizer runs as given over the engine's flat shards (tessera/client_optimizer.py);
 - the optimizer returned (`EngineOptimizer`) is a torch.optim.Optimizer whose param_groups the
   engine reads at every step: each group's "lr" is that step's learning rate, so a torch LR
   scheduler (or Hugging Face's get_cosine_schedule_with_warmup) built on it, or on the client
@@ -60,12 +61,17 @@ _NEUTRAL = {"amsgrad": False, "maximize": False, "dampening": 0}
 _PER_GROUP = ("lr", "weight_decay")  # may differ between groups (the engine has both per group)
 
 
-def _unsupported(optimizer):
-    return ValueError(
-        "tessera.initialize: optimizer=%s is not supported: a client optimizer must be a torch.optim.Adam, AdamW or "
-        "SGD (or a callable building one from the parameters), which the engine runs as its own flat-shard optimizer "
-        "of the same kind; for any other, name a type the engine has in the config's optimizer section instead "
-        "(Adam, AdamW, SGD, Lamb, OneBitAdam, ZeroOneAdam, OneBitLamb; docs/config.md)" % type(optimizer).__name__)
+def is_mapped(optimizer):
+    """Whether the engine runs its own optimizer for this client optimizer (else it runs as given)."""
+    return type(optimizer) in _MAPPED
+
+
+def group_lr(group):
+    """A param group's learning rate as a number (an optimizer such as Adafactor may hold None)."""
+    lr = group.get("lr")
+    if lr is None:
+        return 0.0
+    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
 
 
 def build_client_optimizer(optimizer, model, model_parameters):
@@ -82,10 +88,7 @@ def build_client_optimizer(optimizer, model, model_parameters):
 
 def optimizer_section(optimizer):
     """(the config's optimizer section, model_parameters as param-group dicts) for a client optimizer."""
-    mapped = _MAPPED.get(type(optimizer))
-    if mapped is None:
-        raise _unsupported(optimizer)
-    kind, keys = mapped
+    kind, keys = _MAPPED[type(optimizer)]
     groups = optimizer.param_groups
     first = groups[0]
     if kind in ("Adam", "AdamW"):  # torch's Adam(decoupled_weight_decay=True) is AdamW, and AdamW's groups say so
@@ -177,7 +180,7 @@ def training_dataloader(engine, training_data, collate_fn):
                                        sampler=sampler, collate_fn=collate_fn, drop_last=False)
 
 
-def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler):
+def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler, runs_as_given=False):
     """Gives the engine its optimizer (EngineOptimizer) and LR scheduler; returns them."""
     if client_optimizer is not None:
         groups = client_optimizer.param_groups
@@ -198,5 +201,6 @@ def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler):
     if lr_scheduler is not None and not hasattr(lr_scheduler, "step"):
         raise TypeError("tessera.initialize: lr_scheduler must have step() (a torch.optim.lr_scheduler) or build one "
                         "from the optimizer, got %s" % type(lr_scheduler).__name__)
-    engine._attach_optimizer(optimizer, lr_scheduler, lr_from_groups=not config_has_scheduler)
+    engine._attach_optimizer(optimizer, lr_scheduler, lr_from_groups=not config_has_scheduler,
+                             settings_fixed=not runs_as_given)
     return optimizer, lr_scheduler

@@ -10,6 +10,7 @@ import torch
 
 from . import _C, checkpointing, client, comm, tensor_parallel, zero
 from ._checkpoint_calls import CheckpointCalls
+from .client_optimizer import ShardOptimizer
 from .monitor import JsonlMonitor
 
 __all__ = ["initialize", "Engine"]
@@ -173,9 +174,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                       Sequential counted one by one. The engine hears when each unit's forward and
                       backward start and end (module hooks); `engine.units()` lists them.
 
-    optimizer:        a torch.optim.Adam/AdamW/SGD (or a callable building one from the parameters):
-                      the engine runs its own optimizer of that kind with the same settings and param
-                      groups (tessera/client.py); the config then has no optimizer section.
+    optimizer:        a torch.optim.Optimizer (or a callable building one from the parameters); the
+                      config then has no optimizer section. An Adam/AdamW/SGD: the engine runs its
+                      own optimizer of that kind with the same settings and param groups
+                      (tessera/client.py). Any other runs as given over each rank's flat fp32 shard
+                      (tessera/client_optimizer.py; ZeRO stages 1-3 need the config's
+                      "zero_allow_untested_optimizer": true, as in DeepSpeed).
     lr_scheduler:     a torch LR scheduler (or a callable building one from the optimizer), stepped
                       by the engine after each applied step; a scheduler in the config wins over it.
     training_data:    a torch.utils.data.Dataset: a DataLoader over the data-parallel ranks
@@ -204,15 +208,24 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
 
     client_optimizer = client.build_client_optimizer(optimizer, model, model_parameters)
+    runner = None  # a client optimizer of a kind the engine lacks, run as given (tessera/client_optimizer.py)
     if client_optimizer is not None:
         config = _config_dict(config)
         if "optimizer" in config:
             raise ValueError("tessera.initialize: optimizer= was given and the config has an optimizer section too; "
                              "give one of them")
-        config["optimizer"], model_parameters = client.optimizer_section(client_optimizer)
+        if client.is_mapped(client_optimizer):
+            config["optimizer"], model_parameters = client.optimizer_section(client_optimizer)
+        else:
+            runner = ShardOptimizer(client_optimizer)
+            model_parameters = runner.model_parameters()
     text = _config_text(config)
     world_size = comm.get_world_size()
-    cfg, warnings = _C.load_config(text, world_size)
+    cfg, warnings = _C.load_config(text, world_size, (runner.type_name, runner.base_lr()) if runner else None)
+    if runner is not None and json.loads(cfg.to_json())["zero_optimization"]["stage"] > 0:
+        warnings.append("zero_allow_untested_optimizer: %s runs as given over each rank's flat fp32 shard of each "
+                        "param group (an optimizer that reads a parameter's shape or norm sees 1-D pieces of it)"
+                        % runner.type_name)
     if '"activation_checkpointing"' in (text if text.startswith("{") else open(text).read()):
         # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
         checkpointing.configure(None, deepspeed_config=json.loads(cfg.to_json()))
@@ -256,13 +269,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              "parameters the engine trains, so it would never be whole again; give it to the engine "
                              "(model_parameters) or build it outside zero.Init" % name)
         inits[id(init)] = init
-    cengine = _C.Engine(cfg, context, cgroups, unit_spec, list(inits.values()))
+    cengine = _C.Engine(cfg, context, cgroups, unit_spec, list(inits.values()), runner)
     for p in trainable.values():
         if getattr(p, "_tessera_init", None) is not None:
             del p._tessera_init  # the engine owns its values now (GatheredParameters goes through it)
     engine = Engine(model, cengine, groups, unit_modules)
     optimizer, lr_scheduler = client.attach(engine, client_optimizer, lr_scheduler,
-                                            config_has_scheduler=engine.config.get("scheduler") is not None)
+                                            config_has_scheduler=engine.config.get("scheduler") is not None,
+                                            runs_as_given=runner is not None)
     loader = client.training_dataloader(engine, training_data, collate_fn) if training_data is not None else None
     engine.training_dataloader = loader
     return engine, optimizer, loader, lr_scheduler
@@ -555,8 +569,9 @@ class Engine(CheckpointCalls):
         self._backward_called = False
         boundary = self._c.is_gradient_accumulation_boundary()
         if boundary and self._lr_from_groups:
-            client.check_fixed_settings(self.optimizer, self._fixed_settings)
-            self._c.set_group_learning_rates([float(g["lr"]) for g in self.optimizer.param_groups])
+            if self._fixed_settings is not None:
+                client.check_fixed_settings(self.optimizer, self._fixed_settings)
+            self._c.set_group_learning_rates([client.group_lr(g) for g in self.optimizer.param_groups])
         skipped = self._c.skipped_steps
         self._c.step()
         if boundary:
@@ -570,9 +585,11 @@ class Engine(CheckpointCalls):
                     g["lr"] = lr
             self._end_of_step()
 
-    def _attach_optimizer(self, optimizer, lr_scheduler, lr_from_groups):
+    def _attach_optimizer(self, optimizer, lr_scheduler, lr_from_groups, settings_fixed=True):
+        """settings_fixed: the engine read the groups' betas/momentum/eps once (a mapped client
+        optimizer); False when the client optimizer itself steps and reads its groups every time."""
         self.optimizer, self.lr_scheduler, self._lr_from_groups = optimizer, lr_scheduler, lr_from_groups
-        self._fixed_settings = client.fixed_settings(optimizer) if lr_from_groups else None
+        self._fixed_settings = client.fixed_settings(optimizer) if lr_from_groups and settings_fixed else None
 
     def was_step_applied(self):
         """Whether the last optimizer step was applied (False after an fp16 overflow skipped it)."""

@@ -8,6 +8,7 @@ The data position travels in client_state: a run that loads continues at the ste
   checkpoint_worker.py RUNS.json OUT.json   (rank 0 writes, per run, the losses and what happened)
 
 A run: {"model": "tiny"|"gpt", "seed", "config" (without batch sizes), "global_batch", "micro",
+        "client": {"type": a torch.optim class, its keywords} (the config then has no optimizer),
         "steps", "load": {"dir", "tag", ...load_checkpoint keywords} | null, "save_loaded": DIR,
         "save": DIR, "save_tag", "crash": a TESSERA_CHECKPOINT_CRASH point for the final save,
         "expect_error": a substring: the load must fail with it, leaving the parameters unchanged}
@@ -74,7 +75,12 @@ def one_run(run):
     config["train_micro_batch_size_per_gpu"] = run["micro"]
     config.setdefault("steps_per_print", 1000)
     model = make_model(run)
-    engine, _, _, _ = tessera.initialize(model=model, config=config)
+    optimizer = None
+    if run.get("client"):  # a torch optimizer tessera runs as given over its shards (client_optimizer.py)
+        kind = dict(run["client"])
+        optimizer = getattr(torch.optim, kind.pop("type"))(model.parameters(), **kind)
+        config["zero_allow_untested_optimizer"] = True
+    engine, _, _, _ = tessera.initialize(model=model, config=config, optimizer=optimizer)
     dp, me, micro = engine.dp_world_size, engine.dp_rank, run["micro"]
     gas = engine.gradient_accumulation_steps()
     result = {"losses": [], "norms": []}

@@ -73,6 +73,15 @@ def groups_of(model, case):
             {"params": rest, "weight_decay": 0.0, "lr": 2 * case["lr"], "name": "no_decay"}]
 
 
+def client_optimizer_of(case, groups):
+    """case["client"]: a torch optimizer tessera does not implement, which it runs as given over its
+    flat shards (tessera/client_optimizer.py), over the same two groups."""
+    groups[0]["weight_decay"] = case["weight_decay"]
+    if case["client"] == "Adagrad":  # makes its state at construction
+        return torch.optim.Adagrad(groups, lr=case["lr"])
+    return torch.optim.RMSprop(groups, lr=case["lr"], momentum=0.9)
+
+
 def global_batch(case, step):
     n = case["micro"] * case["gas"] * case["dp"]
     g = torch.Generator().manual_seed(case["seed"] * 1000 + step)
@@ -116,7 +125,12 @@ def tessera_run(case):
         tessera.checkpointing.checkpoint_modules(model)
         config["activation_checkpointing"] = {"partition_activations": case.get("partition", False)}
     recomputed = tessera.checkpointing.stats()["recomputations"]
-    engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups_of(model, case))
+    groups, optimizer = groups_of(model, case), None
+    if case.get("client"):
+        del config["optimizer"]
+        config["zero_allow_untested_optimizer"] = True
+        groups, optimizer = None, client_optimizer_of(case, groups)
+    engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups, optimizer=optimizer)
     dp, me, micro = engine.dp_world_size, engine.dp_rank, case["micro"]
     assert dp == case["dp"], (dp, case)
     losses, norms, params = [], [], []
@@ -155,10 +169,13 @@ def reference_run(case):
     for g in groups:
         del g["name"]
     kwargs = dict(lr=case["lr"], betas=(0.9, 0.95), eps=1e-8)
-    try:
-        opt = torch.optim.AdamW(groups, fused=True, **kwargs)
-    except (RuntimeError, ValueError):
-        opt = torch.optim.AdamW(groups, foreach=True, **kwargs)
+    if case.get("client"):
+        opt = client_optimizer_of(case, groups)
+    else:
+        try:
+            opt = torch.optim.AdamW(groups, fused=True, **kwargs)
+        except (RuntimeError, ValueError):
+            opt = torch.optim.AdamW(groups, foreach=True, **kwargs)
     params = list(model.parameters())
     dp, micro, gas = case["dp"], case["micro"], case["gas"]
     losses, norms, snapshots = [], [], []

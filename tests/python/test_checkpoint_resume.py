@@ -40,6 +40,8 @@ ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "betas": 
 def config(stage=0, optimizer=ADAMW, **extra):
     c = {"optimizer": optimizer, "gradient_clipping": 1.0,
          "zero_optimization": {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}}
+    if optimizer is None:  # the run's client optimizer
+        del c["optimizer"]
     c.update(extra)
     return c
 
@@ -99,6 +101,8 @@ RESUME_CASES = {
     "zero_one_adam": dict(TINY, config=config(0, {"type": "ZeroOneAdam", "params": {
         "lr": 3e-3, "var_freeze_step": 3, "var_update_scaler": 1, "local_step_scaler": 2, "local_step_clipper": 2}})),
     "onebit_lamb": dict(TINY, config=config(0, {"type": "OneBitLamb", "params": {"lr": 1e-2, "freeze_step": 2}})),
+    # A client torch optimizer run as given over the shards: its state made at the resumed run's load.
+    "client_rmsprop_zero2": dict(TINY, config=config(2, None), client={"type": "RMSprop", "lr": 1e-3, "momentum": 0.9}),
     # NVMe optimizer offload: the moments and the bf16 run's fp32 master are in the swap files.
     "adamw_zero2_nvme_bf16": dict(TINY, config=config(2, bf16={"enabled": True}), nvme=True),
     "adamw_zero1_nvme_fp32": dict(TINY, config=config(1), nvme=True),
@@ -248,6 +252,19 @@ def test_reshard_in_and_out_of_nvme_offload(tmp_path):
     base = dict(TINY, config=config(2, bf16={"enabled": True}))
     hops = [(2, 2, "nvme"), (1, 1), (2, 3, "infinity"), (1, 3)]
     check_chain(tmp_path, hops, chain(tmp_path, hops, base), loss_rtol=1e-2)
+
+
+def test_reshard_with_a_client_adagrad_dp_2_1_2_and_zero_2_0_3(tmp_path):
+    """A client torch.optim.Adagrad (run as given over the shards): its "sum" reshards like the
+    engine's own moments, its "step" is the group's."""
+    base = dict(TINY, config=config(2, None), client={"type": "Adagrad", "lr": 1e-2})
+    hops = [(2, 2), (1, 0), (2, 3)]
+    results = chain(tmp_path, hops, base)
+    check_chain(tmp_path, hops, results)
+    meta, saved = consolidated(str(tmp_path / "hop0" / "global_step3"))
+    assert meta["layout"]["optimizer"] == "torch.optim.Adagrad" and "sum" in meta["layout"]["states"]
+    steps = [v for k, v in saved.items() if k.startswith("group/") and k.endswith("/step")]
+    assert steps and all(float(v) == 3 for v in steps), steps
 
 
 def test_1bit_adam_at_another_dp_size_starts_its_error_buffers_from_zero(tmp_path):
