@@ -17,6 +17,21 @@ if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/.tessera-python" 2>/dev/nul
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython_EXECUTABLE="$python" ${CMAKE_ARGS:-}
   echo "$python" > "$build/.tessera-python"
 fi
+# The Python package (tessera._C and a `tessera` command in the venv) is installed editable with
+# pip, as a user would (pyproject.toml; build/pip-*): target tessera_python, or everything.
 targets=()
-[ $# -gt 0 ] && targets=(--target "$@")
-cmake --build "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}"
+python_package=$([ $# -eq 0 ] && echo yes || echo no)
+for t in "$@"; do
+  if [ "$t" = tessera_python ]; then python_package=yes; else targets+=("$t"); fi
+done
+if [ $# -eq 0 ] || [ ${#targets[@]} -gt 0 ]; then
+  [ ${#targets[@]} -gt 0 ] && targets=(--target "${targets[@]}")
+  cmake --build "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}"
+fi
+if [ "$python_package" = yes ] && ! grep -q '^TESSERA_BUILD_PYTHON:BOOL=OFF' "$build/CMakeCache.txt"; then
+  echo "[build] pip install --no-build-isolation -e . ($python)"
+  # CXX: CMake's default compiler name, as this script's build used (scikit-build-core would pick
+  # g++), so that ccache serves both builds.
+  CXX=${CXX:-c++} CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} "$python" -m pip install --no-build-isolation --no-deps -q -e . ||
+    { echo "[build] pip install -e . failed (its log is above)" >&2; exit 1; }
+fi

@@ -15,7 +15,7 @@ steps=${STEPS:-150}
 python=$(cat "$build/.tessera-python" 2>/dev/null || scripts/setup.sh | tail -n 1)
 dtype=${DTYPE:-}
 if [ -z "$dtype" ]; then
-  if PYTHONPATH="$PWD/python" "$python" -c 'import sys, tessera; sys.exit(0 if tessera._C.cpu_has_fast_bf16() else 1)'; then
+  if "$python" -c 'import sys, tessera; sys.exit(0 if tessera._C.cpu_has_fast_bf16() else 1)'; then
     dtype=bf16
     echo "== this CPU has bf16 arithmetic: training in bf16 (DTYPE=fp32 to change)"
   else
@@ -28,8 +28,7 @@ metrics=out/demo_gpt/metrics.jsonl  # {csv_monitor.output_path}/{csv_monitor.job
 plot=out/demo_gpt/loss.png
 
 echo "== tessera launch --nproc-per-node 2 -- python examples/python/train_gpt.py --config $config --steps $steps"
-PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  "$build/bin/tessera" launch --nproc-per-node 2 -- "$python" examples/python/train_gpt.py --config "$config" --steps "$steps"
+"$build/bin/tessera" launch --nproc-per-node 2 -- "$python" examples/python/train_gpt.py --config "$config" --steps "$steps"
 echo "== tessera plot $metrics -o $plot"
 "$build/bin/tessera" plot "$metrics" -o "$plot"
 echo "loss plot: $PWD/$plot"

@@ -1,10 +1,10 @@
 # Source it in a shell after the two commands (`make demo`, `make test`) or `make python`:
 #   source scripts/env.sh
-# puts the project venv first on PATH (its python, pip and torchrun: the torch tessera was built
-# against), build/bin after it (the `tessera` command), and python/ on PYTHONPATH (the package
-# whose extension `make python` built in place). The commands in README.md and docs/ assume it
-# (tests/python/test_docs.py runs them that way). `pip install --no-build-isolation .` into an
-# environment of your own replaces all three (docs/python.md).
+# puts the project venv first on PATH: its python, pip and torchrun (the torch tessera was built
+# against), and the `tessera` package and command those commands installed into it (editable:
+# `pip install --no-build-isolation -e .`); build/bin after it. No PYTHONPATH. The commands in
+# README.md and docs/ assume it (tests/python/test_docs.py runs them that way).
+# `pip install --no-build-isolation .` into an environment of your own replaces it (docs/python.md).
 _tessera_root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
 _tessera_venv=${TESSERA_VENV:-$HOME/.cache/tessera/venv}
 if [ ! -x "$_tessera_venv/bin/python" ]; then
@@ -12,6 +12,5 @@ if [ ! -x "$_tessera_venv/bin/python" ]; then
 else
   export VIRTUAL_ENV="$_tessera_venv"
   export PATH="$_tessera_venv/bin:$_tessera_root/${BUILD_DIR:-build}/bin:$PATH"
-  export PYTHONPATH="$_tessera_root/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
 unset _tessera_root _tessera_venv

@@ -7,7 +7,8 @@
         engine.backward(loss)         # loss / gradient_accumulation_steps (x fp16 loss scale), autograd
         engine.step()                 # the optimizer, at gradient-accumulation boundaries only
 
-The engine itself is C++ (tessera._C, built by `make python`); see docs/python.md.
+The engine itself is C++ (tessera._C, built by `pip install --no-build-isolation -e .`, which
+`make python` runs); see docs/python.md.
 """
 import torch  # loads libtorch*.so before the extension, which links them
 
@@ -15,14 +16,14 @@ try:
     from . import _C
 except ImportError as e:  # not built, or built for another interpreter
     raise ImportError(
-        "tessera: the C++ extension tessera._C could not be imported (%s). Build it with `make python` "
-        "(or `scripts/build.sh tessera_python`) for this interpreter; to build against the torch of "
-        "another Python, run `TESSERA_VENV=/path/to/venv make python`. See docs/python.md." % e) from e
+        "tessera: the C++ extension tessera._C could not be imported (%s). Install the package into this "
+        "interpreter's environment: `make python` for the project venv, or `pip install --no-build-isolation "
+        "-e .` from the checkout with this interpreter. See docs/python.md." % e) from e
 
 if _C.torch_version != torch.__version__:
     raise ImportError(
         "tessera: tessera._C was built against torch %s but this interpreter has torch %s; rebuild it "
-        "with `make python` using this interpreter's venv (TESSERA_VENV=...)." % (_C.torch_version, torch.__version__))
+        "with `make python` (or `pip install --no-build-isolation -e .`) using this interpreter." % (_C.torch_version, torch.__version__))
 
 ConfigError = _C.ConfigError
 ConfigError.__module__ = "tessera"

@@ -1,8 +1,8 @@
 """Shared helpers for the Python tests (run by scripts/test.sh after ctest, or `pytest tests/python`).
 
-They import tessera from the checkout's python/ folder (the extension is built there by
-`make python`) and start multi-rank jobs through build/bin/tessera launch (TESSERA_BUILD_DIR or
-BUILD_DIR overrides build/).
+They import tessera as installed into the interpreter's environment (`make python`: pip install
+--no-build-isolation -e . into the project venv; no PYTHONPATH) and start multi-rank jobs through
+build/bin/tessera launch (TESSERA_BUILD_DIR or BUILD_DIR overrides build/).
 """
 import os
 import socket
@@ -12,13 +12,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHON_DIR = os.path.join(ROOT, "python")
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_DIR = os.environ.get("TESSERA_BUILD_DIR") or os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
 CLI = os.path.join(BUILD_DIR, "bin", "tessera")
 
-if PYTHON_DIR not in sys.path:
-    sys.path.insert(0, PYTHON_DIR)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
@@ -35,11 +32,12 @@ def free_port():
 
 
 def child_env(**extra):
-    """The environment for a job's ranks: the checkout's package first on PYTHONPATH, and no
-    launcher variables inherited from whatever runs pytest."""
+    """The environment for a job's ranks: the test folder on PYTHONPATH (the workers import each
+    other; tessera comes from the environment's install), and no launcher variables inherited from
+    whatever runs pytest."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + HERE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = HERE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env
 
