@@ -65,6 +65,8 @@ class FlatOptimizer {
     Shard,         // one element per shard element (the moments): by parameter ranges, any layout
     PerParameter,  // one element per parameter of the group (1-bit LAMB's coefficients): by name
     Group,         // the group's own values, the same on every rank (0/1 Adam's counters)
+    Uniform,       // like Group, and the same in every group too (a client torch optimizer's step
+                   // count): loads from another group's record when the groups were cut otherwise
     RankLocal,     // this rank's own (the 1-bit family's compression errors): the same layout only
   };
   virtual StateLayout state_layout(const std::string& /*name*/) const { return StateLayout::Shard; }
@@ -79,9 +81,10 @@ class FlatOptimizer {
   // An optimizer whose state appears at its first step (a script's own torch optimizer,
   // python/csrc/client_optimizer.h) creates it now, without changing the parameters, so that a
   // checkpoint saved after some steps can be loaded into it; the others have theirs already.
-  virtual void materialize_state() {}
-  // A load that failed after materialize_state(): the state goes again, so that the first step
-  // starts it as it would have.
+  // Returns whether it made state now.
+  virtual bool materialize_state() { return false; }
+  // A load that failed after materialize_state() made state: the state goes again, so that the
+  // first step starts it as it would have.
   virtual void discard_materialized_state() {}
 };
 

@@ -286,7 +286,7 @@ TEST_CASE("a DeepSpeed key tessera lacks is accepted at DeepSpeed's default, ref
   }
 }
 
-TEST_CASE("a client torch optimizer stands for the optimizer section; ZeRO needs zero_allow_untested_optimizer") {
+TEST_CASE("a client torch optimizer stands for the optimizer section - ZeRO needs zero_allow_untested_optimizer") {
   ParseOptions client;
   client.client_optimizer = ClientOptimizerInfo{"torch.optim.Adagrad", 0.05};
   auto stage0 = check(R"({"train_batch_size": 8})", 2, client);

@@ -567,8 +567,10 @@ void ZeroOptimizer::write_back_parameters(int root) {
   if (param_swapper_) param_swapper_->wait_all();
 }
 
-void ZeroOptimizer::materialize_optimizer_state() {
-  for (auto& g : groups_) g->optimizer->materialize_state();
+bool ZeroOptimizer::materialize_optimizer_state() {
+  bool made = false;
+  for (auto& g : groups_) made = g->optimizer->materialize_state() || made;
+  return made;
 }
 
 void ZeroOptimizer::discard_materialized_optimizer_state() {

@@ -163,8 +163,8 @@ class ZeroOptimizer final : public UnitListener {
   void after_shards_loaded();
   // Before a checkpoint's optimizer state is loaded: every group's optimizer has its state arrays
   // (FlatOptimizer::materialize_state; a client torch optimizer makes them at its first step).
-  void materialize_optimizer_state();
-  void discard_materialized_optimizer_state();  // the load failed
+  bool materialize_optimizer_state();           // whether some group made state now
+  void discard_materialized_optimizer_state();  // the load failed: what materialize made goes
 
   // NVMe parameter offload: every partitioned group's shard in memory (its `compute` buffer and the
   // segments' views, as without offload) while a scope lives, written back to the files at its end,

@@ -78,10 +78,8 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     if (optimizer && m.engine.is_object()) {
       const json& e = m.engine;
       if (e.at("global_step").get<int64_t>() - e.at("skipped_steps").get<int64_t>() -
-              e.at("optimizer_step_base").get<int64_t>() > 0) {
-        made.materialized = true;
-        s.zero.materialize_optimizer_state();
-      }
+              e.at("optimizer_step_base").get<int64_t>() > 0)
+        made.materialized = s.zero.materialize_optimizer_state();
     }
     rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
@@ -134,10 +132,19 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
         for (const GroupRecord& r : m.groups)
           if (r.first_parameter == g.first_parameter && r.pipeline_stage == rs.pipeline_stage && r.tensor_rank == g.tensor_rank)
             found = &r;
-        if (!found)
-          throw std::runtime_error("tessera: checkpoint " + path + " has no state for the parameter group that begins with " +
-                                   g.first_parameter + " (" + m.layout.str() + " grouped the parameters otherwise)");
-        for (const auto& [state, t] : g.group_states) copies.push_back({t, files.read(found->file, "group/" + g.first_parameter + "/" + state)});
+        for (const auto& [state, t] : g.group_states) {
+          // Grouped otherwise (ZeRO-3 splits a group into partitioned and persistent parameters): a
+          // value every group shares (Uniform) loads from any group of this stage that saved it.
+          const GroupRecord* holder = found;
+          if (!holder && std::count(g.uniform.begin(), g.uniform.end(), state))
+            for (const GroupRecord& r : m.groups)
+              if (!holder && r.pipeline_stage == rs.pipeline_stage && std::count(r.states.begin(), r.states.end(), state))
+                holder = &r;
+          if (!holder)
+            throw std::runtime_error("tessera: checkpoint " + path + " has no state for the parameter group that begins with " +
+                                     g.first_parameter + " (" + m.layout.str() + " grouped the parameters otherwise)");
+          copies.push_back({t, files.read(holder->file, "group/" + holder->first_parameter + "/" + state)});
+        }
       }
       for (const auto& [state, t] : g.rank_local) {
         const std::string name = "local/" + g.first_parameter + "/" + state;

@@ -56,6 +56,10 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
           break;
         case StateLayout::PerParameter: per_parameter.emplace_back(name, t); break;
         case StateLayout::Group: view.group_states.emplace_back(name, t); break;
+        case StateLayout::Uniform:
+          view.group_states.emplace_back(name, t);
+          view.uniform.push_back(name);
+          break;
         case StateLayout::RankLocal: view.rank_local.emplace_back(name, t); break;
       }
     }

@@ -37,7 +37,8 @@ struct PieceView {
 struct GroupView {
   std::string first_parameter;  // names the group in a checkpoint
   int tensor_rank = -1;
-  NamedTensors group_states;    // Group layout: the same on every rank
+  NamedTensors group_states;    // Group layout: the same on every rank (and the Uniform ones)
+  std::vector<std::string> uniform;  // those of group_states that are the same in every group too
   NamedTensors rank_local;      // RankLocal: this rank's own
 };
 

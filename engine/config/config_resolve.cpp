@@ -154,8 +154,9 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
     const std::string& type = c.optimizer->type;
     if (z.stage > 0 && stage_ok && !c.zero_allow_untested_optimizer && !unparsed({"zero_allow_untested_optimizer"}))
       report.error("zero_allow_untested_optimizer",
-                   "optimizer=" + type + " is not one of the optimizers tessera implements (Adam, AdamW, SGD, Lamb, "
-                   "the 1-bit family); at ZeRO stage " + stage + " the engine can run it as given over each rank's "
+                   "optimizer=" + type + " is not one of the optimizers tessera implements (a torch.optim Adam, "
+                   "AdamW or SGD maps onto the engine's own; Lamb and the 1-bit family are the config's "
+                   "optimizer.type); at ZeRO stage " + stage + " the engine can run it as given over each rank's "
                    "flat fp32 shard, untested: set \"zero_allow_untested_optimizer\": true to do that (DeepSpeed's "
                    "rule), or use stage 0, or one of those optimizers");
     for (const auto& [key, device] : {std::pair<std::string, std::string>{"offload_optimizer", z.offload_optimizer.device},

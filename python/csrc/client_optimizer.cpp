@@ -47,9 +47,9 @@ class ClientShardOptimizer final : public FlatOptimizer {
     layouts_.clear();
     for (py::handle item : runner_.attr("named_state")(group_)) {
       auto [name, tensor, layout] = item.cast<std::tuple<std::string, at::Tensor, std::string>>();
-      layouts_.emplace_back(name, layout == "shard"   ? StateLayout::Shard
-                                  : layout == "group" ? StateLayout::Group
-                                                      : StateLayout::RankLocal);
+      layouts_.emplace_back(name, layout == "shard"     ? StateLayout::Shard
+                                  : layout == "uniform" ? StateLayout::Uniform
+                                                        : StateLayout::RankLocal);
       out.emplace_back(std::move(name), std::move(tensor));
     }
     return out;
@@ -61,9 +61,9 @@ class ClientShardOptimizer final : public FlatOptimizer {
     return StateLayout::RankLocal;
   }
 
-  void materialize_state() override {
+  bool materialize_state() override {
     py::gil_scoped_acquire gil;
-    runner_.attr("materialize_state")();
+    return runner_.attr("materialize_state")().cast<bool>();
   }
 
   void discard_materialized_state() override {

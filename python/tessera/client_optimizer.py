@@ -14,12 +14,13 @@ of the flattened parameters instead, as under DeepSpeed's ZeRO.
 
 Checkpoints: the optimizer's state is kept in place in shard-shaped buffers, so it saves and
 reshards like the engine's own: a state tensor shaped like its parameter ("exp_avg", "sum") is laid
-out like the shard and loads at another data-parallel size; a scalar ("step") is the group's; any
-other tensor is this rank's own (it loads at the same layout only).
+out like the shard and loads at another data-parallel size or ZeRO stage; a scalar every parameter
+shares ("step") is saved once (FlatOptimizer::StateLayout::Uniform); any other value is this rank's
+own (it loads at the same layout only).
 """
 import torch
 
-_SHARD, _GROUP, _LOCAL = "shard", "group", "local"
+_SHARD, _UNIFORM, _LOCAL = "shard", "uniform", "local"
 
 
 def type_name(optimizer):
@@ -45,7 +46,9 @@ class _Bound:
         self.offsets = offsets    # where each segment starts in the rank's local shard
         self.shard_numel = shard_numel
         self.shard_states = {}    # state name -> shard-long tensor the segments' state views live in
-        self.scalars = {}         # state name -> float64 0-dim tensor (the group's value)
+        self.scalars = {}         # state name -> float64 0-dim mirror of a value every segment shares
+        self.segment_scalars = {}  # "name/segment" -> float64 0-dim mirror of a segment's own value
+        self.written = {}         # mirror name -> the value last written into it from the state
         self.local = {}           # "name/segment" -> the segment's own state tensor
 
 
@@ -73,6 +76,8 @@ class ShardOptimizer:
         self._pending = set()      # groups whose step() came in this engine step
         self._stepped = False      # the optimizer has made its state
         self._materialized = False  # ... by materialize_state(), for a checkpoint to load into
+        # What bind() changes in the client optimizer, put back by unbind() if the engine is not made.
+        self._before_bind = ([g["params"] for g in optimizer.param_groups], dict(optimizer.state))
 
     # -- what initialize gives the engine ---------------------------------------------------------
 
@@ -91,6 +96,21 @@ class ShardOptimizer:
                 group["weight_decay"] = float(g["weight_decay"])
             out.append(group)
         return out
+
+    def engine_made(self):
+        """The engine exists: what unbind() would have put back is not needed any more."""
+        self._before_bind = None
+
+    def unbind(self):
+        """The engine was not made: the client optimizer gets back its parameters and state."""
+        if self._before_bind is None:
+            return
+        params, state = self._before_bind
+        for g, p in zip(self.optimizer.param_groups, params):
+            g["params"] = p
+        self.optimizer.state.clear()
+        self.optimizer.state.update(state)
+        self._bound, self._before_bind = {}, None
 
     def base_lr(self):
         lr = self.optimizer.param_groups[0].get("lr")
@@ -123,39 +143,43 @@ class ShardOptimizer:
         if group in self._pending:
             raise RuntimeError("tessera: engine group %d stepped twice in one optimizer step" % group)
         self._pending.add(group)
-        g = self.optimizer.param_groups[b.source]
-        if _number(g.get("lr")):
-            g["lr"] = lr
-        elif isinstance(g.get("lr"), torch.Tensor):
-            g["lr"].fill_(lr)
-        if beta1 is not None:  # the config's OneCycle cycles momentum: DeepSpeed sets betas, else momentum
-            if "betas" in g:
-                g["betas"] = (beta1, beta2 if beta2 is not None else g["betas"][1])
-            elif "momentum" in g:
-                g["momentum"] = beta1
-        for p, grad in zip(b.params, b.grads):
-            if grad.dtype != p.dtype:  # data_types.grad_accum_dtype bf16: the optimizer gets fp32
-                grad = grad.to(p.dtype)
-            if grad_scale != 1.0:
-                grad.mul_(grad_scale)  # the engine zeroes its gradients after the step
-            p.grad = grad
-        if len(self._pending) < len(self._bound):
-            return
-        self._pending.clear()
-        self._start_state()
-        self._load_scalars()
         try:
+            g = self.optimizer.param_groups[b.source]
+            if _number(g.get("lr")):
+                g["lr"] = lr
+            elif isinstance(g.get("lr"), torch.Tensor):
+                g["lr"].fill_(lr)
+            # The config's OneCycle cycles momentum as DeepSpeed's does: an optimizer's betas, when
+            # it has them (not SGD-style momentum).
+            if beta1 is not None and "betas" in g:
+                g["betas"] = (beta1, beta2 if beta2 is not None else g["betas"][1])
+            for p, grad in zip(b.params, b.grads):
+                if grad.dtype != p.dtype:  # data_types.grad_accum_dtype bf16: the optimizer gets fp32
+                    grad = grad.to(p.dtype)
+                if grad_scale != 1.0:
+                    grad.mul_(grad_scale)  # the engine zeroes its gradients after the step
+                p.grad = grad
+            if len(self._pending) < len(self._bound):
+                return
+            self._start_state()
+            self._load_scalars()
             self.optimizer.step()
-        finally:
-            for bound in self._bound.values():
-                for p in bound.params:
-                    p.grad = None
+        except BaseException:
+            self._end_step()  # a failed step: the next one starts afresh
+            raise
+        self._end_step()
         self._stepped, self._materialized = True, False
         self._keep_state()
         for bound in self._bound.values():
             for p, compute in zip(bound.params, bound.computes):
                 if compute is not None:
                     compute.copy_(p)
+
+    def _end_step(self):
+        self._pending.clear()
+        for bound in self._bound.values():
+            for p in bound.params:
+                p.grad = None
 
     def state_bytes(self, group):
         b = self._bound[group]
@@ -170,16 +194,17 @@ class ShardOptimizer:
         """[(name, tensor, layout)]: the tensors a checkpoint saves from and loads into, in place."""
         b = self._bound[group]
         out = [(name, t, _SHARD) for name, t in sorted(b.shard_states.items())]
-        out += [(name, t, _GROUP) for name, t in sorted(b.scalars.items())]
+        out += [(name, t, _UNIFORM) for name, t in sorted(b.scalars.items())]
+        out += [(name, t, _LOCAL) for name, t in sorted(b.segment_scalars.items())]
         out += [(name, t, _LOCAL) for name, t in sorted(b.local.items())]
         return out
 
     def materialize_state(self):
         """A checkpoint saved after some steps loads into state the optimizer makes at its first step:
         one step with zero gradients makes it, the parameters are put back, and the load overwrites
-        every value. Nothing to do once the optimizer has stepped."""
+        every value. Nothing to do once the optimizer has stepped. Returns whether it made state."""
         if self._stepped:
-            return
+            return False
         params = [p for b in self._bound.values() for p in b.params]
         saved = [p.detach().clone() for p in params]
         self._pending.clear()
@@ -194,6 +219,7 @@ class ShardOptimizer:
                 p.copy_(value)
         self._stepped, self._materialized = True, True
         self._keep_state()
+        return True
 
     def discard_materialized_state(self):
         """The load failed: the state made for it goes, and the first step makes it afresh."""
@@ -202,7 +228,7 @@ class ShardOptimizer:
         for b in self._bound.values():
             for p in b.params:
                 self.optimizer.state.pop(p, None)
-            b.shard_states, b.scalars, b.local = {}, {}, {}
+            b.shard_states, b.scalars, b.segment_scalars, b.written, b.local = {}, {}, {}, {}, {}
         self._stepped = self._materialized = False
 
     # -- state kept in place -----------------------------------------------------------------------
@@ -237,11 +263,12 @@ class ShardOptimizer:
                        for v, p in zip(values, b.params)):
                     self._keep_in_shard(b, name, values)
                 elif all(_number(v) or (isinstance(v, torch.Tensor) and v.dim() == 0) for v in values):
-                    first = values[0]
-                    value = first.item() if isinstance(first, torch.Tensor) else first
-                    if name not in b.scalars:
-                        b.scalars[name] = torch.zeros((), dtype=torch.float64)
-                    b.scalars[name].fill_(float(value))
+                    numbers = [float(v.item() if isinstance(v, torch.Tensor) else v) for v in values]
+                    if all(x == numbers[0] for x in numbers):  # a step count: one value for the group
+                        self._mirror(b, b.scalars, name, numbers[0])
+                    else:
+                        for i, x in enumerate(numbers):
+                            self._mirror(b, b.segment_scalars, "%s/%d" % (name, i), x)
                 else:
                     for i, v in enumerate(values):
                         if isinstance(v, torch.Tensor):
@@ -257,18 +284,32 @@ class ShardOptimizer:
                 view.copy_(v)
                 self.optimizer.state[p][name] = view
 
+    @staticmethod
+    def _mirror(b, mirrors, key, value):
+        if key not in mirrors:
+            mirrors[key] = torch.zeros((), dtype=torch.float64)
+        mirrors[key].fill_(value)
+        b.written[key] = mirrors[key].item()
+
     def _load_scalars(self):
-        """Scalars a checkpoint may have loaded into the 0-dim mirrors go back into the state."""
-        state = self.optimizer.state
+        """Scalars a checkpoint loaded into the 0-dim mirrors (changed since _keep_state wrote them)
+        go back into the state."""
         for b in self._bound.values():
             for name, mirror in b.scalars.items():
-                value = mirror.item()
-                for p in b.params:
-                    s = state.get(p)
-                    if s is None or name not in s:
-                        continue
-                    old = s[name]
-                    if isinstance(old, torch.Tensor):
-                        old.fill_(value)
-                    else:
-                        s[name] = type(old)(value)
+                if mirror.item() != b.written.get(name):
+                    for p in b.params:
+                        self._set_scalar(p, name, mirror.item())
+            for key, mirror in b.segment_scalars.items():
+                if mirror.item() != b.written.get(key):
+                    name, i = key.rsplit("/", 1)
+                    self._set_scalar(b.params[int(i)], name, mirror.item())
+
+    def _set_scalar(self, p, name, value):
+        s = self.optimizer.state.get(p)
+        if s is None or name not in s:
+            return
+        old = s[name]
+        if isinstance(old, torch.Tensor):
+            old.fill_(value)
+        else:
+            s[name] = type(old)(value)

@@ -269,7 +269,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              "parameters the engine trains, so it would never be whole again; give it to the engine "
                              "(model_parameters) or build it outside zero.Init" % name)
         inits[id(init)] = init
-    cengine = _C.Engine(cfg, context, cgroups, unit_spec, list(inits.values()), runner)
+    try:
+        cengine = _C.Engine(cfg, context, cgroups, unit_spec, list(inits.values()), runner)
+    except BaseException:
+        if runner is not None:
+            runner.unbind()  # the client optimizer as the script made it
+        raise
+    if runner is not None:
+        runner.engine_made()
     for p in trainable.values():
         if getattr(p, "_tessera_init", None) is not None:
             del p._tessera_init  # the engine owns its values now (GatheredParameters goes through it)

@@ -256,8 +256,10 @@ def test_reshard_in_and_out_of_nvme_offload(tmp_path):
 
 def test_reshard_with_a_client_adagrad_dp_2_1_2_and_zero_2_0_3(tmp_path):
     """A client torch.optim.Adagrad (run as given over the shards): its "sum" reshards like the
-    engine's own moments, its "step" is the group's."""
+    engine's own moments, its "step" is saved once per group and loads into ZeRO-3's split groups
+    (matrices partitioned, vectors persistent: threshold 100)."""
     base = dict(TINY, config=config(2, None), client={"type": "Adagrad", "lr": 1e-2})
+    base["config"]["zero_optimization"]["stage3_param_persistence_threshold"] = 100
     hops = [(2, 2), (1, 0), (2, 3)]
     results = chain(tmp_path, hops, base)
     check_chain(tmp_path, hops, results)

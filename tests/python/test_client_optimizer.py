@@ -148,4 +148,26 @@ def test_a_failed_load_leaves_the_optimizer_as_it_was(tmp_path):
     loaded = engine_of()
     loaded.load_checkpoint(str(tmp_path), tag="good")  # the same state made, and read into
     assert loaded.memory_report()["optimizer_states"] == saver.memory_report()["optimizer_states"] > 0
+    with pytest.raises(RuntimeError, match=data_file):  # a failed load after a good one keeps what that loaded
+        loaded.load_checkpoint(str(tmp_path), tag="bad")
+    assert loaded.memory_report()["optimizer_states"] == saver.memory_report()["optimizer_states"]
     assert train(loaded, batches(3)[2:]) == train(saver, batches(3)[2:])
+
+
+def test_a_config_one_cycle_cycles_betas_and_leaves_sgd_momentum_alone():
+    """DeepSpeed's OneCycle with cycle_momentum sets an optimizer's betas; RMSprop's momentum 0 stays 0."""
+    one_cycle = {"type": "OneCycle", "params": {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2, "cycle_first_step_size": 2,
+                                                "cycle_momentum": True, "cycle_min_mom": 0.8, "cycle_max_mom": 0.9}}
+    model = make_model()
+    rmsprop = torch.optim.RMSprop(model.parameters())
+    engine, _, _, _ = tessera.initialize(model=model, optimizer=rmsprop, config=config(0, scheduler=one_cycle))
+    lion_model = make_model()
+    lion_engine, lion_opt, _, _ = tessera.initialize(model=lion_model, optimizer=Lion(lion_model.parameters()),
+                                                     config=config(0, scheduler=one_cycle))
+    for x, y in batches(3):
+        for e in (engine, lion_engine):
+            e.backward(loss_of(e, x, y))
+            e.step()
+    assert rmsprop.param_groups[0]["momentum"] == 0 and rmsprop.state
+    assert not any("momentum_buffer" in state for state in rmsprop.state.values())
+    assert 0.8 <= lion_opt.param_groups[0]["betas"][0] < 0.9  # cycled down from 0.9 over the first 2 steps
