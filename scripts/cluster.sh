@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# An emulated cluster on this machine: N "hosts" as Linux network namespaces, each with its own
+# address on a private bridge, so that multi-node jobs (rendezvous, Gloo's sockets, failures) run
+# over real network interfaces between hosts, not over loopback. Needs root (or CAP_NET_ADMIN).
+#
+#   scripts/cluster.sh up N [RATE]   N hosts tessera-h1..hN at 10.213.0.1..N on bridge tessera-br0;
+#                                    RATE (e.g. 1gbit, 10gbit) shapes every host's outgoing link
+#                                    with tc tbf (the interconnect's bandwidth)
+#   scripts/cluster.sh down          removes every host and the bridge (also what a killed run left)
+#   scripts/cluster.sh hosts         the hosts' addresses, one per line
+#   scripts/cluster.sh exec K CMD... runs CMD on host K (inside its namespace; GLOO_SOCKET_IFNAME set)
+#   scripts/cluster.sh check         exits 0 when this machine can make namespaces, else says why
+#
+# It only ever touches the namespaces, links and addresses it names (tessera-h*, tessera-br0,
+# tsv-h*, 10.213.0.0/24). Processes inside share this machine's files, users and CPUs: a host is a
+# network stack, not a container.
+set -euo pipefail
+
+PREFIX=tessera-h
+BRIDGE=tessera-br0
+SUBNET=10.213.0
+IFACE=eth0  # each host's interface, inside its namespace
+
+die() { echo "scripts/cluster.sh: $*" >&2; exit 1; }
+
+hosts_made() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}[0-9]*$" | sort -V || true; }
+
+down() {
+  for ns in $(hosts_made); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns"
+  done
+  # host-side veth ends go with their namespace's peer; a half-made one may be left
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^tsv-h' || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+check() {
+  command -v ip >/dev/null || die "the ip command (Debian's iproute2) is missing"
+  local probe="${PREFIX}probe$$"
+  if ! ip netns add "$probe" 2>/dev/null; then
+    die "cannot create network namespaces here (needs root or CAP_NET_ADMIN, and a kernel that allows them)"
+  fi
+  ip netns del "$probe"
+}
+
+up() {
+  local n=$1 rate=${2:-}
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 250 ] || die "up: N must be 1..250, got '$n'"
+  check
+  down  # a fresh cluster: nothing left from a killed run
+  trap 'down' ERR
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$SUBNET.254/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for k in $(seq 1 "$n"); do
+    local ns="$PREFIX$k" veth="tsv-h$k"
+    ip netns add "$ns"
+    ip link add "$veth" type veth peer name "$IFACE" netns "$ns"
+    ip link set "$veth" master "$BRIDGE" up
+    ip -n "$ns" addr add "$SUBNET.$k/24" dev "$IFACE"
+    ip -n "$ns" link set "$IFACE" up
+    ip -n "$ns" link set lo up
+    if [ -n "$rate" ]; then
+      ip netns exec "$ns" tc qdisc add dev "$IFACE" root tbf rate "$rate" burst 1mb latency 50ms
+    fi
+  done
+  trap - ERR
+  echo "cluster: $n hosts on $BRIDGE${rate:+, links shaped to $rate}"
+  hosts
+}
+
+hosts() {
+  for ns in $(hosts_made); do echo "$SUBNET.${ns#"$PREFIX"}"; done
+}
+
+run_on() {
+  local k=$1
+  shift
+  ip netns list | awk '{print $1}' | grep -qx "$PREFIX$k" || die "exec: no host $k (scripts/cluster.sh up N first)"
+  exec ip netns exec "$PREFIX$k" env GLOO_SOCKET_IFNAME="$IFACE" "$@"
+}
+
+case "${1:-}" in
+  up) shift; up "${1:-}" "${2:-}" ;;
+  down) down ;;
+  hosts) hosts ;;
+  exec) shift; [ $# -ge 2 ] || die "exec K CMD..."; run_on "$@" ;;
+  check) check ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
