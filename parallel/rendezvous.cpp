@@ -2,9 +2,13 @@
 
 #include "parallel/c10d_compat.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -57,6 +61,48 @@ std::string hostname() {
   return name;
 }
 
+// A listening socket on `address`:`port` for rank 0's store (LibTorch's TCPStore would listen on
+// every interface; handed this socket, it serves on it alone). errno-style failures come back as
+// a message; EADDRINUSE is told apart, for the caller that may join a store already there.
+struct BoundSocket {
+  int fd = -1;
+  bool in_use = false;
+  std::string error;
+};
+
+BoundSocket listen_on(const std::string& address, int port) {
+  BoundSocket out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &found)) {
+    out.error = "cannot resolve " + address + ": " + gai_strerror(rc);
+    return out;
+  }
+  int failure = 0;
+  for (addrinfo* a = found; a && out.fd < 0; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 4096) == 0) {
+      out.fd = fd;
+      break;
+    }
+    failure = errno;
+    out.in_use = out.in_use || failure == EADDRINUSE;
+    out.error = std::strerror(failure);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (out.fd < 0 && failure == EADDRNOTAVAIL)
+    out.error += " (" + address + " is not an address of this host, where rank 0 runs: set MASTER_ADDR to one "
+                 "of its addresses, or TESSERA_STORE_BIND=* to listen on every interface)";
+  return out;
+}
+
 }  // namespace
 
 std::string first_slurm_host(const std::string& nodelist) {
@@ -98,6 +144,8 @@ RendezvousInfo rendezvous_info_from_environment(const std::map<std::string, std:
   }
   info.master_addr = env.text("MASTER_ADDR", info.master_addr);
   info.master_port = env.integer("MASTER_PORT", info.master_port);
+  info.store_bind = env.text("TESSERA_STORE_BIND", "");
+  info.agent_hosts_store = env.text("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
   double timeout_s = std::atof(env.text("TESSERA_TIMEOUT_S", "300").c_str());
   if (timeout_s <= 0) throw RendezvousError("TESSERA_TIMEOUT_S must be a positive number of seconds");
   info.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -125,16 +173,29 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info) {
 
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(info.master_port);
-  options.isServer = info.rank == 0;
+  options.isServer = info.rank == 0 && !info.agent_hosts_store;
   options.numWorkers = std::nullopt;  // tessera does its own check-in below, to name who is missing
   options.waitWorkers = false;
   options.timeout = info.timeout;
   c10::intrusive_ptr<c10d::TCPStore> store;
   try {
+    if (options.isServer && info.store_bind != "*") {
+      // The store listens where the job said it is (or TESSERA_STORE_BIND), not on every interface.
+      const std::string address = info.store_bind.empty() ? info.master_addr : info.store_bind;
+      BoundSocket bound = listen_on(address, info.master_port);
+      if (bound.fd >= 0) {
+        options.masterListenFd = bound.fd;  // the store owns it from here
+      } else if (bound.in_use && info.store_may_exist) {
+        options.isServer = false;  // the port is taken by the store torch.distributed hosts: join it
+      } else {
+        throw std::runtime_error("cannot listen on " + address + ":" + std::to_string(info.master_port) + ": " +
+                                 bound.error);
+      }
+    }
     try {
       store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
     } catch (const std::exception&) {
-      if (!options.isServer || !info.store_may_exist) throw;
+      if (!options.isServer || !info.store_may_exist || options.masterListenFd) throw;
       options.isServer = false;  // the port is taken by the store torch.distributed hosts: join it
       store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
     }

@@ -31,6 +31,13 @@ struct RendezvousInfo {
   // Rank 0 joins a store someone else hosts on the port when it cannot host one there itself:
   // set when torch.distributed's default group was made first (env:// hosts its store there).
   bool store_may_exist = false;
+  // The address rank 0's store listens on (TESSERA_STORE_BIND): empty, the default, binds it to
+  // master_addr only, so the store is reachable where the job said it is and nowhere else; "*"
+  // listens on every interface (LibTorch's own default).
+  std::string store_bind;
+  // torchrun's agent hosts the store on MASTER_PORT itself (TORCHELASTIC_USE_AGENT_STORE=True):
+  // rank 0 joins it like every other rank.
+  bool agent_hosts_store = false;
 };
 
 class RendezvousError : public std::runtime_error {

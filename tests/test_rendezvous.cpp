@@ -25,6 +25,23 @@ TEST_CASE("torchrun's variables") {
   CHECK(info.master_addr == "10.1.2.3");
   CHECK(info.master_port == 1234);
   CHECK(info.timeout.count() == 2500);
+  CHECK(info.store_bind.empty());  // rank 0's store listens on MASTER_ADDR only
+  CHECK_FALSE(info.agent_hosts_store);
+  auto agent = rendezvous_info_from_environment({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                 {"TESSERA_STORE_BIND", "*"}});
+  CHECK(agent.agent_hosts_store);  // torchrun's agent hosts it: rank 0 joins
+  CHECK(agent.store_bind == "*");
+}
+
+TEST_CASE("rank 0 refuses a master address that is not its host's and says how to listen elsewhere") {
+  auto result = tessera::testing::run({TESSERA_WORKER_PATH, "context"},
+                                      {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "192.0.2.1"},
+                                       {"MASTER_PORT", "29731"}, {"TESSERA_TIMEOUT_S", "5"}},
+                                      60);
+  INFO(result.output);
+  CHECK(result.status != 0);
+  CHECK(contains(result.output, "192.0.2.1 is not an address of this host"));
+  CHECK(contains(result.output, "TESSERA_STORE_BIND=*"));
 }
 
 TEST_CASE("SLURM's variables with the master taken from the node list") {

@@ -3,8 +3,9 @@ with its own address on a bridge, so rendezvous and Gloo's connections cross rea
 between hosts. Each host starts its node's ranks with `tessera launch --nnodes 2 --node-rank K`
 (what a user runs on each machine, or what a scheduler runs there).
 
-Skipped, with the reason, where this machine cannot make network namespaces (no root / no
-CAP_NET_ADMIN).
+The tests on the emulated hosts are skipped, with the reason, where this machine cannot make
+network namespaces (no root / no CAP_NET_ADMIN). What a job exposes on the network (its listening
+sockets) is checked on this machine's own interfaces too.
 """
 import os
 import subprocess
@@ -30,14 +31,68 @@ def _can_make_namespaces():
 
 
 _WHY_NOT = _can_make_namespaces()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason="emulated cluster unavailable: %s" % _WHY_NOT)
 
 
 @pytest.fixture(scope="module")
 def cluster():
+    if _WHY_NOT is not None:
+        pytest.skip("emulated cluster unavailable: %s" % _WHY_NOT)
     subprocess.run([CLUSTER, "up", "2"], check=True, capture_output=True, text=True, timeout=60)
     yield ["10.213.0.1", "10.213.0.2"]
     subprocess.run([CLUSTER, "down"], check=True, capture_output=True, text=True, timeout=60)
+
+
+# Every rank meets the others, says it is up, and stays up a few seconds for the test to look at
+# its sockets.
+LISTENING = """
+import os, sys, time, torch, tessera
+tessera.init_distributed()
+torch.distributed.barrier()
+print("up", os.getpid(), flush=True)
+time.sleep(4)
+torch.distributed.barrier()
+"""
+
+
+def listening_sockets(pids):
+    """(address, port) of every TCP socket the processes `pids` listen on (`ss -ltnp`)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        if any("pid=%s," % pid in line for pid in pids):
+            local = line.split()[3]
+            found.append(tuple(local.rsplit(":", 1)))
+    return found
+
+
+def ranks_up(proc, n):
+    pids = []
+    for line in proc.stdout:
+        if line.startswith("[rank") and "]: up " in line:  # --tag-output: whole lines, one rank each
+            pids.append(line.split("]: up ", 1)[1].split()[0])
+            if len(pids) == n:
+                return pids
+    raise AssertionError("the job ended before %d ranks were up" % n)
+
+
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v ss"], capture_output=True).returncode != 0,
+                    reason="ss (iproute2) is not installed")
+def test_a_job_listens_only_on_the_address_it_was_given():
+    """Rank 0's rendezvous store (LibTorch's TCPStore would listen on every interface) and every
+    other socket of the ranks listen on the master address's interface, not on 0.0.0.0 or [::]."""
+    port = free_port()
+    proc = subprocess.Popen([CLI, "launch", "--tag-output", "--nproc-per-node", "2", "--master-port", str(port),
+                             "--timeout", "60", "--", sys.executable, "-c", LISTENING],
+                            env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        pids = ranks_up(proc, 2)
+        sockets = listening_sockets(pids)
+    finally:
+        rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, rest
+    assert ("127.0.0.1", str(port)) in sockets, sockets  # the store, on the master address
+    exposed = [s for s in sockets if s[0] in ("*", "0.0.0.0", "[::]", "[::ffff:0.0.0.0]")]
+    assert exposed == [], "listening on every interface: %s" % exposed
 
 
 def start_node(host, node_rank, port, argv, timeout_s=60, master=MASTER):
