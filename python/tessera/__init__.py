@@ -38,7 +38,8 @@ from . import zero  # noqa: E402
 from . import tensor_parallel  # noqa: E402
 from . import checkpointing  # noqa: E402
 from . import nn  # noqa: E402
-from .engine import Engine, initialize  # noqa: E402
+from .engine import Engine  # noqa: E402
+from .initialization import initialize  # noqa: E402
 from .comm import init_distributed  # noqa: E402  (DeepSpeed's deepspeed.init_distributed)
 
 

@@ -151,7 +151,7 @@ class Init:
         if config is None:
             raise TypeError("tessera.zero.Init: missing config (a path, JSON text or a dict: the one tessera.initialize() "
                             "gets)")
-        from .engine import _config_text  # engine imports this module
+        from .initialization import _config_text  # imported late: initialization imports engine, which imports this module
         cfg, _ = _C.load_config(_config_text(config), comm.get_world_size())
         if cfg.zero_stage != 3:
             return

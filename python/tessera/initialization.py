@@ -1,0 +1,285 @@
+"""tessera.initialize(): DeepSpeed's entry point. Checks the arguments (model, config, param groups,
+units, a client optimizer and scheduler, training data), resolves the config for the world size,
+joins the process groups and builds the Engine (tessera/engine.py) that trains the model."""
+import collections.abc
+import difflib
+import json
+import os
+import sys
+
+import torch
+
+from . import _C, checkpointing, client, comm, tensor_parallel
+from .client_optimizer import ShardOptimizer
+from .engine import Engine, _type_name
+
+__all__ = ["initialize"]
+
+_GROUP_KEYS = {"params", "lr", "weight_decay", "name"}
+
+
+def _config_text(config):
+    """A path, JSON text or a dict -> what _C.load_config takes (a path, or text starting with '{')."""
+    if isinstance(config, collections.abc.Mapping):
+        try:
+            return json.dumps(config, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError("tessera.initialize: the config dict is not JSON-serializable: %s" % e) from None
+    if isinstance(config, os.PathLike):
+        return os.fspath(config)
+    if isinstance(config, str):
+        if config.lstrip().startswith("{"):
+            return config.lstrip()
+        return config
+    raise TypeError("tessera.initialize: config must be a path (str or os.PathLike), JSON text or a dict, got %s"
+                    % _type_name(config))
+
+
+def _config_dict(config):
+    """A path, JSON text or a dict -> a new dict (to add the client optimizer's section to)."""
+    if isinstance(config, collections.abc.Mapping):
+        return json.loads(_config_text(config))
+    text = _config_text(config)
+    if not text.startswith("{"):
+        try:
+            with open(text) as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError("tessera.initialize: cannot read config file '%s': %s" % (text, e.strerror)) from None
+    return json.loads(text)
+
+
+def _tensor_list(params, where):
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, (str, bytes, collections.abc.Mapping)) or not isinstance(params, collections.abc.Iterable):
+        raise TypeError("tessera.initialize: %s must be an iterable of torch.Tensor, got %s" % (where, _type_name(params)))
+    out = []
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError("tessera.initialize: %s[%d] must be a torch.Tensor, got %s" % (where, i, _type_name(p)))
+        out.append(p)
+    return out
+
+
+def _number(value, where):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("tessera.initialize: %s must be a number, got %s" % (where, _type_name(value)))
+    return float(value)
+
+
+def _param_groups(model, model_parameters):
+    """[(params, lr, weight_decay, name)] from None (every trainable parameter of the model), an
+    iterable of tensors (one group) or an iterable of dicts with "params" and optionally "lr",
+    "weight_decay" and "name" (torch.optim's param groups)."""
+    if model_parameters is None:
+        return [([p for p in model.parameters() if p.requires_grad], None, None, "all")]
+    if isinstance(model_parameters, (torch.Tensor, str, bytes, collections.abc.Mapping)) or \
+            not isinstance(model_parameters, collections.abc.Iterable):
+        raise TypeError("tessera.initialize: model_parameters must be None, an iterable of tensors or an iterable of "
+                        "param-group dicts, got %s" % _type_name(model_parameters))
+    items = list(model_parameters)
+    if all(isinstance(x, collections.abc.Mapping) for x in items) and items:
+        groups = []
+        for i, g in enumerate(items):
+            unknown = sorted(set(g) - _GROUP_KEYS)
+            if unknown:
+                raise ValueError("tessera.initialize: model_parameters[%d] has key(s) %s; a param group may set only "
+                                 "params, lr, weight_decay and name (the other optimizer settings come from the config)"
+                                 % (i, ", ".join(repr(k) for k in unknown)))
+            if "params" not in g:
+                raise ValueError("tessera.initialize: model_parameters[%d] has no 'params'" % i)
+            name = g.get("name", "group%d" % i)
+            if not isinstance(name, str):
+                raise TypeError("tessera.initialize: model_parameters[%d]['name'] must be a str, got %s" % (i, _type_name(name)))
+            groups.append((_tensor_list(g["params"], "model_parameters[%d]['params']" % i),
+                           _number(g.get("lr"), "model_parameters[%d]['lr']" % i),
+                           _number(g.get("weight_decay"), "model_parameters[%d]['weight_decay']" % i), name))
+        return groups
+    if any(isinstance(x, collections.abc.Mapping) for x in items):
+        raise TypeError("tessera.initialize: model_parameters mixes tensors and param-group dicts")
+    return [(_tensor_list(items, "model_parameters"), None, None, "all")]
+
+
+def _default_unit_modules(model):
+    """The model's units, in registration order (usually forward order): each top-level child that
+    has parameters, where a container (ModuleList, Sequential, ModuleDict) is not a unit itself but
+    stands for its entries, recursively (the repeated blocks of a transformer, GPT-2's
+    `transformer.h.3`). Names as in named_modules()."""
+    units = []
+
+    def visit(prefix, module):
+        for name, child in module.named_children():
+            if not any(True for _ in child.parameters()):
+                continue
+            if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+                visit(prefix + name + ".", child)
+            else:
+                units.append((prefix + name, child))
+
+    visit("", model)
+    return units
+
+
+def _units(model, unit_names, trainable):
+    """[(name, module)] for the unit modules, and the C++ engine's [(name, [params])]. Parameters
+    of the model that no unit covers (the root's own) form one more unit, named "<root>"."""
+    if unit_names is None:
+        modules = _default_unit_modules(model)
+    else:
+        if isinstance(unit_names, str) or not isinstance(unit_names, collections.abc.Iterable):
+            raise TypeError("tessera.initialize: units must be a list of module names, got %s" % _type_name(unit_names))
+        named = dict(model.named_modules())
+        modules = []
+        for n in unit_names:
+            if not isinstance(n, str):
+                raise TypeError("tessera.initialize: units must be module names (str), got %s" % _type_name(n))
+            if n not in named:
+                close = difflib.get_close_matches(n, [k for k in named if k], n=1)
+                raise ValueError("tessera.initialize: units: %r is not a module of the model%s"
+                                 % (n, " (did you mean %r?)" % close[0] if close else ""))
+            modules.append((n, named[n]))
+    spec, covered = [], set()
+    for name, module in modules:
+        params = [p for p in module.parameters() if id(p) in trainable]
+        covered.update(id(p) for p in params)
+        spec.append((name, params))
+    rest = [p for p in trainable.values() if id(p) not in covered]
+    if rest:
+        spec.append(("<root>", rest))
+    return modules, spec
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
+               config_params=None, units=None):
+    """Builds the engine that trains `model` as `config` says; returns the Engine.
+
+    model:            a torch.nn.Module. Its parameters become views into the engine's flat buffers
+                      (the same nn.Parameter objects; in bf16/fp16 when the config asks for it).
+    config:           a path to a DeepSpeed-style JSON config, the JSON text, or a dict.
+                      (`config_params`, and `args.deepspeed_config`, are accepted as in DeepSpeed.)
+    model_parameters: None (every parameter of the model that requires grad), an iterable of
+                      tensors, or param-group dicts {"params": [...], "lr": x, "weight_decay": y}.
+                      A group's lr is a factor on the schedule: schedule(t) * lr / optimizer.params.lr.
+
+    units:            the model's units (docs/architecture.md), as module names, in forward order;
+                      default: each top-level child with parameters, the entries of a ModuleList or
+                      Sequential counted one by one. The engine hears when each unit's forward and
+                      backward start and end (module hooks); `engine.units()` lists them.
+
+    optimizer:        a torch.optim.Optimizer (or a callable building one from the parameters); the
+                      config then has no optimizer section. An Adam/AdamW/SGD: the engine runs its
+                      own optimizer of that kind with the same settings and param groups
+                      (tessera/client.py). Any other runs as given over each rank's flat fp32 shard
+                      (tessera/client_optimizer.py; ZeRO stages 1-3 need the config's
+                      "zero_allow_untested_optimizer": true, as in DeepSpeed).
+    lr_scheduler:     a torch LR scheduler (or a callable building one from the optimizer), stepped
+                      by the engine after each applied step; a scheduler in the config wins over it.
+    training_data:    a torch.utils.data.Dataset: a DataLoader over the data-parallel ranks
+                      (train_micro_batch_size_per_gpu per batch, `collate_fn`).
+
+    Returns (engine, optimizer, training_dataloader, lr_scheduler) as deepspeed.initialize does:
+    the optimizer is a torch.optim.Optimizer whose param groups' "lr" the engine reads every step;
+    the dataloader is None without training_data; lr_scheduler is the client's (None otherwise).
+    Raises tessera.ConfigError (a ValueError) naming the JSON path of every error in the config.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("tessera.initialize: model must be a torch.nn.Module, got %s" % _type_name(model))
+    if mpu is not None:
+        raise ValueError("tessera.initialize: mpu= is not supported: the tensor, pipeline and data-parallel groups "
+                         "come from the config's tensor_parallel.tp_size and pipeline.stages (docs/python.md)")
+    if collate_fn is not None and training_data is None:
+        raise ValueError("tessera.initialize: collate_fn= is for training_data=, which was not given")
+    if config is not None and config_params is not None:
+        raise ValueError("tessera.initialize: give config or config_params, not both")
+    if config is None:
+        config = config_params
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "tessera_config", None) or \
+            getattr(args, "config", None)
+    if config is None:
+        raise TypeError("tessera.initialize: missing config (a path, JSON text or a dict)")
+
+    client_optimizer = client.build_client_optimizer(optimizer, model, model_parameters)
+    runner = None  # a client optimizer of a kind the engine lacks, run as given (tessera/client_optimizer.py)
+    if client_optimizer is not None:
+        config = _config_dict(config)
+        if "optimizer" in config:
+            raise ValueError("tessera.initialize: optimizer= was given and the config has an optimizer section too; "
+                             "give one of them")
+        if client.is_mapped(client_optimizer):
+            config["optimizer"], model_parameters = client.optimizer_section(client_optimizer)
+        else:
+            runner = ShardOptimizer(client_optimizer)
+            model_parameters = runner.model_parameters()
+    text = _config_text(config)
+    world_size = comm.get_world_size()
+    cfg, warnings = _C.load_config(text, world_size, (runner.type_name, runner.base_lr()) if runner else None)
+    if runner is not None and json.loads(cfg.to_json())["zero_optimization"]["stage"] > 0:
+        warnings.append("zero_allow_untested_optimizer: %s runs as given over each rank's flat fp32 shard of each "
+                        "param group (an optimizer that reads a parameter's shape or norm sees 1-D pieces of it)"
+                        % runner.type_name)
+    if '"activation_checkpointing"' in (text if text.startswith("{") else open(text).read()):
+        # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
+        checkpointing.configure(None, deepspeed_config=json.loads(cfg.to_json()))
+    from . import pipe
+    if isinstance(model, pipe.PipelineModule):  # a model cut into stages: tessera.pipe.PipelineEngine
+        if model_parameters is not None or units is not None:
+            raise ValueError("tessera.initialize: a PipelineModule takes neither model_parameters nor units")
+        for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("training_data", training_data)):
+            if value is not None:
+                raise ValueError("tessera.initialize: %s= with a PipelineModule is not supported yet: give the "
+                                 "optimizer and scheduler in the config and feed train_batch() an iterator" % name)
+        return pipe._initialize(model, cfg), None, None, None
+    if cfg.pipe > 1:
+        raise ValueError("tessera.initialize: pipeline.stages is %d; cut the model into stages with "
+                         "tessera.pipe.PipelineModule (docs/pipeline.md)" % cfg.pipe)
+    if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
+        # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
+        # same objects, so model_parameters given by the caller still name them)
+        tensor_parallel.parallelize(model, tp_size=cfg.tensor, sequence_parallel=cfg.sequence_parallel)
+    groups = _param_groups(model, model_parameters)
+    if comm.get_rank() == 0:
+        for w in warnings:
+            print("tessera: warning: %s" % w, file=sys.stderr, flush=True)
+
+    devices = {p.device.type for g in groups for p in g[0]}
+    backend = "gloo" if devices <= {"cpu"} else "auto"
+    context = comm._get_context(backend, cfg.tensor, cfg.pipe)
+    names = {id(p): n for n, p in model.named_parameters()}
+    trainable = {id(p): p for g in groups for p in g[0]}
+    unit_modules, unit_spec = _units(model, units, trainable)
+    cgroups = [g + ([names.get(id(p), "") for p in g[0]], [hasattr(p, "_tessera_tensor_parallel") for p in g[0]])
+               for g in groups]
+    # A model built under tessera.zero.Init: the engine builds its buffers from the chunks.
+    inits = {}
+    for name, p in model.named_parameters():
+        init = getattr(p, "_tessera_init", None)
+        if init is None or not init.holds(p):
+            continue
+        if id(p) not in trainable:
+            raise ValueError("tessera.initialize: %s was partitioned by tessera.zero.Init but is not among the "
+                             "parameters the engine trains, so it would never be whole again; give it to the engine "
+                             "(model_parameters) or build it outside zero.Init" % name)
+        inits[id(init)] = init
+    try:
+        cengine = _C.Engine(cfg, context, cgroups, unit_spec, list(inits.values()), runner)
+    except BaseException:
+        if runner is not None:
+            runner.unbind()  # the client optimizer as the script made it
+        raise
+    if runner is not None:
+        runner.engine_made()
+    for p in trainable.values():
+        if getattr(p, "_tessera_init", None) is not None:
+            del p._tessera_init  # the engine owns its values now (GatheredParameters goes through it)
+    engine = Engine(model, cengine, groups, unit_modules)
+    optimizer, lr_scheduler = client.attach(engine, client_optimizer, lr_scheduler,
+                                            config_has_scheduler=engine.config.get("scheduler") is not None,
+                                            runs_as_given=runner is not None)
+    loader = client.training_dataloader(engine, training_data, collate_fn) if training_data is not None else None
+    engine.training_dataloader = loader
+    return engine, optimizer, loader, lr_scheduler
