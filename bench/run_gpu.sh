@@ -41,7 +41,9 @@ do_build() {
 }
 
 do_test() {
-  ctest --test-dir "$build" -L gpu --output-on-failure 2>&1 | tee "$results/gpu_tests.log" | tail -40
+  # The in-place extension (no package index there for pip install -e): the tests' workers import it.
+  PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" ctest --test-dir "$build" -L gpu --output-on-failure 2>&1 |
+    tee "$results/gpu_tests.log" | tail -60
 }
 
 run_one() {  # impl stage size micro -> prints the JSON line, returns 3 when it does not fit

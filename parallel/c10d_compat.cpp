@@ -64,12 +64,11 @@ c10::Device collective_device(BackendKind kind, int local_rank) {
   return c10::Device(c10::DeviceType::CPU);
 }
 
-void set_current_device(BackendKind kind, int local_rank) {
+void set_current_device(c10::Device device) {
 #ifdef TESSERA_WITH_CUDA
-  if (kind == BackendKind::Nccl) c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
 #else
-  (void)kind;
-  (void)local_rank;
+  if (device.is_cuda()) throw std::runtime_error("this tessera was built without CUDA: no " + device.str());
 #endif
 }
 

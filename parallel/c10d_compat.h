@@ -29,9 +29,9 @@ bool has_native_reduce_scatter(BackendKind kind);
 // the CPU for Gloo.
 c10::Device collective_device(BackendKind kind, int local_rank);
 
-// Makes CUDA device `local_rank` current for this process (NCCL groups, the engine's buffers);
-// nothing without CUDA.
-void set_current_device(BackendKind kind, int local_rank);
+// Makes `device` current for this process when it is a CUDA device (NCCL binds its groups to the
+// current device; the engine's buffers go there); nothing for the CPU or without CUDA.
+void set_current_device(c10::Device device);
 
 // An exception's message without the C++ backtrace that torch's own errors (c10::Error) carry.
 std::string message_of(const std::exception& e);

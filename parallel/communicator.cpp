@@ -61,9 +61,29 @@ void CommHandle::wait() {
   if (stats_) stats_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
 }
 
+void CommHandle::then(std::function<void()> next) {
+  if (works_.empty()) {
+    next();
+    return;
+  }
+  if (!finish_) finish_ = std::move(next);
+  else finish_ = [first = std::move(finish_), next = std::move(next)]() { first(); next(); };
+}
+
 // ---- Communicator ----------------------------------------------------------------------------
 
 namespace {
+
+// Host staging (CommunicatorOptions::stage_cuda_through_host): pinned buffers, so the copy back to
+// the device is asynchronous on the current stream and the caching host allocator keeps the
+// buffer until that copy has run.
+at::Tensor host_empty(const at::Tensor& like) {
+  return at::empty(like.sizes(), like.options().device(at::kCPU).pinned_memory(true));
+}
+at::Tensor host_copy(const at::Tensor& t) { return host_empty(t).copy_(t); }  // waits for the device
+std::function<void()> copy_back(at::Tensor device, at::Tensor host) {
+  return [device, host]() mutable { device.copy_(host, /*non_blocking=*/true); };
+}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -101,7 +121,7 @@ void Communicator::check_tensor(const at::Tensor& t, const char* collective) con
   if (!t.defined() || !t.is_contiguous())
     throw std::invalid_argument(std::string("tessera: ") + collective + " on " + describe() +
                                 " needs a defined, contiguous tensor");
-  if (t.device() != device_)
+  if (t.device() != device_ && !(options_.stage_cuda_through_host && (t.is_cpu() || t.is_cuda())))
     throw std::invalid_argument(std::string("tessera: ") + collective + " on " + describe() + " got a tensor on " +
                                 t.device().str() + "; this group's collectives take tensors on " + device_.str());
 }
@@ -132,6 +152,12 @@ CommHandle Communicator::issue(const char* collective, int64_t bytes, int64_t se
 
 CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce");
+  if (staged(tensor)) {
+    at::Tensor host = host_copy(tensor);
+    CommHandle handle = all_reduce_async(host, op);
+    handle.then(copy_back(tensor, host));
+    return handle;
+  }
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [tensor, p = size()]() mutable { tensor.div_(p); };
   return issue("all_reduce", tensor.nbytes(), 2 * (size() - 1) * tensor.nbytes() / size(), label("all_reduce", tensor), [&] {
@@ -145,6 +171,12 @@ CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
 CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   check_tensor(input, "reduce_scatter");
   check_tensor(output, "reduce_scatter");
+  if (staged(input) || staged(output)) {
+    at::Tensor in = host_copy(input), out = host_empty(output);
+    CommHandle handle = reduce_scatter_async(in, out, op);
+    handle.then(copy_back(output, out));
+    return handle;
+  }
   const int64_t n = input.numel();
   TORCH_CHECK(output.numel() == chunk_range(n, size(), rank_).size(), "tessera: reduce_scatter output has ",
               output.numel(), " elements, this rank's chunk of ", n, " has ", chunk_range(n, size(), rank_).size());
@@ -188,6 +220,12 @@ CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at:
 CommHandle Communicator::all_gather_async(const at::Tensor& input, at::Tensor& output) {
   check_tensor(input, "all_gather");
   check_tensor(output, "all_gather");
+  if (staged(input) || staged(output)) {
+    at::Tensor in = host_copy(input), out = host_empty(output);
+    CommHandle handle = all_gather_async(in, out);
+    handle.then(copy_back(output, out));
+    return handle;
+  }
   const int p = size();
   const int64_t n = output.numel();
   TORCH_CHECK(input.numel() == chunk_range(n, p, rank_).size(), "tessera: all_gather input has ", input.numel(),
@@ -248,6 +286,12 @@ CommHandle Communicator::all_gather_pairwise(const at::Tensor& input, at::Tensor
 
 CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast");
+  if (staged(tensor)) {
+    at::Tensor host = host_copy(tensor);
+    CommHandle handle = broadcast_async(host, root);
+    handle.then(copy_back(tensor, host));
+    return handle;
+  }
   return issue("broadcast", tensor.nbytes(), root == rank_ ? tensor.nbytes() : 0, label("broadcast", tensor), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions o;
@@ -261,6 +305,12 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
   check_tensor(output, "all_to_all");
   TORCH_CHECK(input.numel() == output.numel() && input.numel() % size() == 0,
               "tessera: all_to_all needs input and output of the same size, divisible by the group size");
+  if (staged(input) || staged(output)) {
+    at::Tensor in = host_copy(input), out = host_empty(output);
+    CommHandle handle = all_to_all_async(in, out);
+    handle.then(copy_back(output, out));
+    return handle;
+  }
   return issue("all_to_all", input.nbytes(), (size() - 1) * input.nbytes() / size(), label("all_to_all", input), [&] {
     at::Tensor in = input.view({-1}), out = output.view({-1});
     std::vector<int64_t> equal;  // empty split lists mean equal splits
@@ -270,6 +320,12 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
 
 CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "send");
+  if (staged(tensor)) {
+    at::Tensor host = host_copy(tensor);
+    CommHandle handle = send_async(host, peer, tag);
+    handle.then([host] {});  // keeps the host copy until the send is done
+    return handle;
+  }
   return issue("send", tensor.nbytes(), tensor.nbytes(), label("send", tensor) + " to group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->send(tensors, peer, tag);
@@ -278,6 +334,12 @@ CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {
 
 CommHandle Communicator::recv_async(at::Tensor& tensor, int peer, int tag) {
   check_tensor(tensor, "recv");
+  if (staged(tensor)) {
+    at::Tensor host = host_empty(tensor);
+    CommHandle handle = recv_async(host, peer, tag);
+    handle.then(copy_back(tensor, host));
+    return handle;
+  }
   return issue("recv", tensor.nbytes(), 0, label("recv", tensor) + " from group rank " + std::to_string(peer), [&] {
     std::vector<at::Tensor> tensors{tensor};
     return backend_->recv(tensors, peer, tag);

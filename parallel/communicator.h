@@ -87,6 +87,9 @@ class [[nodiscard]] CommHandle {
   CommHandle& operator=(const CommHandle&) = delete;
   void wait();
   bool pending() const { return !works_.empty(); }
+  // Runs `next` after the collective's own post-processing, inside wait() (at once when nothing is
+  // pending): how a host-staged collective copies its result back to the device.
+  void then(std::function<void()> next);
 
  private:
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
@@ -110,14 +113,19 @@ struct CommunicatorOptions {
   int pairwise_all_gather = -1;
   // How long a point-to-point part of a collective may wait (ParallelContext sets TESSERA_TIMEOUT_S).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // The backend computes on host memory (Gloo): a CUDA tensor is copied to a pinned host buffer,
+  // reduced there, and copied back when the collective is waited for. This is what lets ranks that
+  // share one GPU (where NCCL refuses two ranks per device) train on it; NCCL never needs it.
+  bool stage_cuda_through_host = false;
 };
 constexpr int64_t kGlooAlltoallReduceScatterMaxBytes = int64_t(64) << 20;
 
 class Communicator {
  public:
   // `ranks` are the global ranks of the group's members, in group-rank order. `device` is where the
-  // backend takes its tensors (the CPU for Gloo, this rank's GPU for NCCL): every collective checks
-  // its tensors against it, and callers make their scalars there (`options()`).
+  // group's users keep their tensors (the CPU or this rank's GPU for Gloo, this rank's GPU for NCCL):
+  // every collective checks its tensors against it (a host-staged group takes CPU tensors as well),
+  // and callers make their scalars there (`options()`).
   // `native_reduce_scatter`: the backend has a flat reduce-scatter (parallel/c10d_compat.h).
   Communicator(c10::intrusive_ptr<c10d::Backend> backend, std::string name, std::vector<int> ranks, int rank,
                c10::Device device, bool native_reduce_scatter, CommunicatorOptions options = {});
@@ -182,6 +190,7 @@ class Communicator {
                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> finish = {});
   std::string label(const char* collective, const at::Tensor& t) const;
   void check_tensor(const at::Tensor& t, const char* collective) const;  // defined, contiguous, on device()
+  bool staged(const at::Tensor& t) const { return options_.stage_cuda_through_host && t.is_cuda(); }
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string name_;

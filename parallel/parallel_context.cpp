@@ -17,9 +17,10 @@ ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptio
   else if (options.backend != "gloo" && options.backend != "auto")
     throw std::invalid_argument("tessera: unknown backend '" + options.backend + "' (expected auto, gloo or nccl)");
   if (!options.defer_axis_groups) check_degrees(options.tensor, options.pipe);
+  device_ = resolve_device(options.device);
 
   // NCCL binds a group to the current CUDA device: make it this rank's GPU before any group exists.
-  set_current_device(backend_, info_.local_rank);
+  set_current_device(device_);
   store_ = rendezvous(info_);
   std::vector<int> everyone(info.world_size);
   for (int r = 0; r < info.world_size; ++r) everyone[r] = r;
@@ -34,10 +35,32 @@ GridShape ParallelContext::check_degrees(int tensor, int pipe) const {
   return *grid;
 }
 
-void ParallelContext::make_axis_groups(int tensor, int pipe) {
+c10::Device ParallelContext::resolve_device(const std::string& device) const {
+  const c10::Device own = collective_device(backend_, info_.local_rank);
+  if (device == "auto" || device.empty()) return own;
+  c10::Device wanted = own;
+  try {
+    wanted = c10::Device(device);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("tessera: unknown device '" + device + "' (expected auto, cpu, cuda or cuda:N)");
+  }
+  if (wanted.is_cuda() && !wanted.has_index()) wanted.set_index(static_cast<c10::DeviceIndex>(info_.local_rank));
+  if (!wanted.is_cpu() && !wanted.is_cuda())
+    throw std::invalid_argument("tessera: device '" + device + "': the groups take CPU or CUDA tensors");
+  if (backend_ == BackendKind::Nccl && wanted != own)
+    throw std::invalid_argument("tessera: device '" + device + "' with NCCL, whose ranks each use their own GPU (" +
+                                own.str() + " here); use backend gloo to keep tensors on " + wanted.str());
+  return wanted;
+}
+
+void ParallelContext::make_axis_groups(int tensor, int pipe, const std::string& device) {
   if (axis_groups_made())
     throw std::logic_error("tessera: the axis groups exist already (" + grid_.str() + "); they are made once");
   const GridShape grid = check_degrees(tensor, pipe);
+  if (!device.empty()) {
+    device_ = resolve_device(device);
+    set_current_device(device_);
+  }
   // All four or none: a failure half-way leaves the context as it was.
   auto data = make_group("data", grid.group_of(Axis::Data, info_.rank), options_);
   auto tensor_group = make_group("tensor", grid.group_of(Axis::Tensor, info_.rank), options_);
@@ -94,8 +117,8 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
     comm.alltoall_reduce_scatter_max_bytes = backend_ == BackendKind::Gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
   if (comm.pairwise_all_gather < 0) comm.pairwise_all_gather = backend_ == BackendKind::Gloo ? 1 : 0;
   comm.timeout = info_.timeout;
-  return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank,
-                                        collective_device(backend_, info_.local_rank),
+  comm.stage_cuda_through_host = backend_ == BackendKind::Gloo;  // only CUDA tensors are staged
+  return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank, device_,
                                         has_native_reduce_scatter(backend_), comm);
 }
 
@@ -116,7 +139,7 @@ std::string ParallelContext::describe() const {
            backend_name(backend_);
   return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (pipe " +
          std::to_string(c.pipe) + ", data " + std::to_string(c.data) + ", tensor " + std::to_string(c.tensor) +
-         ") in " + grid_.str() + ", " + backend_name(backend_);
+         ") in " + grid_.str() + ", " + backend_name(backend_) + (device_.is_cpu() ? "" : " on " + device_.str());
 }
 
 }  // namespace tessera

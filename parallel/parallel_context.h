@@ -19,6 +19,11 @@ struct ParallelOptions {
   int tensor = 1;  // tensor_parallel.tp_size
   int pipe = 1;    // pipeline.stages
   std::string backend = "auto";  // "auto" (nccl with a GPU, else gloo), "gloo", "nccl"
+  // Where the model and the engine's buffers live, and so the tensors the groups take: "auto" (the
+  // backend's own: the CPU for Gloo, cuda:LOCAL_RANK for NCCL), "cpu", or a CUDA device ("cuda",
+  // "cuda:N"; N defaults to LOCAL_RANK). Gloo with a CUDA device stages every collective through
+  // pinned host memory: several ranks can then share one GPU, which NCCL refuses.
+  std::string device = "auto";
   // Make only the world group now; the axis groups come with make_axis_groups(tensor, pipe) once
   // the degrees are known (DeepSpeed's init_distributed() comes before the config is read).
   bool defer_axis_groups = false;
@@ -42,11 +47,12 @@ class ParallelContext {
   const GridShape& grid() const { return grid_; }
   Coordinates coordinates() const { return grid_.coordinates_of(info_.rank); }
   BackendKind backend() const { return backend_; }
-  c10::Device device() const { return collective_device(backend_, info_.local_rank); }  // where collectives run
+  c10::Device device() const { return device_; }  // where the groups' tensors live (ParallelOptions::device)
 
   // Makes the data, tensor, pipe and model groups for a `pipe × data × tensor` grid (every rank
-  // together, once); the constructor does it unless options.defer_axis_groups.
-  void make_axis_groups(int tensor, int pipe);
+  // together, once); the constructor does it unless options.defer_axis_groups. `device`, when not
+  // empty, replaces ParallelOptions::device first (the model's device, known only by then).
+  void make_axis_groups(int tensor, int pipe, const std::string& device = "");
   bool axis_groups_made() const { return data_ != nullptr; }
 
   Communicator& world() { return *world_; }
@@ -67,12 +73,14 @@ class ParallelContext {
 
  private:
   GridShape check_degrees(int tensor, int pipe) const;  // throws std::invalid_argument naming the mismatch
+  c10::Device resolve_device(const std::string& device) const;  // ParallelOptions::device for this backend
   Communicator& axis(const std::unique_ptr<Communicator>& group) const;
   std::unique_ptr<Communicator> make_group(const std::string& name, std::vector<int> ranks, const ParallelOptions& o);
 
   RendezvousInfo info_;
   GridShape grid_;
   BackendKind backend_ = BackendKind::Gloo;
+  c10::Device device_{c10::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
   ParallelOptions options_;
   std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_, data_parameters_;

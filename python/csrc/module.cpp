@@ -205,11 +205,12 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ParallelContext, std::shared_ptr<ParallelContext>>(m, "ParallelContext")
       .def(py::init([](int tensor, int pipe, const std::string& backend, bool defer_axis_groups, bool store_may_exist,
-                       double timeout_s) {
+                       double timeout_s, const std::string& device) {
              ParallelOptions o;
              o.tensor = tensor;
              o.pipe = pipe;
              o.backend = backend;
+             o.device = device;
              o.defer_axis_groups = defer_axis_groups;
              RendezvousInfo info = rendezvous_info_from_environment();
              info.store_may_exist = store_may_exist;
@@ -218,14 +219,14 @@ PYBIND11_MODULE(_C, m) {
              return std::make_shared<ParallelContext>(info, o);
            }),
            py::arg("tensor") = 1, py::arg("pipe") = 1, py::arg("backend") = "auto", py::arg("defer_axis_groups") = false,
-           py::arg("store_may_exist") = false, py::arg("timeout_s") = 0.0)
+           py::arg("store_may_exist") = false, py::arg("timeout_s") = 0.0, py::arg("device") = "auto")
       .def(
           "make_axis_groups",
-          [](ParallelContext& c, int tensor, int pipe) {
+          [](ParallelContext& c, int tensor, int pipe, const std::string& device) {
             py::gil_scoped_release release;  // every rank of each group connects
-            c.make_axis_groups(tensor, pipe);
+            c.make_axis_groups(tensor, pipe, device);
           },
-          py::arg("tensor"), py::arg("pipe"))
+          py::arg("tensor"), py::arg("pipe"), py::arg("device") = "")
       .def_property_readonly("axis_groups_made", &ParallelContext::axis_groups_made)
       .def_property_readonly("rank", &ParallelContext::rank)
       .def_property_readonly("world_size", &ParallelContext::world_size)
@@ -235,7 +236,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("pipe", [](const ParallelContext& c) { return c.grid().pipe; })
       .def_property_readonly("backend", [](const ParallelContext& c) { return std::string(backend_name(c.backend())); })
       .def_property_readonly("device", [](const ParallelContext& c) { return c.device().str(); },
-                             "The device collectives take their tensors on: \"cpu\" (Gloo) or \"cuda:N\" (NCCL).")
+                             "Where the groups' tensors live: \"cpu\" or \"cuda:N\" (NCCL; or Gloo staging through host memory).")
       .def_property_readonly("info", [](const ParallelContext& c) { return rendezvous_dict(c.rendezvous_info()); })
       .def("group_rank", [](ParallelContext& c, const std::string& g) { return group_of(c, g).rank(); })
       .def("group_size", [](ParallelContext& c, const std::string& g) { return group_of(c, g).size(); })

@@ -103,10 +103,12 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                         or pipeline_stages is not None, timeout_s=seconds)
 
 
-def _get_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None):
+def _get_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None, device=None):
     """The process's ParallelContext. The first call joins the job (world group, and torch.distributed's
     default group); the axis groups are made by the first call with make_axes, with tensor x pipe
-    (default 1 x 1), and are fixed from then on."""
+    (default 1 x 1), and are fixed from then on. device: where the model lives (a torch.device or
+    str), given by whoever knows it (initialize, zero.Init): the axis groups take their tensors there
+    (Gloo with a CUDA device stages collectives through host memory, so ranks may share a GPU)."""
     global _context
     if not isinstance(backend, str):
         raise TypeError("tessera.comm: backend must be a str ('auto', 'gloo' or 'nccl'), got %s" % type(backend).__name__)
@@ -124,8 +126,13 @@ def _get_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout
             raise ValueError(
                 "tessera.comm: the process groups already use %s, %s was asked for; call "
                 "tessera.comm.init_distributed(backend=...) first" % (_context.backend, backend))
+        wanted = "" if device is None else str(device)
         if make_axes and not _context.axis_groups_made:
-            _while_sigint_kills(lambda: _context.make_axis_groups(int(tensor or 1), int(pipe or 1)))
+            _while_sigint_kills(lambda: _context.make_axis_groups(int(tensor or 1), int(pipe or 1), wanted))
+        elif make_axes and wanted and _context.device != _same_device(wanted, _context):
+            raise ValueError(
+                "tessera.comm: the process groups take tensors on %s, the model is on %s; one process trains on one "
+                "device (move the model there before tessera.initialize)" % (_context.device, wanted))
         elif make_axes and (_context.tensor, _context.pipe) != (int(tensor or 1), int(pipe or 1)) and \
                 (tensor, pipe) not in ((None, None), (1, 1)):
             raise ValueError(
@@ -133,6 +140,13 @@ def _get_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout
                 "tensor %d x pipe %d; the degrees are fixed by the first tessera.initialize() (or collective on "
                 "a data/tensor/pipe group)" % (_context.tensor, _context.pipe, int(tensor or 1), int(pipe or 1)))
         return _context
+
+
+def _same_device(device, context):
+    """`device` as the context names devices ("cuda" -> "cuda:LOCAL_RANK" as the context resolves it)."""
+    if device == "cuda":
+        return "cuda:%d" % context.local_rank if context.backend == "gloo" else context.device
+    return device
 
 
 def _init_torch_distributed(context, timeout_s):

@@ -246,9 +246,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         for w in warnings:
             print("tessera: warning: %s" % w, file=sys.stderr, flush=True)
 
-    devices = {p.device.type for g in groups for p in g[0]}
-    backend = "gloo" if devices <= {"cpu"} else "auto"
-    context = comm._get_context(backend, cfg.tensor, cfg.pipe)
+    devices = {p.device for g in groups for p in g[0]}
+    backend = "gloo" if {d.type for d in devices} <= {"cpu"} else "auto"
+    # The model's device, so that under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's
+    # collectives are staged through host memory; NCCL checks it is this rank's GPU.
+    device = next(iter(devices)) if len(devices) == 1 else None
+    context = comm._get_context(backend, cfg.tensor, cfg.pipe, device=device)
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)

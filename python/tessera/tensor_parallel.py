@@ -82,7 +82,7 @@ def _context(tp_size=None, device=None):
                              "tensor_parallel=...) first")
         return comm._get_context()
     backend = "gloo" if device is None or device.type == "cpu" else "auto"
-    return comm._get_context(backend, int(tp_size), 1)
+    return comm._get_context(backend, int(tp_size), 1, device=device)
 
 
 # ---- the region crossings, as autograd functions of tensors (regions.h) ----

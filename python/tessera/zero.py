@@ -156,8 +156,9 @@ class Init:
         if cfg.zero_stage != 3:
             return
         # The backend initialize() will ask for: Gloo for a model built on the CPU, else NCCL where a GPU is.
-        backend = "gloo" if torch.get_default_device().type == "cpu" else "auto"
-        context = comm._get_context(backend, cfg.tensor, cfg.pipe)
+        device = torch.get_default_device()
+        backend = "gloo" if device.type == "cpu" else "auto"
+        context = comm._get_context(backend, cfg.tensor, cfg.pipe, device=device)
         self._cinit = _C.PartitionedInit(context)
         if module is not None:
             if not isinstance(module, torch.nn.Module):

@@ -90,7 +90,11 @@ def tessera_run(model, data, args):
     config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_clipping": args.clip,
               "steps_per_print": 10**9, "optimizer": optimizer, "bf16": {"enabled": args.dtype == "bf16"},
               "zero_optimization": {"stage": args.stage, "reduce_bucket_size": args.bucket,
-                                    "allgather_bucket_size": args.bucket, "overlap_comm": True}}
+                                    "allgather_bucket_size": args.bucket, "overlap_comm": True,
+                                    # ZeRO-3: every parameter partitioned and each block released
+                                    # after use (the defaults would keep this small model whole)
+                                    "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
+                                    "stage3_prefetch_bucket_size": args.bucket}}
     if args.comm_dtype:
         config["communication_data_type"] = args.comm_dtype
     engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
@@ -105,7 +109,9 @@ def tessera_run(model, data, args):
         torch.cuda.set_sync_debug_mode("default")
         losses.append(loss.item())
     print("tessera-done", file=sys.stderr, flush=True)
-    return losses, [p.detach().float() for p in engine.module.parameters()], engine.device.type
+    with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
+        params = [p.detach().float().clone() for p in engine.module.parameters()]
+    return losses, params, engine.device.type
 
 
 def main():

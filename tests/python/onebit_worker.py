@@ -190,7 +190,8 @@ def reference_step(case, t, state, grads, bounds, pieces):
 
 
 def local_gradients(model, flat_params, offsets, x, y):
-    """Every rank's gradient of its own rows, on a copy of the model holding that rank's parameters."""
+    """Every rank's gradient of its own rows, on a copy of the model holding that rank's parameters
+    (on the engine's device, so the forward runs the same kernels; returned on the CPU)."""
     dp = tessera.comm.get_world_size()
     grads = []
     for r in range(dp):
@@ -199,24 +200,32 @@ def local_gradients(model, flat_params, offsets, x, y):
                 q.copy_(flat_params[r][off:off + n].view(shape))
         model.zero_grad(set_to_none=True)
         rows = slice(r * MICRO, (r + 1) * MICRO)
-        model(x[rows], y[rows]).backward()
+        device = next(model.parameters()).device
+        model(x[rows].to(device), y[rows].to(device)).backward()
         g = torch.zeros_like(flat_params[r])
         for q, (off, n, _) in zip(model.parameters(), offsets):
-            g[off:off + n] = q.grad.reshape(-1)
+            g[off:off + n] = q.grad.reshape(-1).cpu()
         grads.append(g)
     return grads
 
 
 def run(case):
-    model = TinyNet(case["seed"])
+    """case["device"] ("cpu" by default; "cuda" on a GPU: the engine's tensors there, collectives
+    staged through host memory by Gloo): the simulation itself runs on the CPU."""
+    device = torch.device(case.get("device", "cpu"))
+    model = TinyNet(case["seed"]).to(device)
     engine, _, _, _ = tessera.initialize(model=model, config=config_of(case))
-    copy = TinyNet(case["seed"])
+    copy = TinyNet(case["seed"]).to(device)
+
+    def optimizer_state():
+        return {k: v.cpu() for k, v in engine.optimizer_state().items()}
+
     dp = engine.dp_world_size
     assert dp == 2
     params = list(model.parameters())
     base = params[0]
     offsets = [(q.storage_offset(), q.numel(), q.shape) for q in params]
-    state_now = engine.optimizer_state()
+    state_now = optimizer_state()
     n = state_now["0.exp_avg"].numel()
     # Stage 0, fp32: the parameters are views into one flat buffer laid out like the optimizer's state.
     assert all(q.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() for q in params)
@@ -229,7 +238,7 @@ def run(case):
 
     def flat_params():
         for q, (off, k, _) in zip(params, offsets):
-            flat_view[off:off + k] = q.detach().reshape(-1)
+            flat_view[off:off + k] = q.detach().reshape(-1).cpu()
         return flat_view.clone()
 
     worst = {"params": 0.0, "exp_avg": 0.0, "errors": 0.0, "norm": 0.0}
@@ -239,10 +248,10 @@ def run(case):
         x, y = global_batch({"micro": MICRO, "gas": 1, "dp": dp, "seed": case["seed"]}, step)
         averaged = t <= case["params"].get("freeze_step", 0) or (
             case["type"] == "ZeroOneAdam" and t <= case["params"]["var_freeze_step"]
-            and t % int(engine.optimizer_state()["0.counters"][0]) == 0)
+            and t % int(optimizer_state()["0.counters"][0]) == 0)
         before = None
         if not (case["type"] != "ZeroOneAdam" and averaged):
-            st = engine.optimizer_state()
+            st = optimizer_state()
             before = {k.split(".", 1)[1]: v.clone() for k, v in st.items() if not k.endswith("_error")}
             for key in ("exp_avg", "momentum_accumulator"):  # per rank
                 if key in before:
@@ -253,7 +262,7 @@ def run(case):
             grads = local_gradients(copy, before["p"], offsets, x, y)
         me = engine.dp_rank
         rows = slice(me * MICRO, (me + 1) * MICRO)
-        loss = engine(x[rows], y[rows])
+        loss = engine(x[rows].to(device), y[rows].to(device))
         engine.backward(loss)
         engine.step()
         phases.append(engine.optimizer_phase)
@@ -268,7 +277,7 @@ def run(case):
         grads = [g * torch.tensor(coefficient, dtype=torch.float32) for g in grads] if coefficient != 1.0 else grads
         reference_step(case, t, before, grads, bounds, pieces)
         simulated += 1
-        after = engine.optimizer_state()
+        after = optimizer_state()
         worst["params"] = max(worst["params"], float((flat_params() - before["p"][me]).abs().max()))
         worst["exp_avg"] = max(worst["exp_avg"], float((after["0.exp_avg"] - before["exp_avg"][me]).abs().max()))
         worst["errors"] = max(worst["errors"],
@@ -282,6 +291,8 @@ def run(case):
 
 
 def main():
+    if "--gloo" in sys.argv[3:]:  # ranks sharing one GPU: Gloo, collectives staged through host memory
+        tessera.init_distributed(dist_backend="gloo")
     with open(sys.argv[1]) as f:
         cases = json.load(f)
     results = [run(case) for case in cases]

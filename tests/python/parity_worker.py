@@ -114,11 +114,13 @@ def config_of(case):
 
 
 def flat(model):
-    return torch.cat([p.detach().double().reshape(-1) for p in model.parameters()])
+    return torch.cat([p.detach().double().reshape(-1).cpu() for p in model.parameters()])
 
 
 def tessera_run(case):
-    model = make_model(case)
+    """case["device"]: "cpu" (default) or "cuda" (the model, batches and engine there)."""
+    device = torch.device(case.get("device", "cpu"))
+    model = make_model(case).to(device)
     config = config_of(case)
     if case.get("ckpt"):  # every block's activations recomputed in backward (tessera.checkpointing)
         tessera.checkpointing.reset()
@@ -139,7 +141,7 @@ def tessera_run(case):
         total = 0.0
         for m in range(case["gas"]):
             rows = slice((m * dp + me) * micro, (m * dp + me + 1) * micro)
-            loss = engine(x[rows], y[rows])
+            loss = engine(x[rows].to(device), y[rows].to(device))
             if case.get("torch_backward"):  # PyTorch's way: the step divides by gradient_accumulation_steps
                 loss.backward()
             else:
@@ -163,7 +165,8 @@ def tessera_run(case):
 
 
 def reference_run(case):
-    model = make_model(case)
+    device = torch.device(case.get("device", "cpu"))
+    model = make_model(case).to(device)
     groups = groups_of(model, case)
     groups[0]["weight_decay"] = case["weight_decay"]
     for g in groups:
@@ -186,7 +189,7 @@ def reference_run(case):
         for m in range(gas):
             for r in range(dp):
                 rows = slice((m * dp + r) * micro, (m * dp + r + 1) * micro)
-                loss = model(x[rows], y[rows])
+                loss = model(x[rows].to(device), y[rows].to(device))
                 (loss / (gas * dp)).backward()
                 total += loss.item()
         norm = torch.nn.utils.clip_grad_norm_(params, case["clip"]) if case["clip"] > 0 else \
@@ -215,6 +218,10 @@ def main():
     with open(sys.argv[1]) as f:
         cases = json.load(f)
     out = sys.argv[2]
+    if "--gloo" in sys.argv[3:]:  # several ranks sharing one GPU: NCCL refuses that, Gloo stages through the host
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        tessera.init_distributed(dist_backend="gloo")
     if "--init-distributed-first" in sys.argv[3:]:
         init_distributed_first()
     results = [tessera_run(case) for case in cases]

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from conftest import HERE, child_env
+from conftest import HERE, check, child_env, launch
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU tests need one")]
@@ -33,7 +33,7 @@ def run_worker(*args):
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
 def test_fp32_matches_plain_pytorch_on_the_gpu(stage, optimizer):
     got, _ = run_worker("--stage", stage, "--optimizer", optimizer, "--dtype", "fp32")
@@ -42,7 +42,7 @@ def test_fp32_matches_plain_pytorch_on_the_gpu(stage, optimizer):
     assert got["loss_max_abs"] <= FP32_TOL, got
 
 
-@pytest.mark.parametrize("stage,comm", [(0, None), (2, None), (2, "bf16"), (1, "fp32")])
+@pytest.mark.parametrize("stage,comm", [(0, None), (2, None), (2, "bf16"), (1, "fp32"), (3, None)])
 def test_bf16_matches_a_master_weight_loop_on_the_gpu(stage, comm):
     got, _ = run_worker("--stage", stage, "--dtype", "bf16", *(("--comm-dtype", comm) if comm else ()))
     assert got["param_max_abs"] <= BF16_PARAM_TOL, got
@@ -50,7 +50,7 @@ def test_bf16_matches_a_master_weight_loop_on_the_gpu(stage, comm):
         assert abs(a - b) <= BF16_LOSS_RTOL * max(1.0, abs(b)), got
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_at_most_one_host_synchronization_per_step(stage):
     _, stderr = run_worker("--stage", stage, "--dtype", "bf16", "--count-syncs")
     counts, current = [], None
@@ -62,3 +62,39 @@ def test_at_most_one_host_synchronization_per_step(stage):
         elif current is not None and "synchronizing CUDA operation" in line:
             current += 1
     assert counts and max(counts) <= 1, (counts, stderr[-4000:])
+
+
+# ---- several ranks on one GPU: Gloo with CUDA tensors (collectives staged through pinned host memory)
+
+def _two_ranks_on_the_gpu(worker, cases, tmp_path):
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    out = tmp_path / "results.pt"
+    check(launch(2, ["tests/python/" + worker, str(path), str(out), "--gloo"], timeout=900))
+    return torch.load(out)
+
+
+def test_two_ranks_sharing_the_gpu_over_gloo_match_torch(tmp_path):
+    """ZeRO 0-3 on 2 ranks that both use cuda:0 (NCCL refuses two ranks per device): the parity
+    worker's TinyNet, and the GPT with its tied head at ZeRO 3, against plain PyTorch on the GPU with
+    the CPU parity test's tolerances."""
+    import test_parity as parity
+    cases = [parity.case(stage, 2, device="cuda") for stage in (0, 1, 2, 3)] + \
+        [parity.case(3, 2, device="cuda", **parity.GPT), parity.case(2, 2, device="cuda", bf16=True, lr=1e-3)]
+    results = _two_ranks_on_the_gpu("parity_worker.py", cases, tmp_path)
+    for got in results[:4]:
+        assert got["dtype"] == "torch.float32"
+    for got, c in zip(results[:4], cases):
+        parity.compare(got, c)
+    parity.compare(results[4], cases[4], param_tol=parity.GPT_PARAM_TOL)
+    parity.compare(results[5], cases[5], parity.BF16_PARAM_TOL, parity.BF16_LOSS_TOL, parity.BF16_NORM_RTOL)
+
+
+def test_one_bit_optimizers_on_cuda_tensors_equal_the_simulation(tmp_path):
+    """OneBitAdam, ZeroOneAdam and OneBitLamb with their state and the sign packing on the GPU, 2 ranks
+    over Gloo: every compressed step equals the CPU simulation of test_onebit.py."""
+    from test_onebit import CASES, check_against_simulation
+    cases = [dict(c, device="cuda") for c in CASES]
+    results = _two_ranks_on_the_gpu("onebit_worker.py", cases, tmp_path)
+    for c, result in zip(cases, results):
+        check_against_simulation(c, result)

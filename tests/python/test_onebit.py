@@ -37,7 +37,11 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c["type"] for c in CASES])
 def test_each_step_after_the_warm_up_equals_the_simulation(results, index):
-    case, result = CASES[index], results[index]
+    check_against_simulation(CASES[index], results[index])
+
+
+def check_against_simulation(case, result):
+    """One case's result from onebit_worker.py (also used by test_gpu.py's run on CUDA tensors)."""
     assert result["phases"] == case["phases"]
     assert result["simulated"] == sum(p != W for p in case["phases"]) + (
         sum(p == W for p in case["phases"]) if case["type"] == "ZeroOneAdam" else 0)
