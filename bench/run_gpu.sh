@@ -24,7 +24,11 @@ mkdir -p "$results"
 do_build() {
   local prefix
   prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
-  [ -d .devdeps/usr ] && prefix="$prefix;$PWD/.devdeps/usr"
+  # outside the source tree: the install's exported targets may not name paths inside it
+  if [ -d .devdeps/usr ]; then
+    rm -rf /tmp/tessera-devdeps && cp -a .devdeps /tmp/tessera-devdeps
+    prefix="$prefix;/tmp/tessera-devdeps/usr"
+  fi
   # The device machine's g++ (/opt/gcc) has only a static libstdc++; a second copy of it beside
   # the shared one torch loads crashes at the first stream insertion (std::locale). Link the
   # system's shared libstdc++ by path, before anything asks for the static one.
