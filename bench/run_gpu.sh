@@ -46,7 +46,7 @@ do_build() {
 
 do_test() {
   # The in-place extension (no package index there for pip install -e): the tests' workers import it.
-  PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" ctest --test-dir "$build" -L gpu --output-on-failure 2>&1 |
+  PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" ctest --test-dir "$build" -L gpu -V 2>&1 |
     tee "$results/gpu_tests.log" | tail -60
 }
 

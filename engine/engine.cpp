@@ -68,6 +68,7 @@ ZeroOptions zero_options(const Config& c, int rank, int data_size) {
   o.partitioned.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.partitioned.max_live_numel = z.stage3_max_live_parameters;
   o.partitioned.max_reuse_distance = z.stage3_max_reuse_distance;
+  o.host_optimizer = z.offload_optimizer.device == "cpu";
   if (z.offload_optimizer.device == "nvme") {
     OptimizerSwapOptions nvme;
     nvme.path = z.offload_optimizer.nvme_path;
@@ -95,7 +96,7 @@ ZeroOptions zero_options(const Config& c, int rank, int data_size) {
 void check_onebit(const Config& c, ParallelContext& parallel, const ModelDescription& model) {
   const std::string& type = c.optimizer->type;
   const std::string& backend = c.optimizer->params.comm_backend_name;
-  const bool gpu = !parallel.data().device().is_cpu();
+  const bool gpu = parallel.backend() == BackendKind::Nccl;
   if (backend == "mpi" || backend == "hccl")
     throw ConfigError("tessera: optimizer.params.comm_backend_name: \"" + backend + "\" is not available: tessera's "
                       "compressed allreduce runs on the data-parallel group's own backend (" +
@@ -202,14 +203,15 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
   // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
   // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
   if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();
-  // Offload runs on CPU ranks (where "cpu" is where the states and parameters live already); the
-  // GPU's host path (pinned buffers, copies overlapped with the CPU step) is not built yet.
+  // On GPU ranks the optimizer offloads to pinned host memory ("cpu": ZeroOptions::host_optimizer);
+  // files (NVMe) and parameter offload run on CPU ranks only so far.
   for (const auto& [key, device] : {std::pair<std::string, std::string>{"offload_optimizer",
                                                                          config_.zero_optimization.offload_optimizer.device},
                                     {"offload_param", config_.zero_optimization.offload_param.device}})
-    if (device != "none" && !parallel_.data().device().is_cpu())
+    if (device != "none" && !(key == "offload_optimizer" && device == "cpu") && !parallel_.data().device().is_cpu())
       throw ConfigError("tessera: zero_optimization." + key + ".device: \"" + device + "\" runs on CPU ranks only so far, "
-                        "not on " + parallel_.data().device().str() + "; use \"none\" there");
+                        "not on " + parallel_.data().device().str() + "; use \"none\" there" +
+                        (key == "offload_optimizer" ? " (or \"cpu\": pinned host memory)" : ""));
   if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
   if (config_.optimizer->client != static_cast<bool>(model.client_optimizer))
     throw std::invalid_argument(config_.optimizer->client

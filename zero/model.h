@@ -81,6 +81,9 @@ struct MemoryReport {
   // NVMe parameter offload (stage 3): the bytes of this rank's parameter shards in its files.
   int64_t offloaded_parameter_bytes = 0;
   int64_t offload_read_bytes = 0, offload_written_bytes = 0;  // swapped so far, both kinds (cumulative)
+  // offload_optimizer "cpu" on a GPU rank: the fp32 master, optimizer state and gradient copy in
+  // pinned host memory (not the device's, not in total()).
+  int64_t host_optimizer_bytes = 0;
   int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
 };
 

@@ -34,6 +34,13 @@ struct ZeroGroup {
   std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
   std::vector<bool> arrived;       // per parameter: its gradient arrived this micro-step
   std::vector<ShardSegment> segments;  // this rank's chunks as views: built once, buffers never move
+  // offload_optimizer.device "cpu" on a GPU rank (ZeroOptions::host_optimizer): the optimizer
+  // steps these instead, in pinned host memory: params the fp32 master chunk (`master`, or
+  // `host_master` in fp32 training, where `segments` keep the device's fp32 values), grads the
+  // host copy of the reduced gradient chunk (`host_grads`, copied when the bucket's reduction
+  // completes), compute_copy the compute-dtype chunk (`host_compute`) that goes back to the device.
+  std::vector<ShardSegment> host_segments;
+  at::Tensor host_master, host_grads, host_compute;
   std::unique_ptr<FlatOptimizer> optimizer;
   double lr_scale = 1;
   double weight_decay = 0;

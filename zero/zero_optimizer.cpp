@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "csrc/device_stream.h"
 #include "parallel/parallel_context.h"
 #include "zero/partitioned_init.h"
 #include "zero/units.h"
@@ -150,6 +151,8 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   const int rank = stage_->shard_rank();
   const double base_lr = options.hyper.lr;
   const auto f32 = data_.options(at::kFloat);
+  host_optimizer_ = options.host_optimizer && !data_.device().is_cpu();
+  const auto pinned = at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_);
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const GroupSpec& spec = specs[gi];
     const GroupBuffers& planned = plan_.groups[gi];
@@ -163,7 +166,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     const FlatLayout& L = g->layout;
     g->compute = at::empty({planned.compute_numel}, f32.dtype(options.compute_dtype));
     if (g->partitioned) g->gathered.resize(L.buckets.size());
-    if (planned.master_numel) g->master = at::empty({planned.master_numel}, f32);
+    if (planned.master_numel) g->master = at::empty({planned.master_numel}, host_optimizer_ ? pinned : f32);
     std::vector<at::Tensor> params, shards;
     for (int i : spec.members) {
       params.push_back(spec.source->params[i]);
@@ -196,6 +199,11 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       for (int i : k.params) shards[i] = at::Tensor();
     }
     g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
+    if (host_optimizer_) {
+      g->host_grads = at::zeros({L.shard_numel}, pinned.dtype(options.gradient_dtype));
+      if (g->mixed()) g->host_compute = at::empty({L.shard_numel}, pinned.dtype(options.compute_dtype));
+      else g->host_master = at::empty({L.shard_numel}, pinned);
+    }
     g->staging.resize(L.buckets.size());
     g->pending.resize(L.buckets.size());
     g->arrived.assign(L.params.size(), false);
@@ -212,6 +220,14 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       s.local_offset = k.shard_offset;
       if (g->mixed()) s.compute_copy = g->compute.narrow(0, flat, k.shard);
       g->segments.push_back(s);
+      if (host_optimizer_) {
+        ShardSegment h;
+        h.local_offset = s.local_offset;
+        h.grads = g->host_grads.narrow(0, k.shard_offset, k.shard);
+        h.params = g->mixed() ? s.params : g->host_master.narrow(0, k.shard_offset, k.shard);
+        if (g->mixed()) h.compute_copy = g->host_compute.narrow(0, k.shard_offset, k.shard);
+        g->host_segments.push_back(h);
+      }
       grad_parts_.push_back({s.grads, stage_->gradients_data_sharded(), spec.tensor_sharded, {}});
     }
 
@@ -223,14 +239,15 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     Communicator* data_sum = L.partitions > 1 ? &data_ : nullptr;
     Communicator* tensor_sum = spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr;
     if (data_sum || tensor_sum) {
-      context.sum_across_ranks = [data_sum, tensor_sum](at::Tensor& t) {
-        if (data_sum) data_sum->all_reduce(t);
-        if (tensor_sum) tensor_sum->all_reduce(t);
+      // A host optimizer's values (LAMB's norms) visit the group's device for the collective.
+      auto across = [data_sum, tensor_sum](at::Tensor& t, ReduceOp op) {
+        at::Tensor on = t.to((data_sum ? data_sum : tensor_sum)->device());
+        if (data_sum) data_sum->all_reduce(on, op);
+        if (tensor_sum) tensor_sum->all_reduce(on, op);
+        if (!on.is_same(t)) t.copy_(on);
       };
-      context.max_across_ranks = [data_sum, tensor_sum](at::Tensor& t) {
-        if (data_sum) data_sum->all_reduce(t, ReduceOp::Max);
-        if (tensor_sum) tensor_sum->all_reduce(t, ReduceOp::Max);
-      };
+      context.sum_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Sum); };
+      context.max_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Max); };
     }
     context.data = &data_;
     try {  // a refusal here must not leave the hooks just put on this group's parameters
@@ -239,11 +256,12 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
         if (options.nvme_optimizer || options.nvme_parameters)
           throw std::invalid_argument("tessera: a client optimizer (" + options.optimizer + ") steps the shards where "
                                       "they are in memory; NVMe offload is not available with it");
-        g->optimizer = model.client_optimizer(g->index, g->source_group, g->segments, L.shard_numel);
+        g->optimizer = model.client_optimizer(g->index, g->source_group, stepped_segments(*g), L.shard_numel);
         if (!g->optimizer) throw std::invalid_argument("tessera: the client optimizer factory returned no optimizer");
       } else {
         g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
-                                           f32, std::move(context));
+                                           host_optimizer_ ? at::TensorOptions().dtype(at::kFloat) : f32,
+                                           std::move(context));
       }
       if (options.nvme_optimizer && !g->optimizer->elementwise())
         throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
@@ -254,6 +272,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       remove_grad_hooks();
       throw;
     }
+    refresh_host_master(*g);
     g->lr_scale = spec.source->lr ? *spec.source->lr / base_lr : 1.0;
     g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
     groups_.push_back(std::move(g));
@@ -481,6 +500,8 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     if (partitioned_) partitioned_->after_step();
     return;
   }
+  // The gradient chunks' copies to the host, queued as their reductions completed, have landed.
+  if (host_optimizer_) wait_for_device_stream(data_.device());
   // A group whose optimizer needs all its buckets at once (LAMB), or a stage that gathers
   // nothing, steps whole (this also writes the compute copy of this rank's chunks); with its
   // parameters in files, an elementwise one steps chunk by chunk instead, and LAMB has the shard
@@ -488,7 +509,9 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   for (auto& g : groups_) {
     if (stage_->gathers() && g->optimizer->elementwise()) continue;
     if (!swapped(*g)) {
-      g->optimizer->step(in[g->index], g->segments);
+      g->optimizer->step(in[g->index], stepped_segments(*g));
+      if (host_optimizer_)
+        for (size_t b = 0; b < g->segments.size(); ++b) copy_chunk_to_device(*g, static_cast<int>(b));
     } else if (g->optimizer->elementwise()) {
       for (size_t b = 0; b < g->segments.size(); ++b) step_swapped_segment(*g, static_cast<int>(b), in[g->index]);
     } else {
@@ -563,8 +586,22 @@ void ZeroOptimizer::write_back_parameters(int root) {
       if (g.master_on_file) swapper_->write_master(g.index, static_cast<int>(b), mine);
       else if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).copy_(mine);
     }
+    refresh_host_master(g);
   }
   if (param_swapper_) param_swapper_->wait_all();
+}
+
+void ZeroOptimizer::copy_chunk_to_device(ZeroGroup& g, int bucket) {
+  const ShardSegment &host = g.host_segments[bucket], &device = g.segments[bucket];
+  // From pinned memory: queued on the current stream; the next step's wait_for_device_stream
+  // (before the CPU writes the host buffers again) orders the two.
+  if (g.mixed()) device.compute_copy.copy_(host.compute_copy, /*non_blocking=*/true);
+  else device.params.copy_(host.params, /*non_blocking=*/true);
+}
+
+void ZeroOptimizer::refresh_host_master(ZeroGroup& g) {
+  if (!g.host_master.defined()) return;
+  for (size_t b = 0; b < g.segments.size(); ++b) g.host_segments[b].params.copy_(g.segments[b].params);
 }
 
 bool ZeroOptimizer::materialize_optimizer_state() {
@@ -581,6 +618,7 @@ void ZeroOptimizer::after_shards_loaded() {
   wait_for_parameters();
   ResidentParameters resident(*this);
   for (auto& g : groups_) {
+    refresh_host_master(*g);  // fp32 training: the loaded values are the device's
     if (g->mixed() && !g->master_on_file)
       for (ShardSegment& s : g->segments) s.compute_copy.copy_(s.params);
     if (stage_->gathers() && !g->partitioned)
@@ -610,8 +648,14 @@ MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   for (const auto& g : groups_) {
     if (g->compute.defined()) m.parameters += g->compute.nbytes();
-    if (g->master.defined()) m.master_parameters += g->master.nbytes();
     m.gradients += g->grads.nbytes();
+    if (host_optimizer_) {  // pinned host memory, not the device's
+      for (const at::Tensor* t : {&g->master, &g->host_master, &g->host_grads, &g->host_compute})
+        if (t->defined()) m.host_optimizer_bytes += t->nbytes();
+      m.host_optimizer_bytes += g->optimizer->state_bytes();
+      continue;
+    }
+    if (g->master.defined()) m.master_parameters += g->master.nbytes();
     m.optimizer_states += g->optimizer->state_bytes();
   }
   if (swapper_) {

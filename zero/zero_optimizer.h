@@ -72,6 +72,12 @@ struct ZeroOptions {
   // offload_param.device "nvme" (stage 3): each rank's shard of the partitioned parameters in files,
   // read just before a bucket's gather and around its optimizer step (offload/parameter_swapper.h).
   std::optional<ParameterSwapOptions> nvme_parameters;
+  // offload_optimizer.device "cpu" on GPU ranks (ZeRO-Offload, Ren et al. 2021): the fp32 master
+  // shard, the optimizer state and a copy of the gradient shard live in pinned host memory; each
+  // bucket's gradient chunk goes to the host when its reduction completes (while backward goes
+  // on), the CPU kernel steps it, and the updated chunk goes back in the compute dtype,
+  // asynchronously, while the CPU steps the next one. On CPU ranks "cpu" is where things are.
+  bool host_optimizer = false;
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
@@ -191,6 +197,16 @@ class ZeroOptimizer final : public UnitListener {
   void launch_ready_buckets();
   bool reduces_now() const;  // whether this backward's complete buckets are reduced as they fill
   void take_norm(GradPart& part) const;  // part.norm from its gradients as they are now
+  // grad_parts_[i]'s gradients are final for this step: its norm, and its host copy (host_optimizer).
+  void gradient_final(size_t i);
+  const std::vector<ShardSegment>& stepped_segments(const ZeroGroup& g) const {
+    return g.host_segments.empty() ? g.segments : g.host_segments;
+  }
+  // host_optimizer: bucket's updated chunk to the device (asynchronously), in the compute dtype.
+  void copy_chunk_to_device(ZeroGroup& g, int bucket);
+  // host_optimizer in fp32 training: the host master takes the device's values (after a load or
+  // write_back_parameters changed them).
+  void refresh_host_master(ZeroGroup& g);
   void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;
@@ -249,6 +265,7 @@ class ZeroOptimizer final : public UnitListener {
   bool resident_modified_ = false;                      // one of them writes the shards
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
   std::unique_ptr<OptimizerSwapper> swapper_;           // NVMe optimizer offload, else null
+  bool host_optimizer_ = false;                         // ZeroOptions::host_optimizer
 };
 
 }  // namespace tessera

@@ -34,6 +34,15 @@ void ZeroOptimizer::take_norm(GradPart& part) const {
   if (!averaging_) part.norm.div_(std::sqrt(double(data_.size())));
 }
 
+void ZeroOptimizer::gradient_final(size_t i) {
+  take_norm(grad_parts_[i]);
+  if (!host_optimizer_) return;
+  // Its host copy, queued behind the reduction on the current stream while backward goes on;
+  // apply() waits for the stream once before the CPU reads the copies.
+  const auto [group, bucket] = launch_order_[i];
+  groups_[group]->host_segments[bucket].grads.copy_(grad_parts_[i].grads, /*non_blocking=*/true);
+}
+
 bool ZeroOptimizer::reduces_now() const {
   return averaging_ && (boundary_ || stage_->reduces_every_micro_step());
 }
@@ -60,7 +69,7 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   std::function<void()> done;
   // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
   // and the next bucket's reduction is in flight.
-  if (boundary_) done = [this, launch_index] { take_norm(grad_parts_[launch_index]); };
+  if (boundary_) done = [this, launch_index] { gradient_final(launch_index); };
   stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
 }
 
@@ -75,7 +84,7 @@ void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool co
   }
   for (CommHandle& h : sums) h.wait();
   for (size_t i = 0; i < launch_order_.size(); ++i)  // the sums' norms, taken again
-    if (groups_[launch_order_[i].first]->source_group == group) take_norm(grad_parts_[i]);
+    if (groups_[launch_order_[i].first]->source_group == group) gradient_final(i);
 }
 
 std::string ZeroOptimizer::unused_parameters() const {
@@ -113,7 +122,7 @@ void ZeroOptimizer::end_backward() {
   if (reduces_now()) {
     while (next_launch_ < launch_order_.size()) reduce(next_launch_++);
   } else if (boundary_) {  // gradients kept local (optim/onebit.h): their norms here
-    for (GradPart& part : grad_parts_) take_norm(part);
+    for (size_t i = 0; i < grad_parts_.size(); ++i) gradient_final(i);
   }
   reset_bucket_counters();
   if (units_) units_->end_backward();

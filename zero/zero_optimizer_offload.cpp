@@ -141,7 +141,7 @@ void ZeroOptimizer::put_parameters_back_group(ZeroGroup& g) {
 }
 
 ShardSegment ZeroOptimizer::bind_segment(ZeroGroup& g, int bucket) {
-  if (!swapped(g)) return g.segments[bucket];
+  if (!swapped(g)) return stepped_segments(g)[bucket];
   // A mixed-precision step writes the whole compute copy from the master: nothing to read first.
   bind_views(g, param_swapper_->swap_in(g.index, bucket, /*fill=*/!g.mixed()), bucket);
   return g.segments[bucket];
@@ -157,6 +157,7 @@ void ZeroOptimizer::step_swapped_segment(ZeroGroup& g, int bucket, const StepInp
     throw;
   }
   unbind_segment(g, bucket);
+  if (host_optimizer_) copy_chunk_to_device(g, bucket);
 }
 
 // A step that failed: the buffers its chunks were swapped into are let go unwritten (the step is

@@ -87,6 +87,8 @@ def tessera_run(model, data, args):
         optimizer["params"]["momentum"] = 0.9
     else:
         optimizer["params"].update(betas=[0.9, 0.95], eps=1e-8)
+    if args.optimizer == "OneBitAdam":  # compressed from step 3 on
+        optimizer["params"]["freeze_step"] = 2
     config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_clipping": args.clip,
               "steps_per_print": 10**9, "optimizer": optimizer, "bf16": {"enabled": args.dtype == "bf16"},
               "zero_optimization": {"stage": args.stage, "reduce_bucket_size": args.bucket,
@@ -97,7 +99,10 @@ def tessera_run(model, data, args):
                                     "stage3_prefetch_bucket_size": args.bucket}}
     if args.comm_dtype:
         config["communication_data_type"] = args.comm_dtype
+    if args.offload:  # ZeRO-Offload: master, optimizer state and gradient copy in pinned host memory
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
+    tessera_run.allocated_after_init = torch.cuda.memory_allocated()
     losses = []
     for step, tokens in enumerate(data):
         if step > 0 and args.count_syncs:
@@ -117,7 +122,10 @@ def tessera_run(model, data, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stage", type=int, default=0)
-    ap.add_argument("--optimizer", choices=("AdamW", "SGD"), default="AdamW")
+    ap.add_argument("--optimizer", choices=("AdamW", "SGD", "OneBitAdam"), default="AdamW",
+                    help="OneBitAdam: no plain-PyTorch reference (the test compares backends)")
+    ap.add_argument("--backend", choices=("auto", "gloo"), default="auto",
+                    help="gloo: the collectives staged through host memory instead of NCCL")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--micro", type=int, default=4)
@@ -129,17 +137,26 @@ def main():
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--comm-dtype", choices=("fp32", "bf16", "fp16"), help="communication_data_type")
     ap.add_argument("--count-syncs", action="store_true")
+    ap.add_argument("--offload", action="store_true", help="zero_optimization.offload_optimizer.device cpu")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.backend == "gloo":
+        tessera.init_distributed(dist_backend="gloo")
     model = Gpt(vocab=256, block_size=args.seq, n_layer=2, n_head=4, n_embd=64, seed=args.seed, device="cuda")
     reference = copy.deepcopy(model)
     data = batches(args)
     got_losses, got_params, device = tessera_run(model, data, args)
+    if args.optimizer == "OneBitAdam":
+        print(json.dumps({"device": device, "backend": tessera.comm._get_context().backend, "losses": got_losses,
+                          "params": [p.flatten().tolist() for p in got_params]}), flush=True)
+        return
     ref_losses, ref_params = reference_run(reference, data, args)
     print(json.dumps({
         "device": device,
+        "numel": sum(p.numel() for p in reference.parameters()),
+        "allocated_after_init": tessera_run.allocated_after_init,
         "losses": got_losses, "reference_losses": ref_losses,
         "loss_max_abs": max(abs(a - b) for a, b in zip(got_losses, ref_losses)),
         "param_max_abs": max((a - b).abs().max().item() for a, b in zip(got_params, ref_params)),
