@@ -106,6 +106,8 @@ class Tessera:
         zero = {"stage": args.stage, "overlap_comm": True, "contiguous_gradients": True}
         if args.bucket:
             zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = int(args.bucket)
+        if args.offload:  # ZeRO-Offload: the optimizer on the host's cores, pinned buffers
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
                   "steps_per_print": 10**9, "gradient_clipping": args.clip, "bf16": {"enabled": True},
                   "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
@@ -136,6 +138,7 @@ def main():
     ap.add_argument("--stage", type=int, default=0, help="tessera's ZeRO stage")
     ap.add_argument("--bucket", type=float, default=0, help="tessera's reduce/allgather bucket (elements; 0: the default)")
     ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--offload", action="store_true", help="tessera: offload_optimizer.device cpu")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=10)
@@ -179,7 +182,7 @@ def main():
         raise
     timed = args.steps - args.warmup
     tokens_per_s = args.micro * args.seq * timed / seconds
-    name = "tessera-zero%d" % args.stage if args.impl == "tessera" else args.impl
+    name = "tessera-zero%d" % args.stage + ("-offload" if args.offload else "") if args.impl == "tessera" else args.impl
     print(json.dumps({
         "impl": name, "size": args.size, "parameters": parameters, "layers": n_layer, "embd": n_embd,
         "micro_batch": args.micro, "seq": args.seq, "steps": timed,
@@ -188,7 +191,7 @@ def main():
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
         "first_loss": round(losses[0].item(), 5), "final_loss": round(losses[-1].item(), 5),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "host_cores": os.cpu_count(),
     }), flush=True)
     sys.stdout.flush()
     os._exit(0)  # skip the interpreter's teardown of CUDA and NCCL state
