@@ -69,6 +69,7 @@ ZeroOptions zero_options(const Config& c, int rank, int data_size) {
   o.partitioned.max_live_numel = z.stage3_max_live_parameters;
   o.partitioned.max_reuse_distance = z.stage3_max_reuse_distance;
   o.host_optimizer = z.offload_optimizer.device == "cpu";
+  o.host_pinned = z.offload_optimizer.pin_memory;
   if (z.offload_optimizer.device == "nvme") {
     OptimizerSwapOptions nvme;
     nvme.path = z.offload_optimizer.nvme_path;

@@ -152,7 +152,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   const double base_lr = options.hyper.lr;
   const auto f32 = data_.options(at::kFloat);
   host_optimizer_ = options.host_optimizer && !data_.device().is_cpu();
-  const auto pinned = at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_);
+  const auto pinned = at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_ && options.host_pinned);
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const GroupSpec& spec = specs[gi];
     const GroupBuffers& planned = plan_.groups[gi];

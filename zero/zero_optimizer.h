@@ -78,6 +78,9 @@ struct ZeroOptions {
   // on), the CPU kernel steps it, and the updated chunk goes back in the compute dtype,
   // asynchronously, while the CPU steps the next one. On CPU ranks "cpu" is where things are.
   bool host_optimizer = false;
+  // offload_optimizer.pin_memory: those host buffers page-locked, so the copies are asynchronous
+  // (false: pageable memory, each copy waits for the device).
+  bool host_pinned = false;
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).

@@ -49,8 +49,6 @@ const std::vector<UnimplementedKey> kRows = {
     // ---- warnings: not read, but the training is the same without them
     {"zero_optimization.stage3_model_persistence_threshold", kWarning, "",
      "the engine keeps small parameters whole by stage3_param_persistence_threshold alone, without a total cap", {}},
-    {"zero_optimization.offload_optimizer.pin_memory", kWarning, "",
-     "optimizer offload runs on CPU ranks, whose host memory needs no pinning", {}},
     {"zero_optimization.offload_optimizer.fast_init", kWarning, "",
      "fp32 states start from zeros in memory without being written first anyway; a mixed-precision master is written "
      "once at start", {}},

@@ -99,8 +99,8 @@ def tessera_run(model, data, args):
                                     "stage3_prefetch_bucket_size": args.bucket}}
     if args.comm_dtype:
         config["communication_data_type"] = args.comm_dtype
-    if args.offload:  # ZeRO-Offload: master, optimizer state and gradient copy in pinned host memory
-        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if args.offload:  # ZeRO-Offload: master, optimizer state and gradient copy in host memory
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": args.offload == "pinned"}
     engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
     tessera_run.allocated_after_init = torch.cuda.memory_allocated()
     losses = []
@@ -137,7 +137,8 @@ def main():
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--comm-dtype", choices=("fp32", "bf16", "fp16"), help="communication_data_type")
     ap.add_argument("--count-syncs", action="store_true")
-    ap.add_argument("--offload", action="store_true", help="zero_optimization.offload_optimizer.device cpu")
+    ap.add_argument("--offload", choices=("pinned", "pageable"),
+                    help="zero_optimization.offload_optimizer.device cpu, with pin_memory true or false")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line
     torch.backends.cuda.matmul.allow_tf32 = False

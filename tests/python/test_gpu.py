@@ -114,14 +114,15 @@ def test_one_bit_adam_over_nccl_equals_the_same_run_over_gloo():
     assert all(math.isfinite(loss) for loss in runs["auto"]["losses"])
 
 
-@pytest.mark.parametrize("stage,dtype", [(1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"), (3, "bf16")])
-def test_optimizer_offloaded_to_host_memory_matches_plain_pytorch(stage, dtype):
+@pytest.mark.parametrize("stage,dtype,pinned", [(1, "fp32", True), (2, "fp32", True), (3, "fp32", True), (2, "bf16", True),
+                                                (3, "bf16", True), (2, "bf16", False)])
+def test_optimizer_offloaded_to_host_memory_matches_plain_pytorch(stage, dtype, pinned):
     """offload_optimizer.device "cpu" on a GPU rank: the CPU kernel steps the pinned host master from
     the gradient chunks copied off the GPU, and the GPU gets the updated chunks back; the same
     tolerances as without offload, and the optimizer state is off the GPU: after initialize, 8 bytes
     per parameter less allocated than without offload in fp32 (the two moments; the host keeps its
     own fp32 master beside the GPU's values) and 12 in bf16 (the fp32 master too)."""
-    got, _ = run_worker("--stage", stage, "--dtype", dtype, "--offload")
+    got, _ = run_worker("--stage", stage, "--dtype", dtype, "--offload", "pinned" if pinned else "pageable")
     if dtype == "fp32":
         assert got["param_max_abs"] <= FP32_TOL, got
         assert got["loss_max_abs"] <= FP32_TOL, got
