@@ -37,7 +37,10 @@ int main(int argc, char** argv) {
   const bool alltoall = argc > 2 && std::strcmp(argv[2], "alltoall") == 0;
   ParallelOptions options;
   options.backend = "gloo";
-  if (alltoall) options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
+  if (alltoall) {  // Gloo's all-to-all, not the default sends and receives
+    options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
+    options.communicator.pairwise_reduce_scatter = 0;
+  }
   auto ctx = ParallelContext::from_environment(options);
   Communicator& world = ctx->world();
   const int n = world.size();

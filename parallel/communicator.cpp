@@ -5,6 +5,8 @@
 
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
@@ -183,7 +185,8 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
   const bool even = n % size() == 0;
   if (!even || !native_reduce_scatter_ || op == ReduceOp::Min ||
       input.nbytes() <= options_.alltoall_reduce_scatter_max_bytes)
-    return reduce_scatter_by_alltoall(input, output, op);
+    return options_.pairwise_reduce_scatter > 0 ? reduce_scatter_pairwise(input, output, op)
+                                                : reduce_scatter_by_alltoall(input, output, op);
   std::function<void()> finish;
   if (op == ReduceOp::Avg) finish = [output, p = size()]() mutable { output.div_(p); };
   ++native_reduce_scatters_;
@@ -195,15 +198,12 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
   }, std::move(finish));
 }
 
-CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
-  const int p = size();
-  const int64_t n = input.numel(), mine = output.numel();
-  std::vector<int64_t> send_counts(p), recv_counts(p, mine);
-  for (int r = 0; r < p; ++r) send_counts[r] = chunk_range(n, p, r).size();
-  // Row r of `received` is rank r's contribution to this rank's chunk.
-  at::Tensor received = at::empty({p * mine}, input.options());
-  ++alltoall_reduce_scatters_;
-  auto finish = [received, output, op, p, mine]() mutable {
+namespace {
+// The reduce-scatters that gather every rank's contribution into rows: row r of `received` is rank
+// r's contribution to this rank's chunk; the result is their sum (or max, min, mean) into `output`.
+std::function<void()> sum_rows(at::Tensor received, at::Tensor output, ReduceOp op, int p) {
+  return [received, output, op, p]() mutable {
+    const int64_t mine = output.numel();
     at::Tensor rows = received.view({p, mine});
     at::Tensor out = output.view({mine});
     if (op == ReduceOp::Max) at::amax_out(out, rows, {0});
@@ -211,6 +211,66 @@ CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at:
     else at::sum_out(out, rows, {0});
     if (op == ReduceOp::Avg) out.div_(p);
   };
+}
+}  // namespace
+
+int Communicator::next_pairwise_tag() {
+  const int tag = kPairwiseTagBase + pairwise_tag_;
+  pairwise_tag_ = (pairwise_tag_ + 1) % kPairwiseTagBase;
+  return tag;
+}
+
+CommHandle Communicator::reduce_scatter_pairwise(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+  const int p = size();
+  const int64_t n = input.numel(), mine = output.numel();
+  at::Tensor in = input.view({-1});
+  // Row k − 1: the contribution of the rank k behind this one. This rank's own chunk stays in
+  // `input` (where `output` may be: in place) and joins them in the finish.
+  at::Tensor received = at::empty({(p - 1) * mine}, input.options());
+  const at::Tensor own = in.narrow(0, chunk_range(n, p, rank_).begin, mine);
+  const int tag = next_pairwise_tag();
+  ++pairwise_reduce_scatters_;
+  CollectiveStats& entry = stats_["reduce_scatter"];
+  ++entry.calls;
+  entry.bytes += input.nbytes();
+  entry.sent_bytes += input.nbytes() - output.nbytes();
+  const std::string what = label("reduce_scatter (pairwise)", input);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    // Step k: receive from the rank k behind, send to the rank k ahead (every pair meets once).
+    for (int k = 1; k < p; ++k) {
+      const int from = (rank_ - k + p) % p, to = (rank_ + k) % p;
+      const ChunkRange theirs = chunk_range(n, p, to);
+      std::vector<at::Tensor> recv_into{received.narrow(0, (k - 1) * mine, mine)};
+      std::vector<at::Tensor> send_from{in.narrow(0, theirs.begin, theirs.size())};
+      if (mine > 0) works.push_back(backend_->recv(recv_into, from, tag));
+      if (theirs.size() > 0) works.push_back(backend_->send(send_from, to, tag));
+    }
+  } catch (const std::exception& e) {
+    throw CommError(what + " failed to start: " + message_of(e));
+  }
+  auto finish = [received, own, output, op, p]() mutable {
+    at::Tensor out = output.view({-1});
+    if (!out.is_same(own) && out.data_ptr() != own.data_ptr()) out.copy_(own);
+    for (int k = 1; k < p; ++k) {
+      const at::Tensor row = received.narrow(0, (k - 1) * out.numel(), out.numel());
+      if (op == ReduceOp::Max) at::maximum_out(out, out, row);
+      else if (op == ReduceOp::Min) at::minimum_out(out, out, row);
+      else out.add_(row);
+    }
+    if (op == ReduceOp::Avg) out.div_(p);
+  };
+  return CommHandle(std::move(works), std::move(finish), what, &entry, options_.timeout);
+}
+
+CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+  const int p = size();
+  const int64_t n = input.numel(), mine = output.numel();
+  std::vector<int64_t> send_counts(p), recv_counts(p, mine);
+  for (int r = 0; r < p; ++r) send_counts[r] = chunk_range(n, p, r).size();
+  at::Tensor received = at::empty({p * mine}, input.options());
+  ++alltoall_reduce_scatters_;
+  auto finish = sum_rows(received, output, op, p);
   return issue("reduce_scatter", input.nbytes(), input.nbytes() - output.nbytes(), label("reduce_scatter (all-to-all)", input), [&] {
     at::Tensor in = input.view({-1});
     return backend_->alltoall_base(received, in, recv_counts, send_counts);
@@ -260,8 +320,7 @@ CommHandle Communicator::all_gather_pairwise(const at::Tensor& input, at::Tensor
   const ChunkRange mine = chunk_range(n, p, rank_);
   at::Tensor own = out.narrow(0, mine.begin, mine.size());
   if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));  // not in place
-  const int tag = kPairwiseTagBase + pairwise_tag_;
-  pairwise_tag_ = (pairwise_tag_ + 1) % kPairwiseTagBase;
+  const int tag = next_pairwise_tag();
   CollectiveStats& entry = stats_["all_gather"];
   ++entry.calls;
   entry.bytes += output.nbytes();

@@ -111,6 +111,13 @@ struct CommunicatorOptions {
   // padding). -1: the backend's default (yes for Gloo, whose allgather gathers into a flat buffer
   // it allocates on its worker thread and then copies out; no for NCCL).
   int pairwise_all_gather = -1;
+  // The reduce-scatters that would run as the all-to-all run as direct sends and receives instead:
+  // this rank's chunk of each peer goes to that peer, each peer's contribution to this rank's
+  // chunk arrives in a row of a buffer, then the local sum. Same bytes, but every pair exchanges
+  // both ways at once: between two hosts on a 1 Gbit/s link, Gloo's all-to-all reached 0.46-0.54
+  // of the link, the sends and receives 0.9+ (bench/run_cluster_collectives.sh). -1: the backend's
+  // default (yes for Gloo, no for NCCL).
+  int pairwise_reduce_scatter = -1;
   // How long a point-to-point part of a collective may wait (ParallelContext sets TESSERA_TIMEOUT_S).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // The backend computes on host memory (Gloo): a CUDA tensor is copied to a pinned host buffer,
@@ -182,10 +189,13 @@ class Communicator {
   // How many reduce-scatters ran natively and as all-to-all (for tests and benchmarks).
   int64_t native_reduce_scatters() const { return native_reduce_scatters_; }
   int64_t alltoall_reduce_scatters() const { return alltoall_reduce_scatters_; }
+  int64_t pairwise_reduce_scatters() const { return pairwise_reduce_scatters_; }
 
  private:
   CommHandle reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op);
   CommHandle all_gather_pairwise(const at::Tensor& input, at::Tensor& output);
+  CommHandle reduce_scatter_pairwise(const at::Tensor& input, at::Tensor& output, ReduceOp op);
+  int next_pairwise_tag();
   CommHandle issue(const char* collective, int64_t bytes, int64_t sent, const std::string& what,
                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> finish = {});
   std::string label(const char* collective, const at::Tensor& t) const;
@@ -200,13 +210,14 @@ class Communicator {
   c10::Device device_;
   CommunicatorOptions options_;
   bool native_reduce_scatter_;
-  // Tags of the pairwise all-gathers, above any user's send/recv tag; every rank issues its
+  // Tags of the pairwise collectives, above any user's send/recv tag; every rank issues its
   // collectives in the same order, so the counters agree.
   static constexpr int kPairwiseTagBase = 1 << 24;
   int pairwise_tag_ = 0;
   std::map<std::string, CollectiveStats> stats_;  // std::map: entries stay put while handles point at them
   int64_t native_reduce_scatters_ = 0;
   int64_t alltoall_reduce_scatters_ = 0;
+  int64_t pairwise_reduce_scatters_ = 0;
 };
 
 }  // namespace tessera

@@ -116,6 +116,7 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
   if (comm.alltoall_reduce_scatter_max_bytes < 0)
     comm.alltoall_reduce_scatter_max_bytes = backend_ == BackendKind::Gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
   if (comm.pairwise_all_gather < 0) comm.pairwise_all_gather = backend_ == BackendKind::Gloo ? 1 : 0;
+  if (comm.pairwise_reduce_scatter < 0) comm.pairwise_reduce_scatter = backend_ == BackendKind::Gloo ? 1 : 0;
   comm.timeout = info_.timeout;
   comm.stage_cuda_through_host = backend_ == BackendKind::Gloo;  // only CUDA tensors are staged
   return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank, device_,

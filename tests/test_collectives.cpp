@@ -43,8 +43,9 @@ TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
   auto r = launch(4, {"collectives", "--tp", "2"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
-  // Gloo's defaults: reduce-scatters up to 64 MiB run as the all-to-all, allgathers pairwise.
-  CHECK(!contains(r.output, "all-to-all 0)"));
+  // Gloo's defaults: reduce-scatters up to 64 MiB and allgathers run as sends and receives.
+  CHECK(!contains(r.output, "pairwise 0)"));
+  CHECK(contains(r.output, "all-to-all 0,"));
   for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "collectives ok on rank " + std::to_string(rank)));
 }
 
@@ -68,6 +69,8 @@ TEST_CASE("reduce-scatter built from all-to-all gives the same results (2 and 4 
     INFO(r.output);
     CHECK(r.status == 0);
     CHECK(contains(r.output, "(native reduce-scatters 0, all-to-all"));
+    CHECK(contains(r.output, "pairwise 0)"));
+    CHECK(!contains(r.output, "all-to-all 0,"));
   }
 }
 

@@ -204,10 +204,14 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
   options.tensor = tp;
   options.pipe = pp;
   options.backend = "gloo";
-  if (force_alltoall) options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
+  if (force_alltoall) {
+    options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
+    options.communicator.pairwise_reduce_scatter = 0;
+  }
   if (native_only) {  // the backend's own reduce-scatter and allgather
     options.communicator.alltoall_reduce_scatter_max_bytes = 0;
     options.communicator.pairwise_all_gather = 0;
+    options.communicator.pairwise_reduce_scatter = 0;
   }
   auto ctx = ParallelContext::from_environment(options);
   if (mode == "context") {
@@ -217,8 +221,9 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
   }
   if (mode == "collectives") {
     check_collectives(*ctx);
-    std::printf("collectives ok on rank %d (native reduce-scatters %lld, all-to-all %lld)\n", ctx->rank(),
-                (long long)ctx->world().native_reduce_scatters(), (long long)ctx->world().alltoall_reduce_scatters());
+    std::printf("collectives ok on rank %d (native reduce-scatters %lld, all-to-all %lld, pairwise %lld)\n",
+                ctx->rank(), (long long)ctx->world().native_reduce_scatters(),
+                (long long)ctx->world().alltoall_reduce_scatters(), (long long)ctx->world().pairwise_reduce_scatters());
     return 0;
   }
   if (mode == "grad-norm") {
