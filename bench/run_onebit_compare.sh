@@ -14,6 +14,9 @@
 # CPU (docs/onebit.md).
 #
 #   bench/run_onebit_compare.sh [ROUNDS=3]     LAYERS=12 EMBD=768 HEADS=12 MICRO=2 STEPS=16 WARMUP=8 FREEZE=4
+#
+# CLUSTER_RATE=1gbit (root): the 2 ranks on two emulated hosts (scripts/cluster.sh) whose links are
+# shaped to that rate, one rank each, instead of loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -27,6 +30,12 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 shape=(--impl tessera --stage 0 --layers "$layers" --embd "$embd" --heads "$heads" --micro "$micro" --steps "$steps"
        --warmup "$warmup" --freeze "$freeze")
 port=29990
+cluster=${CLUSTER_RATE:-}
+if [ -n "$cluster" ]; then
+  source bench/cluster_launch.sh
+  scripts/cluster.sh up 2 "$cluster" >/dev/null
+  trap 'scripts/cluster.sh down; rm -rf "$out"' EXIT
+fi
 for round in $(seq 1 "$rounds"); do
   for run in adam onebit zeroone; do
     case $run in
@@ -35,9 +44,14 @@ for round in $(seq 1 "$rounds"); do
       zeroone) extra=(--optimizer ZeroOneAdam) ;;
     esac
     echo "round $round/$rounds: $run" >&2
-    build/bin/tessera launch --nproc-per-node 2 --master-port $((port++)) -- "$python" bench/gpt_train.py \
-      "${shape[@]}" "${extra[@]}" > "$out/$run.$round.log" 2> "$out/$run.$round.err" ||
-      { tail -n 20 "$out/$run.$round.err" >&2; exit 1; }
+    if [ -n "$cluster" ]; then
+      cluster_launch 2 $((port++)) "$out/$run.$round.log" "$out/$run.$round.err" "$python" bench/gpt_train.py \
+        "${shape[@]}" "${extra[@]}" || { tail -n 20 "$out/$run.$round.err" >&2; exit 1; }
+    else
+      build/bin/tessera launch --nproc-per-node 2 --master-port $((port++)) -- "$python" bench/gpt_train.py \
+        "${shape[@]}" "${extra[@]}" > "$out/$run.$round.log" 2> "$out/$run.$round.err" ||
+        { tail -n 20 "$out/$run.$round.err" >&2; exit 1; }
+    fi
   done
 done
 
