@@ -76,6 +76,17 @@ TEST_CASE("launch: each rank gets torchrun's environment and tag_output prefixes
   }
 }
 
+TEST_CASE("launch: DeepSpeed's --num_gpus and --num_nodes are the ranks per node and the nodes") {
+  auto r = tessera::testing::run(
+      launch_argv({"--num_gpus", "2", "--num_nodes", "2", "--node_rank", "1", "--master_port", "29564"},
+                  "echo \"rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK node=$GROUP_RANK\""),
+      {}, 30);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "rank=2 world=4 local=0 node=1\n"));
+  CHECK(contains(r.output, "rank=3 world=4 local=1 node=1\n"));
+}
+
 TEST_CASE("launch: flags override the config file and env and omp_num_threads reach the ranks") {
   TempDir dir;
   write_file(dir.file("launch.json"),

@@ -78,8 +78,10 @@ void register_launch_command(CLI::App& app, int& exit_code, const std::vector<st
   auto flags = std::make_shared<LaunchFlags>();
   CLI::App* sub = app.add_subcommand(
       "launch", "Start this node's ranks of a job, like torchrun: tessera launch [OPTIONS] -- PROGRAM [ARGS...]");
-  sub->add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node, "Ranks to start on this node (1)");
-  sub->add_option("--nnodes", flags->nnodes, "Nodes in the job (1); run the launcher on each");
+  // torchrun's names, and DeepSpeed's launcher's (--num_gpus, --num_nodes) for the same counts.
+  sub->add_option("--nproc-per-node,--nproc_per_node,--num_gpus,--num-gpus", flags->nproc_per_node,
+                  "Ranks to start on this node (1)");
+  sub->add_option("--nnodes,--num_nodes,--num-nodes", flags->nnodes, "Nodes in the job (1); run the launcher on each");
   sub->add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0 .. nnodes-1 (0)");
   sub->add_option("--master-addr,--master_addr", flags->master_addr, "Address of rank 0's node (127.0.0.1)");
   sub->add_option("--master-port,--master_port", flags->master_port, "Rendezvous port on the master (29500)");
