@@ -165,3 +165,27 @@ def test_two_ranks_under_torchrun_match_torch(tmp_path):
                             env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=240)
     check(result)
     compare(torch.load(out)[0], c)
+
+
+def test_two_ranks_under_mpirun_match_torch(tmp_path):
+    """Open MPI's mpirun: rank, size and local rank from its OMPI_COMM_WORLD_* variables, the
+    rendezvous from MASTER_ADDR/MASTER_PORT (docs/launcher.md's example), the program unchanged."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT, child_env, free_port
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun (Open MPI) is not installed")
+    c = case(1, dp=2, seed=13)
+    out = tmp_path / "mpirun.pt"
+    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    result = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                             "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+                             sys.executable, "tests/python/parity_worker.py", write_cases(tmp_path, [c]), str(out)],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    check(result)
+    compare(torch.load(out)[0], c)
