@@ -260,6 +260,10 @@ CommHandle Communicator::reduce_scatter_pairwise(const at::Tensor& input, at::Te
     }
     if (op == ReduceOp::Avg) out.div_(p);
   };
+  if (works.empty()) {  // one rank (or nothing to exchange): a handle with no work never finishes
+    finish();
+    return CommHandle();
+  }
   return CommHandle(std::move(works), std::move(finish), what, &entry, options_.timeout);
 }
 

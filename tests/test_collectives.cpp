@@ -6,11 +6,14 @@
 
 #include "csrc/sign_pack.h"
 
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <chrono>
+#include <limits>
 #include <type_traits>
 
 #include "parallel/c10d_compat.h"
@@ -202,4 +205,26 @@ TEST_CASE("compressed allreduce: results and error buffers equal the plain algor
   INFO(aten.output);
   REQUIRE(aten.status == 0);
   CHECK(contains(aten.output, "compressed allreduce ok on rank 3: n 4101, 6 blocks"));
+}
+
+TEST_CASE("a one-rank group's reduce-scatter and all-gather give the input back in every form") {
+  using tessera::Communicator;
+  using tessera::CommunicatorOptions;
+  for (int form = 0; form < 3; ++form) {  // native, all-to-all, pairwise sends and receives
+    CommunicatorOptions o;
+    o.alltoall_reduce_scatter_max_bytes = form == 0 ? 0 : std::numeric_limits<int64_t>::max();
+    o.pairwise_reduce_scatter = form == 2 ? 1 : 0;
+    o.pairwise_all_gather = form == 2 ? 1 : 0;
+    Communicator one(one_rank_gloo(), "data", {0}, 0, c10::Device(c10::kCPU), true, o);
+    INFO("form " << form);
+    at::Tensor in = at::arange(6, at::kFloat), out = at::zeros({6});
+    one.reduce_scatter(in, out);
+    CHECK(at::equal(out, in));
+    at::Tensor gathered = at::zeros({6});
+    one.all_gather(in, gathered);
+    CHECK(at::equal(gathered, in));
+    CHECK(one.native_reduce_scatters() + one.alltoall_reduce_scatters() + one.pairwise_reduce_scatters() == 1);
+    CHECK((form == 2 ? one.pairwise_reduce_scatters() : form == 1 ? one.alltoall_reduce_scatters()
+                                                                 : one.native_reduce_scatters()) == 1);
+  }
 }
