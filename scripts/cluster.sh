@@ -5,21 +5,27 @@
 #
 #   scripts/cluster.sh up N [RATE]   N hosts tessera-h1..hN at 10.213.0.1..N on bridge tessera-br0;
 #                                    RATE (e.g. 1gbit, 10gbit) shapes every host's outgoing link
-#                                    with tc tbf (the interconnect's bandwidth)
+#                                    with tc tbf (the interconnect's bandwidth); each host runs an
+#                                    sshd (Debian's openssh-server) on its address, port 22, that
+#                                    takes a throwaway key made for this cluster
+#   scripts/cluster.sh ssh-config    the ssh client config that reaches the hosts with that key:
+#                                    ssh -F "$(scripts/cluster.sh ssh-config)" 10.213.0.2 hostname
 #   scripts/cluster.sh down          removes every host and the bridge (also what a killed run left)
 #   scripts/cluster.sh hosts         the hosts' addresses, one per line
 #   scripts/cluster.sh exec K CMD... runs CMD on host K (inside its namespace; GLOO_SOCKET_IFNAME set)
 #   scripts/cluster.sh check         exits 0 when this machine can make namespaces, else says why
 #
 # It only ever touches the namespaces, links and addresses it names (tessera-h*, tessera-br0,
-# tsv-h*, 10.213.0.0/24). Processes inside share this machine's files, users and CPUs: a host is a
-# network stack, not a container.
+# tsv-h*, 10.213.0.0/24) and its own directory of keys and configs ($STATE). Processes inside
+# share this machine's files, users and CPUs: a host is a network stack, not a container.
 set -euo pipefail
 
 PREFIX=tessera-h
 BRIDGE=tessera-br0
 SUBNET=10.213.0
 IFACE=eth0  # each host's interface, inside its namespace
+STATE=${TESSERA_CLUSTER_STATE:-/tmp/tessera-cluster}  # keys, sshd and ssh configs; remade by `up`
+SSHD=/usr/sbin/sshd
 
 die() { echo "scripts/cluster.sh: $*" >&2; exit 1; }
 
@@ -35,6 +41,37 @@ down() {
     ip link del "$link" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+  rm -rf "$STATE"
+}
+
+# A host key and a client key made now, an sshd config that accepts only that client key (no
+# passwords), and the client config that uses it; each host's sshd listens on its own address only.
+make_ssh_files() {
+  mkdir -p "$STATE" /run/sshd
+  chmod 700 "$STATE"
+  ssh-keygen -q -t ed25519 -N "" -C tessera-cluster-host -f "$STATE/host_key"
+  ssh-keygen -q -t ed25519 -N "" -C tessera-cluster-client -f "$STATE/client_key"
+  cp "$STATE/client_key.pub" "$STATE/authorized_keys"
+  cat > "$STATE/sshd_config" <<EOF
+HostKey $STATE/host_key
+AuthorizedKeysFile $STATE/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+MaxStartups 100
+EOF
+  cat > "$STATE/ssh_config" <<EOF
+Host *
+  IdentityFile $STATE/client_key
+  IdentitiesOnly yes
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+  BatchMode yes
+EOF
 }
 
 check() {
@@ -67,8 +104,17 @@ up() {
       ip netns exec "$ns" tc qdisc add dev "$IFACE" root tbf rate "$rate" burst 1mb latency 50ms
     fi
   done
+  local ssh_note=", no sshd ($SSHD missing: apt-get install openssh-server)"
+  if [ -x "$SSHD" ]; then
+    make_ssh_files
+    for k in $(seq 1 "$n"); do
+      ip netns exec "$PREFIX$k" "$SSHD" -f "$STATE/sshd_config" -o "ListenAddress=$SUBNET.$k" \
+        -o "PidFile=$STATE/sshd.$k.pid"
+    done
+    ssh_note=", sshd on each (ssh -F $STATE/ssh_config)"
+  fi
   trap - ERR
-  echo "cluster: $n hosts on $BRIDGE${rate:+, links shaped to $rate}"
+  echo "cluster: $n hosts on $BRIDGE${rate:+, links shaped to $rate}$ssh_note"
   hosts
 }
 
@@ -89,5 +135,7 @@ case "${1:-}" in
   hosts) hosts ;;
   exec) shift; [ $# -ge 2 ] || die "exec K CMD..."; run_on "$@" ;;
   check) check ;;
-  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  ssh-config) [ -f "$STATE/ssh_config" ] || die "ssh-config: no cluster with sshd (scripts/cluster.sh up N first)"
+              echo "$STATE/ssh_config" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -222,7 +222,8 @@ TEST_CASE("launch config: a good file and defaults") {
 
   LaunchConfig d = load_launch_config("");
   CHECK(d.nproc_per_node == 1);
-  CHECK(d.master_addr == "127.0.0.1");
+  CHECK(d.master_addr.empty());  // 127.0.0.1 on one node, the first host with a hostfile
+  CHECK(d.master_address() == "127.0.0.1");
   CHECK(d.master_port == 29500);
   CHECK_FALSE(d.omp_num_threads.has_value());
   CHECK(d.grace_period_s == 5);
@@ -243,15 +244,18 @@ TEST_CASE("launch config: every error names its JSON path") {
   };
   std::string e = error_of(R"({"hosts": {"method": "pigeon"}, "master_port": 70000, "nproc_per_nod": 2,
                                "tag_output": "yes", "env": {"A": 1}})");
-  CHECK(contains(e, "error: hosts.method: found \"pigeon\", expected one of \"local\", \"ssh\", \"slurm\""));
+  CHECK(contains(e, "error: hosts.method: found \"pigeon\", expected one of \"local\", \"ssh\", \"pdsh\", \"slurm\""));
   CHECK(contains(e, "error: master_port: found 70000, expected a value in [1, 65535]"));
   CHECK(contains(e, "error: nproc_per_nod: unknown key; did you mean \"nproc_per_node\"?"));
   CHECK(contains(e, "error: tag_output: found \"yes\", expected true or false"));
   CHECK(contains(e, "error: env.A: found 1, expected a string"));
 
-  CHECK(contains(error_of(R"({"hosts": {"method": "ssh", "hostfile": "hosts.txt"}})"),
-                 "error: hosts.method: \"ssh\" is not implemented yet"));
-  CHECK(contains(error_of(R"({"hosts": {"method": "slurm"}})"), "\"slurm\" is not implemented yet"));
+  CHECK(contains(error_of(R"({"hosts": {"method": "pdsh"}})"),
+                 "error: hosts.hostfile: found \"\", expected the path of a hostfile"));
+  CHECK(contains(error_of(R"({"hosts": {"include": "a", "exclude": "b"}})"),
+                 "error: hosts.exclude: cannot be used with hosts.include"));
+  CHECK(contains(error_of(R"({"nnodes": 2, "node_devices": ["0,1"]})"),
+                 "error: node_devices: found 1 entries, expected one per node (nnodes = 2)"));
   CHECK(contains(error_of(R"({"nnodes": 2, "node_rank": 2})"), "error: node_rank: found 2, expected a value < nnodes (2)"));
   CHECK(contains(error_of(R"({"env": {"RANK": "3"}})"), "error: env.RANK: set by the launcher"));
   CHECK(contains(error_of(R"({"env": {"OMP_NUM_THREADS": "3"}})"), "set \"omp_num_threads\" instead"));
@@ -292,7 +296,7 @@ TEST_CASE("launch config: one bad key does not hide the errors of the others") {
   CHECK(contains(e, "error: master_port: found 0, expected a value in [1, 65535]"));
   CHECK(contains(e, "error: node_rank: found 2, expected a value < nnodes (2)"));
   CHECK(contains(e, "error: env.RANK: set by the launcher"));
-  CHECK(contains(e, "error: hosts.method: \"ssh\" is not implemented yet"));
+  CHECK(contains(e, "error: hosts.hostfile: found \"\", expected the path of a hostfile"));
   // The same from a flag; a check on a key that failed to parse is skipped, not repeated.
   e = error_of("", {{"master_port", 0}, {"nnodes", 0}, {"node_rank", 1}});
   INFO(e);

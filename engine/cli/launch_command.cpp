@@ -1,6 +1,10 @@
 // `tessera launch [OPTIONS] -- PROGRAM [ARGS...]`: the command line of the launcher
 // (engine/launch/launcher.h). Flags override the keys of the --config file: they are merged into its
 // JSON before parsing, so a flag's value gets the same checks, and errors, as the key.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "engine/cli/commands.h"
+#include "engine/launch/hosts_launch.h"
 #include "engine/launch/launch_config.h"
 #include "engine/launch/launcher.h"
 
@@ -21,7 +26,9 @@ constexpr const char* kUsage = "usage: tessera launch [OPTIONS] -- PROGRAM [ARGS
 struct LaunchFlags {
   std::string config;
   std::optional<int> nproc_per_node, nnodes, node_rank, master_port;
-  std::optional<std::string> master_addr;
+  std::optional<std::string> master_addr, hostfile, launcher, include, exclude, env_file;
+  std::optional<int> ssh_port;
+  bool exit_with_parent = false;
   std::optional<double> grace_period_s, timeout_s;
   bool tag_output = false, pass_local_rank = false;
   CLI::Option* tag_output_flag = nullptr;
@@ -41,6 +48,12 @@ nlohmann::json overrides_from(const LaunchFlags& f) {
   if (f.timeout_s) j["timeout_s"] = *f.timeout_s;
   if (f.tag_output_flag->count() > 0) j["tag_output"] = f.tag_output;
   if (f.pass_local_rank_flag->count() > 0) j["pass_local_rank"] = f.pass_local_rank;
+  // A hostfile alone means ssh, as DeepSpeed's runner starts every host of one (it defaults to pdsh).
+  if (f.hostfile) j["hosts"]["hostfile"] = *f.hostfile, j["hosts"]["method"] = "ssh";
+  if (f.launcher) j["hosts"]["method"] = *f.launcher;
+  if (f.include) j["hosts"]["include"] = *f.include;
+  if (f.exclude) j["hosts"]["exclude"] = *f.exclude;
+  if (f.env_file) j["hosts"]["env_file"] = *f.env_file;
   return j;
 }
 
@@ -58,8 +71,26 @@ int run_launch(const LaunchFlags& flags, const std::vector<std::string>& extras)
   }
   try {
     std::vector<std::string> warnings;
-    LaunchConfig config = load_launch_config(flags.config, overrides_from(flags), &warnings);
+    nlohmann::json given;
+    LaunchConfig config = load_launch_config(flags.config, overrides_from(flags), &warnings, &given);
     for (const auto& w : warnings) std::cerr << "tessera launch: warning: " << w << "\n";
+    if (flags.ssh_port) {  // DeepSpeed's --ssh_port: ssh's own -p
+      config.hosts.ssh_args.push_back("-p");
+      config.hosts.ssh_args.push_back(std::to_string(*flags.ssh_port));
+    }
+    if (flags.exit_with_parent) {
+      // A node launcher started over ssh (or pdsh, srun): when the connection goes, sshd's session
+      // process, its parent, exits; SIGHUP then stops this node's ranks like a hang-up would.
+      pid_t parent = ::getppid();
+      ::prctl(PR_SET_PDEATHSIG, SIGHUP);
+      if (::getppid() != parent) return 128 + SIGHUP;
+    }
+    if (config.hosts.method != "local") {
+      NodeCounts asked;
+      if (given.contains("nnodes")) asked.nnodes = config.nnodes;
+      if (given.contains("nproc_per_node")) asked.nproc_per_node = config.nproc_per_node;
+      return launch_on_hosts(config, flags.command, asked);
+    }
     return launch(config, flags.command);
   } catch (const ConfigError& e) {
     std::cerr << "tessera launch: " << e.what();
@@ -77,15 +108,28 @@ void register_launch_command(CLI::App& app, int& exit_code, const std::vector<st
   // Owned by the callback, which CLI11 keeps as long as the App.
   auto flags = std::make_shared<LaunchFlags>();
   CLI::App* sub = app.add_subcommand(
-      "launch", "Start this node's ranks of a job, like torchrun: tessera launch [OPTIONS] -- PROGRAM [ARGS...]");
+      "launch",
+      "Start this node's ranks of a job, like torchrun, or with --hostfile every host's: tessera launch [OPTIONS] -- "
+      "PROGRAM [ARGS...]");
   // torchrun's names, and DeepSpeed's launcher's (--num_gpus, --num_nodes) for the same counts.
   sub->add_option("--nproc-per-node,--nproc_per_node,--num_gpus,--num-gpus", flags->nproc_per_node,
                   "Ranks to start on this node (1)");
   sub->add_option("--nnodes,--num_nodes,--num-nodes", flags->nnodes, "Nodes in the job (1); run the launcher on each");
   sub->add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0 .. nnodes-1 (0)");
-  sub->add_option("--master-addr,--master_addr", flags->master_addr, "Address of rank 0's node (127.0.0.1)");
+  sub->add_option("--master-addr,--master_addr", flags->master_addr,
+                  "Address of rank 0's node (127.0.0.1; with a hostfile its first host)");
   sub->add_option("--master-port,--master_port", flags->master_port, "Rendezvous port on the master (29500)");
   sub->add_option("--config", flags->config, "Launch config JSON file; flags override its keys");
+  sub->add_option("--hostfile", flags->hostfile,
+                  "Start the job on the hosts of this file (\"HOST slots=N\" lines, DeepSpeed's format) over ssh");
+  sub->add_option("--launcher", flags->launcher, "How to reach the hosts: ssh (default with --hostfile), pdsh, slurm");
+  sub->add_option("--include", flags->include, "Only these hosts and slots of the hostfile: host1:0,1@host2");
+  sub->add_option("--exclude", flags->exclude, "Every host and slot of the hostfile but these: host1:0@host3");
+  sub->add_option("--env-file,--env_file", flags->env_file,
+                  "NAME=VALUE lines set on every host (default: .tessera_env or .deepspeed_env, here or in ~)");
+  sub->add_option("--ssh-port,--ssh_port", flags->ssh_port, "ssh's port on the hosts");
+  sub->add_flag("--exit-with-parent", flags->exit_with_parent,
+                "Stop the ranks when this launcher's parent exits (set on each host by a multi-host launch)");
   flags->tag_output_flag =
       sub->add_flag("--tag-output,--tag_output", flags->tag_output, "Prefix each output line with [rankN]: ");
   flags->pass_local_rank_flag = sub->add_flag(

@@ -32,13 +32,22 @@ static void check_launch_config(const LaunchConfig& c, const ConfigReport& parse
   if (int64_t(c.nnodes) * c.nproc_per_node > INT_MAX && !unparsed({"nnodes", "nproc_per_node"}))
     report.error("nproc_per_node", "nnodes * nproc_per_node does not fit in an int");
   if (!unparsed({"hosts.method"})) {
-    if (c.hosts.method != "local")
-      report.error("hosts.method", "\"" + c.hosts.method +
-                                       "\" is not implemented yet; use \"local\" and run `tessera launch "
-                                       "--nnodes N --node-rank K` on each node");
-    else if (!c.hosts.hostfile.empty() && !unparsed({"hosts.hostfile"}))
-      report.warning("hosts.hostfile", "ignored: hosts.method is \"local\"");
+    const std::string& method = c.hosts.method;
+    if ((method == "ssh" || method == "pdsh") && c.hosts.hostfile.empty() && !unparsed({"hosts.hostfile"}))
+      report.error("hosts.hostfile", "found \"\", expected the path of a hostfile (\"HOST slots=N\" lines): hosts.method \"" +
+                                         method + "\" starts the job on the hosts it lists");
+    if ((method == "local" || method == "slurm") && !c.hosts.hostfile.empty() && !unparsed({"hosts.hostfile"}))
+      report.warning("hosts.hostfile", "ignored: hosts.method is \"" + method + "\"");
+    if (method != "ssh" && method != "pdsh")
+      for (const char* key : {"include", "exclude"})
+        if (!(key[0] == 'i' ? c.hosts.include : c.hosts.exclude).empty())
+          report.warning(std::string("hosts.") + key, "ignored: hosts.method is \"" + method + "\" (it filters a hostfile)");
   }
+  if (!c.hosts.include.empty() && !c.hosts.exclude.empty())
+    report.error("hosts.exclude", "cannot be used with hosts.include (keep one of them)");
+  if (!c.node_devices.empty() && int(c.node_devices.size()) != c.nnodes && !unparsed({"node_devices", "nnodes"}))
+    report.error("node_devices", "found " + std::to_string(c.node_devices.size()) +
+                                     " entries, expected one per node (nnodes = " + std::to_string(c.nnodes) + ")");
   for (const auto& [name, value] : c.env) {
     std::string path = "env." + name;
     if (name.empty() || name.find('=') != std::string::npos) {
@@ -68,7 +77,7 @@ LaunchConfig parse_launch_config(const json& j, ConfigReport& report) {
 }
 
 LaunchConfig load_launch_config(const std::string& path_or_json, const json& overrides,
-                                std::vector<std::string>* warnings) {
+                                std::vector<std::string>* warnings, json* given) {
   const ConfigSource source = config_source(path_or_json);
   ConfigReport report;
   LaunchConfig config;
@@ -79,6 +88,7 @@ LaunchConfig load_launch_config(const std::string& path_or_json, const json& ove
     // A non-object file is reported as such by the parser rather than replaced by the overrides.
     if (j->is_object()) j->merge_patch(overrides);
     config = parse_launch_config(*j, report);
+    if (given) *given = *j;
   }
   if (warnings)
     for (const auto& i : report.issues)
