@@ -19,6 +19,7 @@ apt_packages=(
   libgloo-dev zlib1g-dev ninja-build ccache libopenmpi-dev fortunes dataset-fashion-mnist
   python3-dev  # Python.h for the extension tessera._C, when the venv comes from Debian's python3
   iproute2     # ip and ss: scripts/cluster.sh's emulated hosts, tests/python/test_cluster.py's socket check
+  openssh-server openssh-client pdsh  # an sshd on each emulated host; tessera launch --hostfile (--launcher pdsh)
 )
 
 log() { echo "[setup] $*" >&2; }

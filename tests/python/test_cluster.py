@@ -1,12 +1,14 @@
 """Multi-node jobs on an emulated cluster (scripts/cluster.sh): 2 hosts, each a network namespace
 with its own address on a bridge, so rendezvous and Gloo's connections cross real interfaces
-between hosts. Each host starts its node's ranks with `tessera launch --nnodes 2 --node-rank K`
-(what a user runs on each machine, or what a scheduler runs there).
+between hosts. Two ways to start a job there: each host runs `tessera launch --nnodes 2 --node-rank
+K` (what a user runs on each machine, or what a scheduler runs there), or one `tessera launch
+--hostfile` here starts every host's share over ssh or pdsh, through the sshd each host runs.
 
 The tests on the emulated hosts are skipped, with the reason, where this machine cannot make
 network namespaces (no root / no CAP_NET_ADMIN). What a job exposes on the network (its listening
 sockets) is checked on this machine's own interfaces too.
 """
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +42,14 @@ def cluster():
     subprocess.run([CLUSTER, "up", "2"], check=True, capture_output=True, text=True, timeout=60)
     yield ["10.213.0.1", "10.213.0.2"]
     subprocess.run([CLUSTER, "down"], check=True, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def ssh_config(cluster):
+    """The ssh client config that reaches the hosts' sshd (made by `scripts/cluster.sh up`)."""
+    if not os.path.exists("/usr/sbin/sshd"):
+        pytest.skip("no sshd on the emulated hosts: openssh-server is not installed (scripts/setup.sh installs it)")
+    return subprocess.run([CLUSTER, "ssh-config"], check=True, capture_output=True, text=True).stdout.strip()
 
 
 # Every rank meets the others, says it is up, and stays up a few seconds for the test to look at
@@ -108,11 +118,17 @@ def finish(procs, timeout=240):
 
 
 def namespace_pids():
+    """Every process on the emulated hosts but their sshd listeners."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     pids = []
     for ns in (line.split()[0] for line in out.splitlines() if line.startswith("tessera-h")):
         pids += subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-    return pids
+    state = os.environ.get("TESSERA_CLUSTER_STATE", "/tmp/tessera-cluster")
+    listeners = set()
+    for name in (os.listdir(state) if os.path.isdir(state) else []):
+        if name.startswith("sshd.") and name.endswith(".pid"):
+            listeners.add(open(os.path.join(state, name)).read().strip())
+    return [p for p in pids if p not in listeners]
 
 
 def test_two_hosts_by_two_ranks_match_torch(cluster, tmp_path):
@@ -164,3 +180,101 @@ def test_a_master_address_nobody_answers_fails_naming_it(cluster):
     out = finish([proc], timeout=120)[0]
     assert proc.returncode != 0
     assert "10.213.0.99" in out, out[-3000:]
+
+
+# ---- one command for every host: tessera launch --hostfile (ssh, pdsh) ----
+
+
+def write_hostfile(tmp_path, lines):
+    path = tmp_path / "hostfile"
+    path.write_text("# the emulated hosts\n" + "".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def launch_on_hosts(ssh_config, hostfile, argv, launcher="ssh", timeout_s=60, flags=()):
+    """`tessera launch --hostfile` from this machine (outside the hosts), reaching them with the
+    cluster's ssh config. GLOO_SOCKET_IFNAME goes to every host with the forwarded variables."""
+    config = {"hosts": {"ssh_args": ["-F", ssh_config], "connect_timeout_s": 5}}
+    cmd = [CLI, "launch", "--hostfile", hostfile, "--launcher", launcher, "--master-port", str(free_port()),
+           "--timeout", str(timeout_s), "--config", json.dumps(config)] + list(flags) + ["--", sys.executable] + list(argv)
+    return subprocess.Popen(cmd, env=child_env(GLOO_SOCKET_IFNAME="eth0"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_hostfile_launch_over_ssh_trains_two_hosts_by_two_ranks_as_torch(cluster, ssh_config, tmp_path):
+    """One command starts both hosts' ranks over ssh; ZeRO-2 on the 4 ranks trains as plain PyTorch
+    on one process (test_parity's tolerances), and every line names its host and rank."""
+    c = case(2, dp=4, seed=17)
+    out = tmp_path / "hostfile_ssh.pt"
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=2", "10.213.0.2 slots=2"])
+    argv = ["tests/python/parity_worker.py", write_cases(tmp_path, [c]), str(out)]
+    proc = launch_on_hosts(ssh_config, hostfile, argv)
+    text = finish([proc])[0]
+    assert proc.returncode == 0, text[-4000:]
+    compare(torch.load(out)[0], c)
+    assert namespace_pids() == [], "processes left on the hosts"
+
+
+HOSTS_REPORT = """
+import os, socket, subprocess
+addr = subprocess.run(["ip", "-o", "-4", "addr", "show", "eth0"], capture_output=True, text=True).stdout.split()[3]
+print("rank %s of %s on %s, master %s, local %s, cuda %s, extra %s" % (os.environ["RANK"], os.environ["WORLD_SIZE"],
+      addr, os.environ["MASTER_ADDR"], os.environ["LOCAL_RANK"], os.environ.get("CUDA_VISIBLE_DEVICES"),
+      os.environ.get("FROM_ENV_FILE")), flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_hostfile_launch_places_ranks_by_include_and_forwards_the_env_file(cluster, ssh_config, tmp_path, launcher):
+    """--include picks hosts and slots (the slots become CUDA_VISIBLE_DEVICES), the env file's
+    variables reach every rank, and the output is "HOST: [rankN]: line" with ssh and with pdsh."""
+    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
+        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=4", "10.213.0.2 slots=4"])
+    env_file = tmp_path / "env"
+    env_file.write_text("FROM_ENV_FILE=100%% sure, it's here\n")
+    proc = launch_on_hosts(ssh_config, hostfile, ["-c", HOSTS_REPORT], launcher=launcher,
+                           flags=["--include", "10.213.0.2:1,3@10.213.0.1:0,2", "--env-file", str(env_file)])
+    text = finish([proc])[0]
+    assert proc.returncode == 0, text[-4000:]
+    for rank, host, local, cuda in [(0, 1, 0, "0,2"), (1, 1, 1, "0,2"), (2, 2, 0, "1,3"), (3, 2, 1, "1,3")]:
+        line = "10.213.0.%d: [rank%d]: rank %d of 4 on 10.213.0.%d/24, master 10.213.0.1, local %d, cuda %s, " \
+               "extra 100%%%% sure, it's here" % (host, rank, rank, host, local, cuda)
+        assert line in text, text[-4000:]
+    assert namespace_pids() == [], "processes left on the hosts"
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_hostfile_launch_a_rank_dying_on_host_2_stops_every_rank_on_both_hosts(cluster, ssh_config, tmp_path, launcher):
+    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
+        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=2", "10.213.0.2 slots=2"])
+    start = time.monotonic()
+    proc = launch_on_hosts(ssh_config, hostfile, ["-c", DYING], launcher=launcher, timeout_s=30)
+    text = finish([proc], timeout=120)[0]
+    seconds = time.monotonic() - start
+    assert text.count("reduced 4.0") == 4, text[-4000:]
+    assert proc.returncode == 7, text[-4000:]
+    # host 2's launcher names the rank, and its line names the host
+    assert "10.213.0.2: tessera launch: rank 3 (local rank 1) exited with status 7" in text, text[-4000:]
+    last = text.strip().splitlines()[-1]
+    if launcher == "ssh":
+        assert last.startswith("tessera launch: host 10.213.0.2 (node 1) exited with status 7"), text[-4000:]
+    else:
+        assert last.startswith("tessera launch: pdsh reported that host 10.213.0.2 exited with status 7"), text[-4000:]
+    assert seconds < 40, seconds  # host 1 is stopped at once, not when its collectives time out (30 s)
+    time.sleep(0.5)
+    assert namespace_pids() == [], "orphans left on the hosts"
+
+
+def test_hostfile_launch_a_host_that_cannot_be_reached_fails_before_anything_starts(cluster, ssh_config, tmp_path):
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=1", "10.213.0.77 slots=1"])
+    marker = tmp_path / "started"
+    start = time.monotonic()
+    proc = launch_on_hosts(ssh_config, hostfile, ["-c", "open(%r, 'a').write('x')" % str(marker)])
+    text = finish([proc], timeout=60)[0]
+    assert proc.returncode != 0
+    assert "cannot reach every host with ssh" in text and "10.213.0.77: ssh exited with status 255" in text, text
+    assert "10.213.0.1:" not in text  # the reachable host is not reported, and nothing ran on it
+    assert not marker.exists()
+    assert time.monotonic() - start < 20  # the 5 s connect timeout, not a hang
