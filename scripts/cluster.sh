@@ -10,6 +10,11 @@
 #                                    takes a throwaway key made for this cluster
 #   scripts/cluster.sh ssh-config    the ssh client config that reaches the hosts with that key:
 #                                    ssh -F "$(scripts/cluster.sh ssh-config)" 10.213.0.2 hostname
+#   scripts/cluster.sh slurm         (after up) a SLURM cluster on the hosts: slurmctld on host 1,
+#                                    slurmd on each (nodes h1..hN, partition "main"), with their
+#                                    own munged and key; then SLURM_CONF="$(scripts/cluster.sh
+#                                    slurm-conf)" srun -N 2 hostname (Debian's slurmd, slurmctld,
+#                                    slurm-client and munge)
 #   scripts/cluster.sh down          removes every host and the bridge (also what a killed run left)
 #   scripts/cluster.sh hosts         the hosts' addresses, one per line
 #   scripts/cluster.sh exec K CMD... runs CMD on host K (inside its namespace; GLOO_SOCKET_IFNAME set)
@@ -41,7 +46,72 @@ down() {
     ip link del "$link" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+  # munged runs outside the hosts (its socket is a file every host reaches); the rest went with them
+  [ -f "$STATE/slurm/munged.pid" ] && kill "$(cat "$STATE/slurm/munged.pid")" 2>/dev/null || true
   rm -rf "$STATE"
+}
+
+# SLURM on the hosts: slurmctld on host 1 (its address is the controller's), slurmd on every host
+# as node hK, proctrack/linuxproc and no cgroup constraints (the hosts share this machine's cgroups),
+# munge with a key of its own on a socket in $STATE, so nothing of the machine's own is used.
+slurm() {
+  local n
+  n=$(hosts_made | wc -l)
+  [ "$n" -ge 1 ] || die "slurm: no hosts (scripts/cluster.sh up N first)"
+  for tool in munged slurmctld slurmd; do
+    command -v "$tool" >/dev/null || die "slurm: $tool is missing (apt-get install munge slurmctld slurmd slurm-client)"
+  done
+  local dir="$STATE/slurm"
+  rm -rf "$dir"
+  mkdir -p "$dir/state" "$dir/spool"
+  chmod 700 "$dir"
+  head -c 128 /dev/urandom > "$dir/munge.key"
+  chmod 600 "$dir/munge.key"
+  munged --key-file="$dir/munge.key" --socket="$dir/munge.sock" --log-file="$dir/munged.log" \
+    --pid-file="$dir/munged.pid" --seed-file="$dir/munged.seed" --force
+  local nodes=""
+  {
+    echo "ClusterName=tessera"
+    echo "SlurmctldHost=$(hostname -s)($SUBNET.1)"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "AuthType=auth/munge"
+    echo "AuthInfo=socket=$dir/munge.sock"
+    echo "CredType=cred/munge"
+    echo "StateSaveLocation=$dir/state"
+    echo "SlurmdSpoolDir=$dir/spool/%n"
+    echo "SlurmctldPidFile=$dir/slurmctld.pid"
+    echo "SlurmdPidFile=$dir/slurmd.%n.pid"
+    echo "SlurmctldLogFile=$dir/slurmctld.log"
+    echo "SlurmdLogFile=$dir/slurmd.%n.log"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "MpiDefault=none"
+    echo "MailProg=/bin/true"
+    echo "SchedulerType=sched/builtin"
+    echo "SelectType=select/linear"
+    echo "ReturnToService=2"
+    for k in $(seq 1 "$n"); do
+      echo "NodeName=h$k NodeAddr=$SUBNET.$k CPUs=$(nproc) State=UNKNOWN"
+      nodes="$nodes${nodes:+,}h$k"
+    done
+    echo "PartitionName=main Nodes=$nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+  } > "$dir/slurm.conf"
+  printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' > "$dir/cgroup.conf"
+  ip netns exec "${PREFIX}1" slurmctld -f "$dir/slurm.conf"
+  for k in $(seq 1 "$n"); do
+    ip netns exec "$PREFIX$k" slurmd -f "$dir/slurm.conf" -N "h$k"
+  done
+  # Ready when every node is idle.
+  for _ in $(seq 1 60); do
+    if [ "$(SLURM_CONF="$dir/slurm.conf" sinfo -h -o '%T' -N 2>/dev/null | grep -c '^idle')" = "$n" ]; then
+      echo "slurm: $n nodes h1..h$n idle; SLURM_CONF=$dir/slurm.conf"
+      return 0
+    fi
+    sleep 0.5
+  done
+  die "slurm: the nodes did not come up (logs in $dir)"
 }
 
 # A host key and a client key made now, an sshd config that accepts only that client key (no
@@ -135,7 +205,10 @@ case "${1:-}" in
   hosts) hosts ;;
   exec) shift; [ $# -ge 2 ] || die "exec K CMD..."; run_on "$@" ;;
   check) check ;;
+  slurm) slurm ;;
+  slurm-conf) [ -f "$STATE/slurm/slurm.conf" ] || die "slurm-conf: no SLURM cluster (scripts/cluster.sh slurm first)"
+              echo "$STATE/slurm/slurm.conf" ;;
   ssh-config) [ -f "$STATE/ssh_config" ] || die "ssh-config: no cluster with sshd (scripts/cluster.sh up N first)"
               echo "$STATE/ssh_config" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -20,6 +20,7 @@ apt_packages=(
   python3-dev  # Python.h for the extension tessera._C, when the venv comes from Debian's python3
   iproute2     # ip and ss: scripts/cluster.sh's emulated hosts, tests/python/test_cluster.py's socket check
   openssh-server openssh-client pdsh  # an sshd on each emulated host; tessera launch --hostfile (--launcher pdsh)
+  munge slurmctld slurmd slurm-client  # scripts/cluster.sh slurm: SLURM on the emulated hosts (--launcher slurm, srun)
 )
 
 log() { echo "[setup] $*" >&2; }

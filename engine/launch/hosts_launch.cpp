@@ -122,6 +122,22 @@ bool pdsh_reported_failure(const std::string& line, int& status, std::string& ho
   return true;
 }
 
+// srun's line for a node whose task failed: "srun: error: NODE: task K: Exited with exit code N".
+// srun itself exits with the largest status of all, often that of a node stopped because of this one.
+bool srun_reported_failure(const std::string& line, int& status, std::string& how) {
+  const std::string lead = "srun: error: ", marker = ": Exited with exit code ";
+  size_t at = line.find(marker);
+  if (line.rfind(lead, 0) != 0 || at == std::string::npos) return false;
+  status = std::atoi(line.c_str() + at + marker.size());
+  if (status == 0) return false;
+  std::string where = line.substr(lead.size(), at - lead.size());  // "h2: task 1"
+  size_t colon = where.find(": task ");
+  how = "reported that node " + (colon == std::string::npos ? where : where.substr(0, colon) + " (node " +
+                                                                         where.substr(colon + 7) + ")") +
+        " exited with status " + std::to_string(status);
+  return true;
+}
+
 }  // namespace
 
 std::string shell_quote(const std::string& text) {
@@ -297,6 +313,8 @@ int launch_on_hosts(const LaunchConfig& config, const std::vector<std::string>& 
               "--ntasks=" + std::to_string(plan.node_config.nnodes), "--ntasks-per-node=1", "--kill-on-bad-exit=1",
               "--label", "sh", "-c", line_for("\"$SLURM_NODEID\"")};
     p.env = environment;
+    p.output_prefix = "";  // srun --label prefixes each line with its node; its stderr is watched for failures
+    p.failure_in_output = srun_reported_failure;
     processes.push_back(std::move(p));
   }
   // pdsh and srun are one process for every host.

@@ -278,3 +278,80 @@ def test_hostfile_launch_a_host_that_cannot_be_reached_fails_before_anything_sta
     assert "10.213.0.1:" not in text  # the reachable host is not reported, and nothing ran on it
     assert not marker.exists()
     assert time.monotonic() - start < 20  # the 5 s connect timeout, not a hang
+
+
+# ---- under SLURM: slurmctld and a slurmd on the emulated hosts (scripts/cluster.sh slurm) ----
+
+
+@pytest.fixture(scope="module")
+def slurm_conf(cluster):
+    missing = [t for t in ("munged", "slurmctld", "slurmd", "srun", "salloc")
+               if subprocess.run(["sh", "-c", "command -v " + t], capture_output=True).returncode != 0]
+    if missing:
+        pytest.skip("SLURM is not installed (%s missing; scripts/setup.sh installs munge, slurmctld, slurmd, "
+                    "slurm-client)" % ", ".join(missing))
+    subprocess.run([CLUSTER, "slurm"], check=True, capture_output=True, text=True, timeout=120)
+    return subprocess.run([CLUSTER, "slurm-conf"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def in_allocation(slurm_conf, argv, **env):
+    """`salloc -N 2 argv...` on the emulated SLURM cluster. The nodes are h1, h2, names nothing
+    resolves here, so the master is given by address."""
+    return subprocess.Popen(["salloc", "-N", "2"] + list(argv),
+                            env=child_env(SLURM_CONF=slurm_conf, GLOO_SOCKET_IFNAME="eth0", **env), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_launcher_slurm_runs_a_node_launcher_per_node_through_srun(cluster, slurm_conf, tmp_path):
+    """`tessera launch --launcher slurm` inside an allocation: one node launcher per node (srun),
+    2 ranks each; ZeRO-2 on the 4 ranks trains as plain PyTorch."""
+    c = case(2, dp=4, seed=19)
+    out = tmp_path / "slurm_launcher.pt"
+    argv = [CLI, "launch", "--launcher", "slurm", "--nproc-per-node", "2", "--master-addr", MASTER,
+            "--master-port", str(free_port()), "--timeout", "60", "--", sys.executable,
+            "tests/python/parity_worker.py", write_cases(tmp_path, [c]), str(out)]
+    proc = in_allocation(slurm_conf, argv)
+    text = finish([proc])[0]
+    assert proc.returncode == 0, text[-4000:]
+    compare(torch.load(out)[0], c)
+
+
+def test_srun_alone_starts_ranks_that_find_their_place_from_slurms_variables(cluster, slurm_conf, tmp_path):
+    """No tessera launch: srun starts the 4 ranks (2 per node) and each reads SLURM_PROCID,
+    SLURM_NTASKS, SLURM_LOCALID; the copy-paste srun line of docs/launcher.md, for real."""
+    c = case(2, dp=4, seed=23)
+    out = tmp_path / "srun_alone.pt"
+    argv = ["srun", "--ntasks-per-node", "2", sys.executable, "tests/python/parity_worker.py",
+            write_cases(tmp_path, [c]), str(out)]
+    proc = in_allocation(slurm_conf, argv, MASTER_ADDR=MASTER, MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    text = finish([proc])[0]
+    assert proc.returncode == 0, text[-4000:]
+    compare(torch.load(out)[0], c)
+
+
+def test_launcher_slurm_a_rank_dying_on_node_2_stops_the_job_with_its_status(cluster, slurm_conf):
+    start = time.monotonic()
+    argv = [CLI, "launch", "--launcher", "slurm", "--nproc-per-node", "2", "--master-addr", MASTER,
+            "--master-port", str(free_port()), "--timeout", "30", "--", sys.executable, "-c", DYING]
+    proc = in_allocation(slurm_conf, argv)
+    text = finish([proc], timeout=120)[0]
+    assert text.count("reduced 4.0") == 4, text[-4000:]
+    assert proc.returncode == 7, text[-4000:]  # the failing rank's, not srun's largest (143)
+    assert "1: tessera launch: rank 3 (local rank 1) exited with status 7" in text, text[-4000:]
+    assert "tessera launch: srun reported that node h2 (node 1) exited with status 7" in text, text[-4000:]
+    assert time.monotonic() - start < 40
+    # slurmd winds a finished step down on its own time: what is left must go within seconds.
+    left = None
+    for _ in range(50):
+        left = [p for p in namespace_pids() if _command(p) not in ("", "slurmd", "slurmctld", "slurmscriptd")]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert left == [], "orphans left on the nodes: %s" % [_command(p) for p in left]
+
+
+def _command(pid):
+    try:
+        return open("/proc/%s/comm" % pid).read().strip()
+    except OSError:
+        return ""
