@@ -220,6 +220,34 @@ int Communicator::next_pairwise_tag() {
   return tag;
 }
 
+CommHandle Communicator::exchange_pairwise(const std::string& op, const std::string& what, int64_t bytes,
+                                           int64_t sent_bytes, const std::function<at::Tensor(int from)>& receive_into,
+                                           const std::function<at::Tensor(int to)>& send_from,
+                                           std::function<void()> finish) {
+  const int p = size();
+  const int tag = next_pairwise_tag();
+  CollectiveStats& entry = stats_[op];
+  ++entry.calls;
+  entry.bytes += bytes;
+  entry.sent_bytes += sent_bytes;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    for (int k = 1; k < p; ++k) {
+      const int from = (rank_ - k + p) % p, to = (rank_ + k) % p;
+      std::vector<at::Tensor> into{receive_into(from)}, out_of{send_from(to)};
+      if (into[0].numel() > 0) works.push_back(backend_->recv(into, from, tag));
+      if (out_of[0].numel() > 0) works.push_back(backend_->send(out_of, to, tag));
+    }
+  } catch (const std::exception& e) {
+    throw CommError(what + " failed to start: " + message_of(e));
+  }
+  if (works.empty()) {  // one rank (or nothing to exchange): a handle with no work never finishes
+    if (finish) finish();
+    return CommHandle();
+  }
+  return CommHandle(std::move(works), std::move(finish), what, &entry, options_.timeout);
+}
+
 CommHandle Communicator::reduce_scatter_pairwise(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   const int p = size();
   const int64_t n = input.numel(), mine = output.numel();
@@ -228,30 +256,10 @@ CommHandle Communicator::reduce_scatter_pairwise(const at::Tensor& input, at::Te
   // `input` (where `output` may be: in place) and joins them in the finish.
   at::Tensor received = at::empty({(p - 1) * mine}, input.options());
   const at::Tensor own = in.narrow(0, chunk_range(n, p, rank_).begin, mine);
-  const int tag = next_pairwise_tag();
   ++pairwise_reduce_scatters_;
-  CollectiveStats& entry = stats_["reduce_scatter"];
-  ++entry.calls;
-  entry.bytes += input.nbytes();
-  entry.sent_bytes += input.nbytes() - output.nbytes();
-  const std::string what = label("reduce_scatter (pairwise)", input);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  try {
-    // Step k: receive from the rank k behind, send to the rank k ahead (every pair meets once).
-    for (int k = 1; k < p; ++k) {
-      const int from = (rank_ - k + p) % p, to = (rank_ + k) % p;
-      const ChunkRange theirs = chunk_range(n, p, to);
-      std::vector<at::Tensor> recv_into{received.narrow(0, (k - 1) * mine, mine)};
-      std::vector<at::Tensor> send_from{in.narrow(0, theirs.begin, theirs.size())};
-      if (mine > 0) works.push_back(backend_->recv(recv_into, from, tag));
-      if (theirs.size() > 0) works.push_back(backend_->send(send_from, to, tag));
-    }
-  } catch (const std::exception& e) {
-    throw CommError(what + " failed to start: " + message_of(e));
-  }
   auto finish = [received, own, output, op, p]() mutable {
     at::Tensor out = output.view({-1});
-    if (!out.is_same(own) && out.data_ptr() != own.data_ptr()) out.copy_(own);
+    if (out.data_ptr() != own.data_ptr()) out.copy_(own);
     for (int k = 1; k < p; ++k) {
       const at::Tensor row = received.narrow(0, (k - 1) * out.numel(), out.numel());
       if (op == ReduceOp::Max) at::maximum_out(out, out, row);
@@ -260,11 +268,14 @@ CommHandle Communicator::reduce_scatter_pairwise(const at::Tensor& input, at::Te
     }
     if (op == ReduceOp::Avg) out.div_(p);
   };
-  if (works.empty()) {  // one rank (or nothing to exchange): a handle with no work never finishes
-    finish();
-    return CommHandle();
-  }
-  return CommHandle(std::move(works), std::move(finish), what, &entry, options_.timeout);
+  return exchange_pairwise(
+      "reduce_scatter", label("reduce_scatter (pairwise)", input), input.nbytes(), input.nbytes() - output.nbytes(),
+      [&](int from) { return received.narrow(0, ((rank_ - from + p) % p - 1) * mine, mine); },
+      [&](int to) {
+        const ChunkRange theirs = chunk_range(n, p, to);
+        return in.narrow(0, theirs.begin, theirs.size());
+      },
+      std::move(finish));
 }
 
 CommHandle Communicator::reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
@@ -324,27 +335,13 @@ CommHandle Communicator::all_gather_pairwise(const at::Tensor& input, at::Tensor
   const ChunkRange mine = chunk_range(n, p, rank_);
   at::Tensor own = out.narrow(0, mine.begin, mine.size());
   if (own.data_ptr() != input.data_ptr()) own.copy_(input.view({-1}));  // not in place
-  const int tag = next_pairwise_tag();
-  CollectiveStats& entry = stats_["all_gather"];
-  ++entry.calls;
-  entry.bytes += output.nbytes();
-  entry.sent_bytes += (p - 1) * input.nbytes();
-  const std::string what = label("all_gather", output);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  try {
-    // Step k: receive from the rank k behind, send to the rank k ahead (every pair meets once).
-    for (int k = 1; k < p; ++k) {
-      const int from = (rank_ - k + p) % p, to = (rank_ + k) % p;
-      const ChunkRange theirs = chunk_range(n, p, from);
-      std::vector<at::Tensor> recv_into{out.narrow(0, theirs.begin, theirs.size())};
-      std::vector<at::Tensor> send_from{own};
-      if (theirs.size() > 0) works.push_back(backend_->recv(recv_into, from, tag));
-      if (mine.size() > 0) works.push_back(backend_->send(send_from, to, tag));
-    }
-  } catch (const std::exception& e) {
-    throw CommError(what + " failed to start: " + message_of(e));
-  }
-  return CommHandle(std::move(works), {}, what, &entry, options_.timeout);
+  return exchange_pairwise(
+      "all_gather", label("all_gather", output), output.nbytes(), (p - 1) * input.nbytes(),
+      [&](int from) {
+        const ChunkRange theirs = chunk_range(n, p, from);
+        return out.narrow(0, theirs.begin, theirs.size());
+      },
+      [&](int) { return own; }, {});
 }
 
 CommHandle Communicator::broadcast_async(at::Tensor& tensor, int root) {

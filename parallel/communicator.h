@@ -195,6 +195,12 @@ class Communicator {
   CommHandle reduce_scatter_by_alltoall(const at::Tensor& input, at::Tensor& output, ReduceOp op);
   CommHandle all_gather_pairwise(const at::Tensor& input, at::Tensor& output);
   CommHandle reduce_scatter_pairwise(const at::Tensor& input, at::Tensor& output, ReduceOp op);
+  // Both pairwise forms: at step k = 1 .. p-1 this rank receives `receive_into(from)` from the rank
+  // k behind and sends `send_from(to)` to the rank k ahead (an empty piece skips its half), every
+  // pair of ranks meeting once; counted in the stats as `op`; `finish` runs once all arrived.
+  CommHandle exchange_pairwise(const std::string& op, const std::string& what, int64_t bytes, int64_t sent_bytes,
+                               const std::function<at::Tensor(int from)>& receive_into,
+                               const std::function<at::Tensor(int to)>& send_from, std::function<void()> finish);
   int next_pairwise_tag();
   CommHandle issue(const char* collective, int64_t bytes, int64_t sent, const std::string& what,
                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, std::function<void()> finish = {});
