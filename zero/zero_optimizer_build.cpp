@@ -1,0 +1,448 @@
+// ZeroOptimizer's construction: the engine's groups out of the model's (split by tensor sharding
+// and, at ZeRO-3, by partitioning), every buffer planned from their sizes (zero/buffer_plan.h) and
+// allocated, the model's tensors re-pointed into them, the values filled in as data-parallel rank 0
+// holds them, each group's optimizer, offload, and the orders of gathers and reductions. Also the
+// gradient hooks it installs and removes.
+#include "zero/zero_optimizer.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "parallel/parallel_context.h"
+#include "zero/partitioned_init.h"
+#include "zero/units.h"
+
+namespace tessera {
+namespace {
+
+// Autograd calls this right after a parameter's gradient has been accumulated into `.grad`.
+class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  GradReadyHook(ZeroOptimizer* owner, int group, int param) : owner_(owner), group_(group), param_(param) {}
+  const ZeroOptimizer* owner() const { return owner_; }
+  void operator()(const torch::autograd::Variable& tensor) override {
+    owner_->on_grad_ready(group_, param_, tensor.grad());
+    tensor.mutable_grad().reset();  // folded into the engine's buffers: release autograd's copy
+  }
+
+ private:
+  ZeroOptimizer* owner_;
+  int group_, param_;
+};
+
+// The engine's groups: each of the model's groups, split in two when it mixes tensor-sharded and
+// replicated parameters (the norm reduces them over different groups, so a bucket holds one kind),
+// and at stage 3 again when it mixes partitioned and persistent ones (persistent: fewer elements
+// than the threshold, or listed by no unit, so no unit event would gather them).
+struct GroupSpec {
+  const ParamGroup* source;
+  std::vector<int> members;  // indices into source->params
+  bool tensor_sharded;
+  bool partitioned;
+};
+
+std::vector<GroupSpec> split_groups(const ModelDescription& model, const std::function<bool(const at::Tensor&)>& partition) {
+  std::vector<GroupSpec> out;
+  for (const ParamGroup& g : model.groups)
+    for (bool sharded : {false, true})
+      for (bool partitioned : {true, false}) {
+        GroupSpec s{&g, {}, sharded, partitioned};
+        for (size_t i = 0; i < g.params.size(); ++i)
+          if ((i < g.tensor_sharded.size() && g.tensor_sharded[i]) == sharded &&
+              (partition && g.params[i].defined() && partition(g.params[i])) == partitioned)
+            s.members.push_back(static_cast<int>(i));
+        if (!s.members.empty()) out.push_back(std::move(s));
+      }
+  return out;
+}
+
+}  // namespace
+
+int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHyperparams& hyper) {
+  if (optimizer == "SGD") return hyper.momentum != 0 ? 1 : 0;
+  // The 1-bit family: + the worker error (the server's N/p left out); 0/1 Adam + the local steps'
+  // sum, 1-bit LAMB + the fresh variance (optim/onebit.h).
+  if (optimizer == "OneBitAdam") return 3;
+  if (optimizer == "ZeroOneAdam" || optimizer == "OneBitLamb") return 4;
+  return 2;  // Adam, AdamW, Lamb: m and v
+}
+
+ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parallel, ModelDescription& model,
+                             UnitTracker* units)
+    : stage_(make_zero_stage(options.stage, parallel.data(), options.communication_dtype, options.reduce_scatter)),
+      overlap_allgather_(options.overlap_allgather),
+      data_(parallel.data()),
+      reductions_(parallel.data().device()),
+      units_(units),
+      ignore_unused_parameters_(options.ignore_unused_parameters) {
+  stage_->set_predivide_factor(options.predivide_factor);
+  // Check the tensors, then plan every buffer from their sizes alone.
+  std::function<bool(const at::Tensor&)> partition;
+  if (options.stage == 3)
+    partition = [&](const at::Tensor& p) { return p.numel() >= options.persistence_threshold && units && units->owner_of(p) >= 0; };
+  const std::vector<GroupSpec> specs = split_groups(model, partition);
+  std::set<const void*> seen;
+  BufferPlanInput input;
+  input.stage = options.stage;
+  input.data_parallel = data_.size();
+  input.compute_bytes = static_cast<int>(c10::elementSize(options.compute_dtype));
+  input.bucket_numel = options.reduce_bucket_numel;
+  input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
+  input.backend_copies_reductions = data_.device().is_cpu();  // Gloo
+  input.wire_bytes = static_cast<int>(c10::elementSize(options.communication_dtype));
+  input.gradient_bytes = static_cast<int>(c10::elementSize(options.gradient_dtype));
+  std::vector<std::vector<std::string>> names(specs.size());
+  for (size_t gi = 0; gi < specs.size(); ++gi) {
+    const ParamGroup& spec = *specs[gi].source;
+    std::vector<int64_t> numels;
+    std::vector<int> keys;
+    for (int i : specs[gi].members) {
+      const at::Tensor& p = spec.params[i];
+      names[gi].push_back(param_name(spec, i));
+      const std::string& name = names[gi].back();
+      if (!p.defined() || !p.requires_grad() || !p.is_leaf())
+        throw std::invalid_argument("tessera: " + name + " must be a defined leaf tensor that requires grad");
+      if (p.device() != data_.device())
+        throw std::invalid_argument("tessera: " + name + " is on " + p.device().str() +
+                                    ", but the data-parallel group's collectives run on " + data_.device().str() +
+                                    " (move the model there before initializing the engine)");
+      if (!seen.insert(p.unsafeGetTensorImpl()).second)
+        throw std::invalid_argument("tessera: a parameter appears twice in the model description (" + name + ")");
+      const at::Tensor* chunk = static_cast<size_t>(i) < spec.shards.size() && spec.shards[i].defined() ? &spec.shards[i] : nullptr;
+      if (chunk && chunk->numel() != init_chunk_numel(p.numel(), data_.size()))
+        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init into chunks of " +
+                                    std::to_string(chunk->numel()) + " elements, which is not 1/" +
+                                    std::to_string(data_.size()) + " of it: zero.Init and the engine must see the "
+                                    "same data-parallel degree (the same config)");
+      if (!chunk && p.numel() > 1 && static_cast<int64_t>(p.storage().nbytes()) < p.numel() * p.element_size())
+        throw std::invalid_argument("tessera: " + name + " holds no values of its own (a released ZeRO-3 parameter "
+                                    "of another engine, or one partitioned by zero.Init whose chunks were not handed "
+                                    "to this engine: a failed initialize consumes them; build the model again)");
+      numels.push_back(p.numel());
+      if (specs[gi].partitioned) keys.push_back(units->owner_of(p));
+    }
+    input.group_numels.push_back(std::move(numels));
+    input.group_keys.push_back(std::move(keys));
+    input.group_partitioned.push_back(specs[gi].partitioned);
+  }
+  if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
+  plan_ = plan_buffers(input);
+  // A model built under PartitionedInit: its parameters hold no bytes, their values are chunks,
+  // taken out of the description here and freed bucket by bucket as the buffers are filled.
+  std::unordered_map<const void*, at::Tensor> chunks;
+  for (ParamGroup& g : model.groups) {
+    for (size_t i = 0; i < g.shards.size() && i < g.params.size(); ++i)
+      if (g.shards[i].defined()) chunks[g.params[i].unsafeGetTensorImpl()] = std::move(g.shards[i]);
+    g.shards.clear();
+  }
+  const bool born_partitioned = !chunks.empty();
+  if (born_partitioned && options.stage == 3 && !units)
+    throw std::invalid_argument("tessera: a model built under zero.Init needs its units reported (zero/model.h)");
+  std::vector<int64_t> pools;
+  for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
+  reductions_.set_staging_pools(std::move(pools));
+
+  const int rank = stage_->shard_rank();
+  const double base_lr = options.hyper.lr;
+  const auto f32 = data_.options(at::kFloat);
+  host_optimizer_ = options.host_optimizer && !data_.device().is_cpu();
+  const auto pinned = at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_ && options.host_pinned);
+  for (size_t gi = 0; gi < specs.size(); ++gi) {
+    const GroupSpec& spec = specs[gi];
+    const GroupBuffers& planned = plan_.groups[gi];
+    auto g = std::make_unique<ZeroGroup>();
+    g->index = static_cast<int>(gi);
+    g->layout = planned.layout;
+    g->names = std::move(names[gi]);
+    g->tensor_sharded = spec.tensor_sharded;
+    g->source_group = static_cast<int>(spec.source - model.groups.data());
+    g->partitioned = planned.partitioned;
+    const FlatLayout& L = g->layout;
+    g->compute = at::empty({planned.compute_numel}, f32.dtype(options.compute_dtype));
+    if (g->partitioned) g->gathered.resize(L.buckets.size());
+    if (planned.master_numel) g->master = at::empty({planned.master_numel}, host_optimizer_ ? pinned : f32);
+    std::vector<at::Tensor> params, shards;
+    for (int i : spec.members) {
+      params.push_back(spec.source->params[i]);
+      auto chunk = chunks.find(spec.source->params[i].unsafeGetTensorImpl());
+      shards.push_back(chunk != chunks.end() ? std::move(chunk->second) : at::Tensor());
+      if (chunk != chunks.end()) chunks.erase(chunk);
+    }
+    g->params.resize(params.size());
+    g->unit_of.assign(params.size(), -1);
+    const int group_index = static_cast<int>(groups_.size());
+    for (size_t b = 0; b < L.buckets.size(); ++b) {
+      const FlatBucket& k = L.buckets[b];
+      // Stage 3: the bucket's whole buffer, gathered around its unit's use.
+      if (g->partitioned) g->gathered[b] = at::empty({k.numel}, f32.dtype(options.compute_dtype));
+      fill_bucket(*g, static_cast<int>(b), params, shards, rank);
+      // The model's tensors become views into the compute buffer (same objects, new storage), or
+      // at stage 3 into their bucket's gathered buffer.
+      for (int i : k.params) {
+        at::Tensor p = params[i];
+        const FlatParam& fp = L.params[i];
+        at::Tensor flat = g->partitioned ? g->gathered[b].narrow(0, fp.offset - k.offset, fp.numel)
+                                         : g->compute.narrow(0, fp.offset, fp.numel);
+        p.set_data(flat.view(p.sizes()));
+        torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<GradReadyHook>(this, group_index, i));
+        g->params[i] = p;
+        g->unit_of[i] = units_ ? units_->owner_of(p) : -1;
+      }
+      // A model built partitioned is never whole here either: the bucket's bytes go at once.
+      if (g->partitioned && born_partitioned) release_storage(g->gathered[b]);
+      for (int i : k.params) shards[i] = at::Tensor();
+    }
+    g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
+    if (host_optimizer_) {
+      g->host_grads = at::zeros({L.shard_numel}, pinned.dtype(options.gradient_dtype));
+      if (g->mixed()) g->host_compute = at::empty({L.shard_numel}, pinned.dtype(options.compute_dtype));
+      else g->host_master = at::empty({L.shard_numel}, pinned);
+    }
+    g->staging.resize(L.buckets.size());
+    g->pending.resize(L.buckets.size());
+    g->arrived.assign(L.params.size(), false);
+    for (size_t b = 0; b < L.buckets.size(); ++b) {
+      const FlatBucket& k = L.buckets[b];
+      g->pending[b] = static_cast<int>(k.params.size());
+      launch_order_.emplace_back(group_index, static_cast<int>(b));
+      // This rank's chunk of the bucket, as views: built once, the buffers never move.
+      ShardSegment s;
+      // The compute copy of this rank's chunk: in the whole buffer, or (stage 3) the shard itself.
+      const int64_t flat = g->partitioned ? k.shard_offset : L.flat_of_local(rank, static_cast<int>(b));
+      s.grads = stage_->gradient_chunk(*g, static_cast<int>(b));
+      s.params = g->mixed() ? g->master.narrow(0, k.shard_offset, k.shard) : g->compute.narrow(0, flat, k.shard);
+      s.local_offset = k.shard_offset;
+      if (g->mixed()) s.compute_copy = g->compute.narrow(0, flat, k.shard);
+      g->segments.push_back(s);
+      if (host_optimizer_) {
+        ShardSegment h;
+        h.local_offset = s.local_offset;
+        h.grads = g->host_grads.narrow(0, k.shard_offset, k.shard);
+        h.params = g->mixed() ? s.params : g->host_master.narrow(0, k.shard_offset, k.shard);
+        if (g->mixed()) h.compute_copy = g->host_compute.narrow(0, k.shard_offset, k.shard);
+        g->host_segments.push_back(h);
+      }
+      grad_parts_.push_back({s.grads, stage_->gradients_data_sharded(), spec.tensor_sharded, {}});
+    }
+
+    // LAMB's per-parameter norms: the pieces of a parameter on other ranks (data group), and the
+    // other slices of a tensor-sharded parameter (tensor group); the 1-bit family's data group.
+    OptimizerContext context;
+    context.pieces = L.pieces(rank);
+    context.num_params = static_cast<int>(L.params.size());
+    Communicator* data_sum = L.partitions > 1 ? &data_ : nullptr;
+    Communicator* tensor_sum = spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr;
+    if (data_sum || tensor_sum) {
+      // A host optimizer's values (LAMB's norms) visit the group's device for the collective.
+      auto across = [data_sum, tensor_sum](at::Tensor& t, ReduceOp op) {
+        at::Tensor on = t.to((data_sum ? data_sum : tensor_sum)->device());
+        if (data_sum) data_sum->all_reduce(on, op);
+        if (tensor_sum) tensor_sum->all_reduce(on, op);
+        if (!on.is_same(t)) t.copy_(on);
+      };
+      context.sum_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Sum); };
+      context.max_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Max); };
+    }
+    context.data = &data_;
+    try {  // a refusal here must not leave the hooks just put on this group's parameters
+      if (model.client_optimizer) {
+        // The script's own optimizer steps these views in place; NVMe offload would re-point them.
+        if (options.nvme_optimizer || options.nvme_parameters)
+          throw std::invalid_argument("tessera: a client optimizer (" + options.optimizer + ") steps the shards where "
+                                      "they are in memory; NVMe offload is not available with it");
+        g->optimizer = model.client_optimizer(g->index, g->source_group, stepped_segments(*g), L.shard_numel);
+        if (!g->optimizer) throw std::invalid_argument("tessera: the client optimizer factory returned no optimizer");
+      } else {
+        g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
+                                           host_optimizer_ ? at::TensorOptions().dtype(at::kFloat) : f32,
+                                           std::move(context));
+      }
+      if (options.nvme_optimizer && !g->optimizer->elementwise())
+        throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
+                                    g->optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
+                                    "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
+    } catch (...) {
+      groups_.push_back(std::move(g));
+      remove_grad_hooks();
+      throw;
+    }
+    refresh_host_master(*g);
+    g->lr_scale = spec.source->lr ? *spec.source->lr / base_lr : 1.0;
+    g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
+    groups_.push_back(std::move(g));
+  }
+  try {  // bad input (a path, a size) fails here: no hook may be left pointing at this object
+    if (options.nvme_optimizer) offload_optimizer_states(*options.nvme_optimizer);
+    if (options.nvme_parameters && options.stage == 3) offload_parameters(*options.nvme_parameters);
+  } catch (...) {
+    remove_grad_hooks();
+    throw;
+  }
+  gathering_.resize(groups_.size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
+  if (units_) {
+    // The buckets each unit's forward reads (its own parameters and the shared ones).
+    std::unordered_map<const void*, std::pair<int, int>> where;
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i = 0; i < groups_[gi]->params.size(); ++i)
+        where[groups_[gi]->params[i].unsafeGetTensorImpl()] = {static_cast<int>(gi), groups_[gi]->layout.params[i].bucket};
+    unit_buckets_.resize(units_->size());
+    for (int u = 0; u < units_->size(); ++u) {
+      std::set<std::pair<int, int>> buckets;
+      for (const void* p : units_->params_used(u))
+        if (auto it = where.find(p); it != where.end()) buckets.insert(it->second);
+      unit_buckets_[u].assign(buckets.begin(), buckets.end());
+    }
+    units_->add_listener(this);
+  }
+  // The order the next forward reads the buckets: unit by unit, then the buckets no unit lists
+  // (without units, each group's last bucket first: the layout reverses registration order).
+  std::set<std::pair<int, int>> ordered;
+  for (const auto& buckets : unit_buckets_)
+    for (const auto& gb : buckets)
+      if (ordered.insert(gb).second) gather_order_.push_back(gb);
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (int b = static_cast<int>(groups_[gi]->layout.buckets.size()) - 1; b >= 0; --b)
+      if (ordered.insert({static_cast<int>(gi), b}).second) gather_order_.emplace_back(static_cast<int>(gi), b);
+
+  if (options.stage == 3) {
+    // Reductions unit by unit as backward finishes them (the last unit first), across groups; the
+    // persistent groups' buckets (no unit key) after them.
+    auto key = [&](const std::pair<int, int>& gb) {
+      const ZeroGroup& g = *groups_[gb.first];
+      return g.partitioned ? g.layout.buckets[gb.second].key : -1;
+    };
+    std::stable_sort(launch_order_.begin(), launch_order_.end(), [&](const auto& a, const auto& b) { return key(a) > key(b); });
+    grad_parts_.clear();
+    for (const auto& [gi, b] : launch_order_) {
+      const ZeroGroup& g = *groups_[gi];
+      grad_parts_.push_back({g.segments[b].grads, stage_->gradients_data_sharded(), g.tensor_sharded, {}});
+    }
+    std::vector<ZeroGroup*> all;
+    for (auto& g : groups_) all.push_back(g.get());
+    if (units_)
+      partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned,
+                                                             /*start_released=*/born_partitioned, param_swapper_.get());
+  }
+}
+
+// Fills bucket b of the compute buffer (or its gathered buffer at stage 3) and the fp32 master
+// shard from the model's tensors AS DATA-PARALLEL RANK 0 HOLDS THEM, as DDP and DeepSpeed do at
+// construction: ranks that initialized their model differently (another seed) start from
+// identical parameters. The values travel in fp32 (the master shard is exact, not rounded through
+// the compute dtype) in pieces of at most 2^24 elements: one broadcast per piece of the bucket's
+// whole tensors, one allgather per run of its partitioned ones (their chunks, zero/partitioned_init.h);
+// no per-parameter collectives, and a transient of at most 64 MiB on top of the model's tensors,
+// the compute buffer and the master shard.
+void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tensor>& params,
+                                const std::vector<at::Tensor>& shards, int rank) {
+  constexpr int64_t kPiece = int64_t(1) << 24;
+  const FlatLayout& L = g.layout;
+  const FlatBucket& k = L.buckets[b];
+  const int ranks = data_.size();
+  at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
+  // Bucket elements [begin, begin + values.numel()) are known: into the bucket and this rank's
+  // chunk of it, [rank·shard, (rank+1)·shard), in the master shard and (stage 3) the compute shard.
+  auto place = [&](int64_t begin, const at::Tensor& values) {
+    const int64_t end = begin + values.numel();
+    whole.narrow(0, begin, end - begin).copy_(values);
+    if (!g.mixed() && !g.partitioned) return;
+    const int64_t lo = std::max(begin, rank * k.shard), hi = std::min(end, (rank + 1) * k.shard);
+    if (lo >= hi) return;
+    const int64_t local = k.shard_offset + lo - rank * k.shard;
+    if (g.mixed()) g.master.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+    if (g.partitioned) g.compute.narrow(0, local, hi - lo).copy_(values.narrow(0, lo - begin, hi - lo));
+  };
+  auto offset_in_bucket = [&](int p) { return L.params[p].offset - k.offset; };
+  std::vector<int> whole_params, chunked;
+  for (int p : k.params) (shards[p].defined() ? chunked : whole_params).push_back(p);
+
+  // Whole tensors (and the padding, zeros): rank 0's, broadcast piece by piece.
+  if (!whole_params.empty() || chunked.empty())
+    for (int64_t begin = 0; begin < k.numel; begin += kPiece) {
+      const int64_t end = std::min(k.numel, begin + kPiece);
+      at::Tensor values = at::zeros({end - begin}, data_.options(at::kFloat));
+      for (int p : whole_params) {
+        const int64_t p_begin = offset_in_bucket(p), p_end = p_begin + L.params[p].numel;
+        const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
+        if (lo < hi)
+          values.narrow(0, lo - begin, hi - lo).copy_(params[p].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
+      }
+      if (ranks > 1) data_.broadcast(values, 0);
+      place(begin, values);
+    }
+  else {  // the padding (zeros in every copy)
+    whole.zero_();
+    if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).zero_();
+    if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).zero_();
+  }
+
+  // Partitioned tensors: every rank's chunks of a run of them in one allgather, each parameter
+  // then rank 0's chunk, rank 1's, ... cut to its size.
+  const int me = data_.rank();  // the allgather's slot (not the shard rank: 0 for all at stage 0)
+  const int64_t piece_per_rank = std::max<int64_t>(1, kPiece / ranks);
+  for (size_t first = 0; first < chunked.size();) {
+    size_t last = first;
+    int64_t per_rank = 0;
+    while (last < chunked.size() && (last == first || per_rank + shards[chunked[last]].numel() <= piece_per_rank))
+      per_rank += shards[chunked[last++]].numel();
+    if (per_rank > piece_per_rank) {
+      // One parameter larger than a piece: its chunks travel piece by piece, rank r's piece k being
+      // elements [r·c + k·P, ...) of the parameter.
+      const int p = chunked[first];
+      const at::Tensor chunk = shards[p].reshape({-1});
+      const int64_t c = chunk.numel(), n = L.params[p].numel;
+      for (int64_t from = 0; from < c; from += piece_per_rank) {
+        const int64_t len = std::min(piece_per_rank, c - from);
+        at::Tensor all = at::empty({ranks * len}, data_.options(at::kFloat));
+        at::Tensor mine = all.narrow(0, me * len, len);
+        mine.copy_(chunk.narrow(0, from, len));
+        if (ranks > 1) data_.all_gather(mine, all);
+        for (int r = 0; r < ranks; ++r) {
+          const int64_t at = r * c + from, count = std::min(len, n - at);
+          if (count > 0) place(offset_in_bucket(p) + at, all.narrow(0, r * len, count));
+        }
+      }
+      first = last;
+      continue;
+    }
+    at::Tensor all = at::empty({ranks * per_rank}, data_.options(at::kFloat));
+    at::Tensor mine = all.narrow(0, me * per_rank, per_rank);
+    int64_t offset = 0;
+    for (size_t i = first; i < last; ++i) {
+      const at::Tensor& chunk = shards[chunked[i]];
+      mine.narrow(0, offset, chunk.numel()).copy_(chunk.reshape({-1}));
+      offset += chunk.numel();
+    }
+    if (ranks > 1) data_.all_gather(mine, all);
+    at::Tensor grid = all.view({ranks, per_rank});
+    offset = 0;
+    for (size_t i = first; i < last; ++i) {
+      const int p = chunked[i];
+      const int64_t c = shards[p].numel();
+      place(offset_in_bucket(p), grid.narrow(1, offset, c).reshape({-1}).narrow(0, 0, L.params[p].numel));
+      offset += c;
+    }
+    first = last;
+  }
+}
+
+// The hooks point at this object: taken off the parameters, which may outlive the engine.
+void ZeroOptimizer::remove_grad_hooks() {
+  for (auto& g : groups_)
+    for (auto& p : g->params) {
+      auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
+      auto* ours = dynamic_cast<GradReadyHook*>(hook.get());
+      if (ours && ours->owner() == this) hook.reset();
+    }
+}
+
+}  // namespace tessera
