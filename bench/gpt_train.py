@@ -247,6 +247,14 @@ class Fsdp2(Ddp):
 IMPLS = {"ddp": Ddp, "tessera": Tessera, "deepspeed": DeepSpeed, "fsdp2": Fsdp2}
 
 
+def block_cache_stats(args):
+    """tessera's large-block CPU allocator's counters ({} for other implementations or with it off)."""
+    if args.impl != "tessera":
+        return {}
+    import tessera
+    return tessera._C.cpu_block_cache_stats()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impl", choices=sorted(IMPLS), required=True)
@@ -310,7 +318,7 @@ def main():
     outer = {"data_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "step_ms": 0.0}
     trim = ctypes.CDLL("libc.so.6").malloc_trim if args.malloc_trim else None
     rss_trace = []
-    start, inner_start, loss_value = None, None, 0.0
+    start, inner_start, cache_start, loss_value = None, None, {}, 0.0
     for step in range(args.steps):
         t0 = time.perf_counter()
         if step == args.warmup:
@@ -319,6 +327,7 @@ def main():
                 impl.reset_comm_stats()
             outer = dict.fromkeys(outer, 0.0)
             inner_start = breakdown() if breakdown else None
+            cache_start = block_cache_stats(args)
         # rank r of the data-parallel group takes rows [r·micro, (r+1)·micro) (tensor ranks share theirs)
         dp_rank, dp = getattr(impl, "dp_rank", rank), getattr(impl, "dp", world)
         inputs, targets = corpus.sample(args.micro * dp, SEQ_LEN, step, args.seed)
@@ -349,6 +358,7 @@ def main():
         inner = {k.replace("_s", "_ms"): round(1000 * (end[k] - inner_start[k]) / timed, 2)
                  for k in ("forward_s", "backward_s", "reduce_wait_s", "optimizer_s", "allgather_wait_s")}
 
+    cache_end = block_cache_stats(args)
     comm_bytes = impl.comm_bytes() if hasattr(impl, "comm_bytes") else None
     comm_totals = impl.comm_totals() if hasattr(impl, "comm_totals") else None
     phase = getattr(getattr(impl, "engine", None), "optimizer_phase", "") if args.impl == "tessera" else ""
@@ -378,6 +388,9 @@ def main():
             result["phase_at_end"] = phase
         if comm_bytes:  # rank 0's bytes into collectives per timed step, by group
             result["comm_bytes_per_step"] = {g: {k: round(v / timed) for k, v in c.items()} for g, c in comm_bytes.items()}
+        if cache_end:  # rank 0's large-block allocator over the timed steps (csrc/cpu_block_cache.h)
+            result["block_cache"] = {"misses_per_step": round((cache_end["misses"] - cache_start["misses"]) / timed, 2),
+                                     "peak_in_use_mib": round(cache_end["peak_in_use_bytes"] / 2**20, 1)}
         if args.rss_trace:
             result["rss_mib_after_each_step"] = rss_trace
         if args.malloc_trim:

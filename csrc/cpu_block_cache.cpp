@@ -80,6 +80,7 @@ c10::DataPtr CpuBlockCache::allocate(size_t bytes) {
       stats_.cached_bytes -= static_cast<int64_t>(mapped);
       ++stats_.hits;
       stats_.mapped_bytes += static_cast<int64_t>(mapped);
+      peak_in_use_ = std::max(peak_in_use_, stats_.mapped_bytes);
       in_use()[base] = {this, mapped};
     } else {
       ++stats_.misses;
@@ -95,6 +96,7 @@ c10::DataPtr CpuBlockCache::allocate(size_t bytes) {
     }
     std::lock_guard<std::mutex> lock(registry_mutex());
     stats_.mapped_bytes += static_cast<int64_t>(length);
+    peak_in_use_ = std::max(peak_in_use_, stats_.mapped_bytes);
     in_use()[base] = {this, length};
   }
   return c10::DataPtr(base, base, &CpuBlockCache::free_large, c10::Device(c10::DeviceType::CPU));
@@ -119,11 +121,13 @@ void CpuBlockCache::free_large(void* data) {
 
 void CpuBlockCache::give_back(void* base, Block block) {
   stats_.mapped_bytes -= static_cast<int64_t>(block.bytes);
-  if (static_cast<int64_t>(block.bytes) > capacity_) {
+  // What may stay mapped unused: the capacity, or the room below the high-water mark.
+  const int64_t limit = capacity_ == 0 ? 0 : std::max(capacity_, peak_in_use_ - stats_.mapped_bytes);
+  if (static_cast<int64_t>(block.bytes) > limit) {
     munmap(base, block.bytes);
     return;
   }
-  while (stats_.cached_bytes + static_cast<int64_t>(block.bytes) > capacity_) evict_oldest();
+  while (stats_.cached_bytes + static_cast<int64_t>(block.bytes) > limit) evict_oldest();
   block.age = ++clock_;
   by_size_.emplace(block.bytes, base);
   by_age_.emplace(block.age, base);
@@ -155,6 +159,12 @@ CpuBlockCacheStats CpuBlockCache::stats() const {
 void CpuBlockCache::release_cached() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   while (!by_age_.empty()) evict_oldest();
+  peak_in_use_ = stats_.mapped_bytes;
+}
+
+int64_t CpuBlockCache::peak_in_use_bytes() const {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return peak_in_use_;
 }
 
 namespace {

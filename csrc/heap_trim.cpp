@@ -1,5 +1,7 @@
 #include "csrc/heap_trim.h"
 
+#include "csrc/cpu_block_cache.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,8 @@ int64_t resident_set_bytes() {
 }
 
 void release_free_heap() {
+  // The large-block cache too: what it keeps was freed, and its high-water mark restarts here.
+  if (CpuBlockCache* cache = CpuBlockCache::installed()) cache->release_cached();
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif

@@ -47,7 +47,8 @@ class HeapTrimmer {
 
 // This process's resident set in bytes (/proc/self/statm), -1 where unknown.
 int64_t resident_set_bytes();
-// glibc's malloc_trim(0) where available, else nothing.
+// The large-block cache's cached blocks (csrc/cpu_block_cache.h), then glibc's malloc_trim(0)
+// where available.
 void release_free_heap();
 
 }  // namespace tessera

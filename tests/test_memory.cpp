@@ -198,20 +198,41 @@ TEST_CASE("block cache: small requests pass through - a freed block serves the n
   CHECK(cache.stats().mapped_bytes == 0);
 }
 
-TEST_CASE("block cache: the cache stays within its capacity - oldest blocks unmapped first") {
+TEST_CASE("block cache: it keeps the room below the high-water mark or its capacity - oldest blocks unmapped first") {
   tessera::CpuBlockCache cache(c10::GetDefaultCPUAllocator(), 1 << 20, 8 << 20);
   std::vector<c10::DataPtr> blocks;
   for (int i = 0; i < 5; ++i) blocks.push_back(cache.allocate(2 << 20));
-  blocks.clear();  // frees in order: the first four fill the cache, the fifth evicts the oldest
+  CHECK(cache.peak_in_use_bytes() == 10 << 20);
+  blocks.clear();  // 10 MiB freed below a 10 MiB mark: all kept for the next "step", past the capacity
   tessera::CpuBlockCacheStats s = cache.stats();
+  CHECK(s.cached_bytes == 10 << 20);
+  CHECK(s.evictions == 0);
+  {
+    c10::DataPtr again = cache.allocate(2 << 20);
+    CHECK(cache.stats().hits == 1);
+    cache.release_cached();  // unmaps the cache; the mark restarts from the 2 MiB in use
+    CHECK(cache.stats().cached_bytes == 0);
+    CHECK(cache.peak_in_use_bytes() == 2 << 20);
+  }
+  // One block at a time: the mark stays low, so the capacity (8 MiB) bounds the cache.
+  const int64_t released = cache.stats().evictions;  // release_cached() counts its unmaps too
+  { c10::DataPtr b = cache.allocate(3 << 20); }  // cached: 2 + 3
+  { c10::DataPtr b = cache.allocate(5 << 20); }  // 2 + 3 + 5 > 8: the oldest (2) goes
+  s = cache.stats();
   CHECK(s.cached_bytes == 8 << 20);
-  CHECK(s.evictions == 1);
-  c10::DataPtr again = cache.allocate(2 << 20);
-  CHECK(cache.stats().hits == 1);
-  { c10::DataPtr too_big = cache.allocate(16 << 20); }  // larger than the capacity: unmapped at once
-  CHECK(cache.stats().cached_bytes == 6 << 20);
+  CHECK(s.evictions - released == 1);
+  { c10::DataPtr b = cache.allocate(16 << 20); }  // raises the mark to 16: kept, the others go
+  s = cache.stats();
+  CHECK(s.cached_bytes == 16 << 20);
+  CHECK(s.evictions - released == 3);
   cache.release_cached();
   CHECK(cache.stats().cached_bytes == 0);
+
+  // Capacity 0 caches nothing, not even below the mark.
+  tessera::CpuBlockCache none(c10::GetDefaultCPUAllocator(), 1 << 20, 0);
+  for (int i = 0; i < 3; ++i) blocks.push_back(none.allocate(2 << 20));
+  blocks.clear();
+  CHECK(none.stats().cached_bytes == 0);
 }
 
 TEST_CASE("block cache: an evicted block leaves the resident set - a cached one stays") {

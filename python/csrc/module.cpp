@@ -150,6 +150,7 @@ PYBIND11_MODULE(_C, m) {
       d["evictions"] = s.evictions;
       d["cached_bytes"] = s.cached_bytes;
       d["mapped_bytes"] = s.mapped_bytes;
+      d["peak_in_use_bytes"] = c->peak_in_use_bytes();
     }
     return d;
   }, "The large-block CPU allocator's counters (empty when TESSERA_CPU_BLOCK_CACHE_MIB < 0).");
