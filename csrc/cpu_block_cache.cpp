@@ -169,23 +169,29 @@ int64_t CpuBlockCache::peak_in_use_bytes() const {
 
 namespace {
 std::atomic<CpuBlockCache*> g_installed{nullptr};
+
+int64_t integer_from_environment(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  try {
+    return std::stoll(v);
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "tessera: warning: %s=%s is not an integer; using %lld\n", name, v,
+                 static_cast<long long>(fallback));
+    return fallback;
+  }
+}
 }  // namespace
 
 CpuBlockCache* CpuBlockCache::installed() { return g_installed.load(); }
 
 CpuBlockCache* CpuBlockCache::install_from_environment() {
   static CpuBlockCache* installed = []() -> CpuBlockCache* {
-    int64_t mib = kDefaultCapacityMiB;
-    if (const char* v = std::getenv("TESSERA_CPU_BLOCK_CACHE_MIB")) {
-      try {
-        mib = std::stoll(v);
-      } catch (const std::exception&) {
-        std::fprintf(stderr, "tessera: warning: TESSERA_CPU_BLOCK_CACHE_MIB=%s is not an integer; using %lld\n", v,
-                     static_cast<long long>(mib));
-      }
-    }
+    const int64_t mib = integer_from_environment("TESSERA_CPU_BLOCK_CACHE_MIB", kDefaultCapacityMiB);
     if (mib < 0) return nullptr;
-    auto* cache = new CpuBlockCache(c10::GetCPUAllocator(), kDefaultThresholdBytes, mib << 20);
+    const int64_t threshold_kib =
+        std::max<int64_t>(integer_from_environment("TESSERA_CPU_BLOCK_THRESHOLD_KIB", kDefaultThresholdBytes >> 10), 4);
+    auto* cache = new CpuBlockCache(c10::GetCPUAllocator(), threshold_kib << 10, mib << 20);
     c10::SetCPUAllocator(cache, /*priority=*/1);
     g_installed.store(cache);
     return cache;

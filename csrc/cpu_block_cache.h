@@ -38,7 +38,10 @@ struct CpuBlockCacheStats {
 
 class CpuBlockCache final : public c10::Allocator {
  public:
-  static constexpr int64_t kDefaultThresholdBytes = int64_t{1} << 20;
+  // glibc's own initial mmap threshold: every block glibc would map before its threshold rises is
+  // ours. (At 1 MiB, the 4.8M GPT's blocks of 128 KiB–1 MiB went to the heap, whose freed pages
+  // made its peak differ by 2–5 MiB between ranks and runs; at 128 KiB they agree within 0.4 MiB.)
+  static constexpr int64_t kDefaultThresholdBytes = int64_t{128} << 10;
   static constexpr int64_t kDefaultCapacityMiB = 64;
 
   // `small` serves requests below `threshold` bytes; a cached block serves a request up to 1/8
@@ -62,7 +65,8 @@ class CpuBlockCache final : public c10::Allocator {
 
   // The process's cache, installed as PyTorch's CPU allocator on the first call; later calls return
   // it. TESSERA_CPU_BLOCK_CACHE_MIB sets the capacity (unset: kDefaultCapacityMiB; negative: not
-  // installed, returns nullptr). Never destroyed: tensors may outlive any owner.
+  // installed, returns nullptr), TESSERA_CPU_BLOCK_THRESHOLD_KIB the smallest block it serves
+  // (unset: kDefaultThresholdBytes; at least 4). Never destroyed: tensors may outlive any owner.
   static CpuBlockCache* install_from_environment();
   // The installed cache, nullptr before install_from_environment() or when it installed none.
   static CpuBlockCache* installed();

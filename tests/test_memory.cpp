@@ -6,7 +6,7 @@
 // a backend's copy) shows up here.
 //
 // The workers run tessera's large-block allocator with no cache (TESSERA_CPU_BLOCK_CACHE_MIB=0,
-// csrc/cpu_block_cache.h), installed before the model is built: every block of 1 MiB or more is
+// csrc/cpu_block_cache.h), installed before the model is built: every block of 128 KiB or more is
 // unmapped when freed, so the peak is what was live, not what glibc's heap or the cache kept (both
 // differ by rank and run). Measured within 4–9 MiB of the accounting on every rank.
 #include <catch2/catch.hpp>
