@@ -24,19 +24,23 @@ int64_t resident_set_bytes() {
   return n == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : -1;
 }
 
-void release_free_heap() {
-  // The large-block cache too: what it keeps was freed, and its high-water mark restarts here.
-  if (CpuBlockCache* cache = CpuBlockCache::installed()) cache->release_cached();
+void trim_glibc_heap() {
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif
+}
+
+void release_free_heap() {
+  // The large-block cache too: what it keeps was freed, and its high-water mark restarts here.
+  if (CpuBlockCache* cache = CpuBlockCache::installed()) cache->release_cached();
+  trim_glibc_heap();
 }
 
 HeapTrimmer::HeapTrimmer(int64_t bound_bytes, int warmup_steps, std::function<int64_t()> resident_bytes,
                          std::function<void()> trim)
     : bound_(bound_bytes),
       resident_bytes_(resident_bytes ? std::move(resident_bytes) : std::function<int64_t()>(resident_set_bytes)),
-      trim_(trim ? std::move(trim) : std::function<void()>(release_free_heap)),
+      trim_(trim ? std::move(trim) : std::function<void()>(trim_glibc_heap)),
       warmup_steps_(bound_bytes > 0 ? std::max(warmup_steps, 1) : 0) {}
 
 HeapTrimmer HeapTrimmer::from_environment() {

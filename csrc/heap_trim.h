@@ -47,8 +47,11 @@ class HeapTrimmer {
 
 // This process's resident set in bytes (/proc/self/statm), -1 where unknown.
 int64_t resident_set_bytes();
-// The large-block cache's cached blocks (csrc/cpu_block_cache.h), then glibc's malloc_trim(0)
-// where available.
+// glibc's malloc_trim(0) where available: what the trimmer does after a step (the large-block
+// cache bounds itself and keeps the blocks the next step reuses).
+void trim_glibc_heap();
+// The large-block cache's cached blocks (csrc/cpu_block_cache.h, restarting its high-water mark),
+// then trim_glibc_heap(): after construction, so its transients leave the resident set.
 void release_free_heap();
 
 }  // namespace tessera
