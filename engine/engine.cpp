@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -68,7 +69,10 @@ ZeroOptions zero_options(const Config& c, int rank, int data_size) {
   o.partitioned.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.partitioned.max_live_numel = z.stage3_max_live_parameters;
   o.partitioned.max_reuse_distance = z.stage3_max_reuse_distance;
-  o.host_optimizer = z.offload_optimizer.device == "cpu";
+  o.host_optimizer = z.offload_optimizer.device == "cpu" || z.offload_optimizer.device == "nvme";
+  const char* staging = std::getenv("TESSERA_HOST_STAGING");
+  o.host_staging_on_cpu = staging != nullptr && std::string(staging) == "1";
+  o.host_parameters = z.offload_param.device == "cpu";
   o.host_pinned = z.offload_optimizer.pin_memory;
   if (z.offload_optimizer.device == "nvme") {
     OptimizerSwapOptions nvme;
@@ -204,15 +208,19 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
   // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
   // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
   if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();
-  // On GPU ranks the optimizer offloads to pinned host memory ("cpu": ZeroOptions::host_optimizer);
-  // files (NVMe) and parameter offload run on CPU ranks only so far.
-  for (const auto& [key, device] : {std::pair<std::string, std::string>{"offload_optimizer",
-                                                                         config_.zero_optimization.offload_optimizer.device},
-                                    {"offload_param", config_.zero_optimization.offload_param.device}})
-    if (device != "none" && !(key == "offload_optimizer" && device == "cpu") && !parallel_.data().device().is_cpu())
-      throw ConfigError("tessera: zero_optimization." + key + ".device: \"" + device + "\" runs on CPU ranks only so far, "
-                        "not on " + parallel_.data().device().str() + "; use \"none\" there" +
-                        (key == "offload_optimizer" ? " (or \"cpu\": pinned host memory)" : ""));
+  // On GPU ranks the optimizer offloads to pinned host memory, and with "nvme" its state on to
+  // files (ZeroOptions::host_optimizer); the parameter shards to host memory, where that optimizer
+  // steps them (host_parameters); parameter shards in files on CPU ranks only so far.
+  const std::string& offload_param = config_.zero_optimization.offload_param.device;
+  if (offload_param != "none" && !parallel_.data().device().is_cpu()) {
+    if (offload_param != "cpu")
+      throw ConfigError("tessera: zero_optimization.offload_param.device: \"" + offload_param + "\" runs on CPU ranks "
+                        "only so far, not on " + parallel_.data().device().str() + "; use \"cpu\" or \"none\" there");
+    if (config_.zero_optimization.offload_optimizer.device == "none")
+      throw ConfigError("tessera: zero_optimization.offload_param.device: \"cpu\" on " + parallel_.data().device().str() +
+                        " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the optimizer steps "
+                        "the shards where they are, in host memory)");
+  }
   if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
   if (config_.optimizer->client != static_cast<bool>(model.client_optimizer))
     throw std::invalid_argument(config_.optimizer->client

@@ -417,9 +417,10 @@ int run(const Args& a) {
   const double norm_tolerance = fp32 ? 1e-4 : 5e-2;
   if (a.memory && rank == 0) {
     MemoryReport m = engine.memory();
-    std::printf("memory: params %lld master %lld grads %lld states %lld buckets %lld\n", (long long)m.parameters,
-                (long long)m.master_parameters, (long long)m.gradients, (long long)m.optimizer_states,
-                (long long)m.buckets);
+    std::printf("memory: params %lld master %lld grads %lld states %lld buckets %lld host %lld host-params %lld\n",
+                (long long)m.parameters, (long long)m.master_parameters, (long long)m.gradients,
+                (long long)m.optimizer_states, (long long)m.buckets, (long long)m.host_optimizer_bytes,
+                (long long)m.host_parameter_bytes);
   }
   if (rank == 0) {
     auto stat = [&](const char* collective) {

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -46,12 +47,13 @@ std::string read_all(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-tessera::testing::RunResult train(int ranks, const std::vector<std::string>& args) {
+tessera::testing::RunResult train(int ranks, const std::vector<std::string>& args,
+                                  const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks), "--master-port",
                                    std::to_string(tessera::testing::free_port()), "--timeout", "60", "--",
                                    TESSERA_ENGINE_WORKER_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
-  return tessera::testing::run(argv, {}, 180);
+  return tessera::testing::run(argv, env, 180);
 }
 
 // The same with `dir` a 4 MiB tmpfs of its own (a mount namespace: root only); prints "exit=N",
@@ -184,6 +186,63 @@ TEST_CASE("CPU offload on a CPU rank trains byte for byte as without it") {
   REQUIRE(plain.status == 0);
   REQUIRE(cpu.status == 0);
   CHECK(read_all(dir.file("cpu.bin")) == read_all(dir.file("plain.bin")));
+}
+
+// The GPU ranks' path for offload_optimizer cpu and nvme (host copies of the gradient shard, and of
+// the parameters in fp32; the CPU steps those; each updated chunk copied back before its
+// allgather), and at stage 3 for offload_param cpu (the shard in host memory is the optimizer's
+// copy, and goes to the gathered buffer before each allgather), taken on CPU ranks with
+// TESSERA_HOST_STAGING=1: every copy is CPU to CPU, so all but the streams is checked here, byte
+// for byte against training without offload.
+TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme at stages 1-3 train byte for byte") {
+  const std::regex memory("memory: params (\\d+) master (\\d+) grads \\d+ states (\\d+) buckets \\d+ host (\\d+) "
+                          "host-params (\\d+)");
+  for (const std::string stage : {"1", "2", "3"})
+    for (int ranks : {1, 2})
+      for (const std::string dtype : {"fp32", "bf16"}) {
+        INFO("stage " << stage << " ranks " << ranks << " " << dtype);
+        TempDir dir;
+        const std::vector<std::string> common = {"--stage", stage, "--dtype", dtype, "--steps", "3", "--bucket", "300",
+                                                 "--units", "--memory"};
+        auto plain_args = common;
+        plain_args.insert(plain_args.end(), {"--dump", dir.file("plain.bin")});
+        auto plain = train(ranks, plain_args);
+        INFO(plain.output);
+        REQUIRE(plain.status == 0);
+        // NVMe everywhere (small tiles, every other case pipelined), CPU on 2 ranks, and at stage 3
+        // each with the parameter shards in host memory too.
+        std::vector<std::string> variants = {"nvme"};
+        if (ranks == 2) variants.push_back("cpu");
+        if (stage == "3") variants.insert(variants.end(), {"nvme+params", "cpu+params"});
+        for (const std::string& variant : variants) {
+          INFO(variant);
+          const std::string device = variant.substr(0, variant.find('+'));
+          const bool params = variant != device;
+          auto args = common;
+          args.insert(args.end(), {"--dump", dir.file(variant + ".bin"), "--offload", device});
+          if (params) args.insert(args.end(), {"--offload-param", "cpu"});
+          if (device == "nvme") {
+            mkdir(dir.file("swap").c_str(), 0700);
+            args.insert(args.end(), {"--nvme-path", dir.file("swap"), "--tile", "50", "--buffers", "2"});
+            if ((stage == "2") == (ranks == 2)) args.push_back("--pipeline");
+          }
+          auto staged = train(ranks, args, {{"TESSERA_HOST_STAGING", "1"}});
+          INFO(staged.output);
+          REQUIRE(staged.status == 0);
+          CHECK(read_all(dir.file(variant + ".bin")) == read_all(dir.file("plain.bin")));
+          // The host path was taken: the optimizer's buffers are reported as host memory (with
+          // NVMe the master, in bf16, and the state are in the file, its tile buffers in memory),
+          // and with offload_param the shards (nothing persistent here) as well.
+          std::smatch m;
+          REQUIRE(std::regex_search(staged.output, m, memory));
+          CHECK(std::stoll(m[2]) == 0);
+          CHECK(std::stoll(m[3]) == 0);
+          CHECK(std::stoll(m[4]) > 0);
+          CHECK((std::stoll(m[5]) > 0) == params);
+          if (params) CHECK(std::stoll(m[1]) == 0);
+          if (device == "nvme") CHECK(files_in(dir.file("swap")).empty());
+        }
+      }
 }
 
 TEST_CASE("NVMe offload refuses a bad nvme_path and LAMB by name before training") {

@@ -84,6 +84,9 @@ struct MemoryReport {
   // offload_optimizer "cpu" on a GPU rank: the fp32 master, optimizer state and gradient copy in
   // pinned host memory (not the device's, not in total()).
   int64_t host_optimizer_bytes = 0;
+  // offload_param "cpu" on a GPU rank (stage 3): the partitioned shards in host memory (not in
+  // parameters, not in total()).
+  int64_t host_parameter_bytes = 0;
   int64_t total() const { return parameters + master_parameters + gradients + optimizer_states + buckets; }
 };
 

@@ -140,7 +140,11 @@ void PartitionedParameters::launch(int s) {
   }
   // This rank's chunk of the bucket comes from its shard; the allgather fills the rest in place.
   at::Tensor chunk = full.narrow(0, comm_.rank() * k.shard, k.shard);
-  if (slot.group->compute.defined()) chunk.copy_(slot.group->compute.narrow(0, k.shard_offset, k.shard));
+  const at::Tensor& shard = slot.group->compute;
+  // offload_param "cpu" on a GPU rank: the shard is in host memory (asynchronous when pinned:
+  // the CPU writes it again only after the step's wait for the stream).
+  if (shard.defined())
+    chunk.copy_(shard.narrow(0, k.shard_offset, k.shard), shard.device() != chunk.device() && shard.is_pinned());
   else swapper_->read(slot.group->index, slot.bucket, chunk);  // NVMe parameter offload
   if (comm_.size() == 1) {
     slot.state = State::Live;

@@ -45,6 +45,8 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     in[g->index].weight_decay = g->weight_decay;
     in[g->index].grad_scale = grad_scale;
   }
+  // The gradient chunks' copies to the host, queued as their reductions completed, have landed.
+  if (host_optimizer_) wait_for_device_stream(data_.device());
   if (swapper_) {
     // The state streams through tile buffers in the order the next forward reads the buckets;
     // each bucket's allgather starts when its last tile is stepped, as below.
@@ -62,6 +64,7 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
         },
         [&](int group, int bucket) {
           unbind_segment(*groups_[group], bucket);
+          if (host_optimizer_) copy_chunk_to_device(*groups_[group], bucket);  // before its allgather reads it
           if (stage_->gathers() && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
         });
     } catch (...) {
@@ -72,8 +75,6 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     if (partitioned_) partitioned_->after_step();
     return;
   }
-  // The gradient chunks' copies to the host, queued as their reductions completed, have landed.
-  if (host_optimizer_) wait_for_device_stream(data_.device());
   // A group whose optimizer needs all its buckets at once (LAMB), or a stage that gathers
   // nothing, steps whole (this also writes the compute copy of this rank's chunks); with its
   // parameters in files, an elementwise one steps chunk by chunk instead, and LAMB has the shard
@@ -165,10 +166,12 @@ void ZeroOptimizer::write_back_parameters(int root) {
 
 void ZeroOptimizer::copy_chunk_to_device(ZeroGroup& g, int bucket) {
   const ShardSegment &host = g.host_segments[bucket], &device = g.segments[bucket];
+  const at::Tensor& from = g.mixed() ? host.compute_copy : host.params;
+  const at::Tensor& to = g.mixed() ? device.compute_copy : device.params;
+  if (from.data_ptr() == to.data_ptr()) return;  // host_parameters: the shard is the host's already
   // From pinned memory: queued on the current stream; the next step's wait_for_device_stream
   // (before the CPU writes the host buffers again) orders the two.
-  if (g.mixed()) device.compute_copy.copy_(host.compute_copy, /*non_blocking=*/true);
-  else device.params.copy_(host.params, /*non_blocking=*/true);
+  to.copy_(from, /*non_blocking=*/true);
 }
 
 void ZeroOptimizer::refresh_host_master(ZeroGroup& g) {
@@ -219,7 +222,7 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroOptimizer::optimizer_state()
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   for (const auto& g : groups_) {
-    if (g->compute.defined()) m.parameters += g->compute.nbytes();
+    if (g->compute.defined()) (host_parameters_ && g->partitioned ? m.host_parameter_bytes : m.parameters) += g->compute.nbytes();
     m.gradients += g->grads.nbytes();
     if (host_optimizer_) {  // pinned host memory, not the device's
       for (const at::Tensor* t : {&g->master, &g->host_master, &g->host_grads, &g->host_compute})
@@ -231,7 +234,8 @@ MemoryReport ZeroOptimizer::memory() const {
     m.optimizer_states += g->optimizer->state_bytes();
   }
   if (swapper_) {
-    m.optimizer_states += swapper_->resident_bytes();  // the tile buffers
+    // The tile buffers: host memory on GPU ranks.
+    (host_optimizer_ ? m.host_optimizer_bytes : m.optimizer_states) += swapper_->resident_bytes();
     m.offloaded_optimizer_bytes = swapper_->file_bytes();
     m.offload_read_bytes = swapper_->bytes_read();
     m.offload_written_bytes = swapper_->bytes_written();

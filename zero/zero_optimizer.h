@@ -77,7 +77,17 @@ struct ZeroOptions {
   // bucket's gradient chunk goes to the host when its reduction completes (while backward goes
   // on), the CPU kernel steps it, and the updated chunk goes back in the compute dtype,
   // asynchronously, while the CPU steps the next one. On CPU ranks "cpu" is where things are.
+  // With "nvme" the same host path, the state (and the master with mixed precision) in files.
   bool host_optimizer = false;
+  // CPU ranks take the GPU ranks' host path anyway (separate host copies of the shards, the copies
+  // between them CPU to CPU), so that path's bookkeeping is tested without a GPU
+  // (TESSERA_HOST_STAGING=1; see docs/offload.md).
+  bool host_staging_on_cpu = false;
+  // offload_param.device "cpu" on GPU ranks (stage 3, with host_optimizer): each partitioned
+  // group's shard lives in host memory, where it is also the host optimizer's copy (no second
+  // one); a bucket's chunk goes to the device into its slot of the gathered buffer just before
+  // the allgather.
+  bool host_parameters = false;
   // offload_optimizer.pin_memory: those host buffers page-locked, so the copies are asynchronous
   // (false: pageable memory, each copy waits for the device).
   bool host_pinned = false;
@@ -269,6 +279,7 @@ class ZeroOptimizer final : public UnitListener {
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
   std::unique_ptr<OptimizerSwapper> swapper_;           // NVMe optimizer offload, else null
   bool host_optimizer_ = false;                         // ZeroOptions::host_optimizer
+  bool host_parameters_ = false;                        // ZeroOptions::host_parameters (stage 3)
 };
 
 }  // namespace tessera

@@ -153,8 +153,12 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   const int rank = stage_->shard_rank();
   const double base_lr = options.hyper.lr;
   const auto f32 = data_.options(at::kFloat);
-  host_optimizer_ = options.host_optimizer && !data_.device().is_cpu();
-  const auto pinned = at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_ && options.host_pinned);
+  // (Parameter offload has its own path on CPU ranks and is refused on GPU ranks.)
+  host_optimizer_ = options.host_optimizer && !options.nvme_parameters &&
+                    (!data_.device().is_cpu() || options.host_staging_on_cpu);
+  host_parameters_ = options.host_parameters && host_optimizer_ && options.stage == 3;
+  const auto pinned =
+      at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_ && options.host_pinned && !data_.device().is_cpu());
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const GroupSpec& spec = specs[gi];
     const GroupBuffers& planned = plan_.groups[gi];
@@ -166,7 +170,9 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->source_group = static_cast<int>(spec.source - model.groups.data());
     g->partitioned = planned.partitioned;
     const FlatLayout& L = g->layout;
-    g->compute = at::empty({planned.compute_numel}, f32.dtype(options.compute_dtype));
+    // With host_parameters a partitioned group's shard is host memory, the host optimizer's copy.
+    const bool shard_on_host = host_parameters_ && g->partitioned;
+    g->compute = at::empty({planned.compute_numel}, (shard_on_host ? pinned : f32).dtype(options.compute_dtype));
     if (g->partitioned) g->gathered.resize(L.buckets.size());
     if (planned.master_numel) g->master = at::empty({planned.master_numel}, host_optimizer_ ? pinned : f32);
     std::vector<at::Tensor> params, shards;
@@ -203,8 +209,8 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
     if (host_optimizer_) {
       g->host_grads = at::zeros({L.shard_numel}, pinned.dtype(options.gradient_dtype));
-      if (g->mixed()) g->host_compute = at::empty({L.shard_numel}, pinned.dtype(options.compute_dtype));
-      else g->host_master = at::empty({L.shard_numel}, pinned);
+      if (g->mixed() && !shard_on_host) g->host_compute = at::empty({L.shard_numel}, pinned.dtype(options.compute_dtype));
+      if (!g->mixed() && !shard_on_host) g->host_master = at::empty({L.shard_numel}, pinned);
     }
     g->staging.resize(L.buckets.size());
     g->pending.resize(L.buckets.size());
@@ -226,8 +232,8 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
         ShardSegment h;
         h.local_offset = s.local_offset;
         h.grads = g->host_grads.narrow(0, k.shard_offset, k.shard);
-        h.params = g->mixed() ? s.params : g->host_master.narrow(0, k.shard_offset, k.shard);
-        if (g->mixed()) h.compute_copy = g->host_compute.narrow(0, k.shard_offset, k.shard);
+        h.params = g->mixed() || shard_on_host ? s.params : g->host_master.narrow(0, k.shard_offset, k.shard);
+        if (g->mixed()) h.compute_copy = shard_on_host ? s.compute_copy : g->host_compute.narrow(0, k.shard_offset, k.shard);
         g->host_segments.push_back(h);
       }
       grad_parts_.push_back({s.grads, stage_->gradients_data_sharded(), spec.tensor_sharded, {}});

@@ -14,16 +14,20 @@
 namespace tessera {
 
 // NVMe optimizer offload: every group's state (and fp32 master) moves to its file; the optimizer
-// keeps none, and the master's memory goes as soon as its values are written.
+// keeps none, and the master's memory goes as soon as its values are written. On GPU ranks the
+// tiles step the host segments (host_optimizer_): the host copy of the gradient shard, and in fp32
+// the host copy of the parameters, which stays in host memory as the CPU ranks' parameters do.
 void ZeroOptimizer::offload_optimizer_states(const OptimizerSwapOptions& options) {
   swapper_ = std::make_unique<OptimizerSwapper>(options);
-  for (auto& g : groups_) swapper_->add_group(g->index, g->segments, g->optimizer->state_arrays(), g->master);
+  for (auto& g : groups_) swapper_->add_group(g->index, stepped_segments(*g), g->optimizer->state_arrays(), g->master);
   swapper_->create_files();
   for (auto& g : groups_) {
     if (!g->master.defined()) continue;
     g->master = at::Tensor();
     g->master_on_file = true;
-    for (ShardSegment& s : g->segments) s.params = at::Tensor();  // the views held the master alive
+    // The views held the master alive.
+    for (ShardSegment& s : g->segments) s.params = at::Tensor();
+    for (ShardSegment& s : g->host_segments) s.params = at::Tensor();
   }
 }
 

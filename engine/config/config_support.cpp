@@ -53,7 +53,8 @@ const std::vector<UnimplementedKey> kRows = {
      "fp32 states start from zeros in memory without being written first anyway; a mixed-precision master is written "
      "once at start", {}},
     {"zero_optimization.offload_param.pin_memory", kWarning, "",
-     "parameter offload runs on CPU ranks, whose host memory needs no pinning", {}},
+     "the shards offload_param \"cpu\" puts in host memory are the host optimizer's copy and are pinned by "
+     "offload_optimizer.pin_memory (GPU ranks; CPU ranks need no pinning)", {}},
     {"zero_optimization.offload_param.max_in_cpu", kWarning, "",
      "with NVMe parameter offload every partitioned shard lives in its file; only buffer_count buffers of it are in "
      "memory", {}},

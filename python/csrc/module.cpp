@@ -428,6 +428,8 @@ PYBIND11_MODULE(_C, m) {
         d["offloaded_parameter_bytes"] = r.offloaded_parameter_bytes;
         d["offload_read_bytes"] = r.offload_read_bytes;
         d["offload_written_bytes"] = r.offload_written_bytes;
+        d["host_optimizer_bytes"] = r.host_optimizer_bytes;
+        d["host_parameter_bytes"] = r.host_parameter_bytes;
         return d;
       });
 

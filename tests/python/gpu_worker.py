@@ -99,8 +99,15 @@ def tessera_run(model, data, args):
                                     "stage3_prefetch_bucket_size": args.bucket}}
     if args.comm_dtype:
         config["communication_data_type"] = args.comm_dtype
-    if args.offload:  # ZeRO-Offload: master, optimizer state and gradient copy in host memory
+    if args.offload in ("pinned", "pageable"):  # ZeRO-Offload: master, state and gradient copy in host memory
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": args.offload == "pinned"}
+    elif args.offload == "nvme":  # and the state (the master in bf16) on in files, in small tiles
+        config["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": args.nvme_path,
+                                                            "pin_memory": True, "buffer_count": 4,
+                                                            "pipeline_read": True, "pipeline_write": True}
+        config["zero_optimization"]["sub_group_size"] = 5000
+    if args.offload_param:  # ZeRO-3's shards in host memory too
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
     tessera_run.allocated_after_init = torch.cuda.memory_allocated()
     losses = []
@@ -137,8 +144,10 @@ def main():
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--comm-dtype", choices=("fp32", "bf16", "fp16"), help="communication_data_type")
     ap.add_argument("--count-syncs", action="store_true")
-    ap.add_argument("--offload", choices=("pinned", "pageable"),
-                    help="zero_optimization.offload_optimizer.device cpu, with pin_memory true or false")
+    ap.add_argument("--offload", choices=("pinned", "pageable", "nvme"),
+                    help="zero_optimization.offload_optimizer.device cpu, with pin_memory true or false; or nvme")
+    ap.add_argument("--nvme-path", help="offload_optimizer.nvme_path with --offload nvme")
+    ap.add_argument("--offload-param", action="store_true", help="offload_param.device cpu (stage 3)")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line
     torch.backends.cuda.matmul.allow_tf32 = False
