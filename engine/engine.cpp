@@ -221,6 +221,10 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
                         " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the optimizer steps "
                         "the shards where they are, in host memory)");
   }
+  if (printer && config_.zero_optimization.offload_optimizer.ratio < 1.0 && !parallel_.data().device().is_cpu())
+    std::printf("[tessera] warning: zero_optimization.offload_optimizer.ratio %g: on GPU ranks the whole optimizer step "
+                "runs on the host (ratio 1); the training is the same, the GPU holds less\n",
+                config_.zero_optimization.offload_optimizer.ratio);
   if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
   if (config_.optimizer->client != static_cast<bool>(model.client_optimizer))
     throw std::invalid_argument(config_.optimizer->client

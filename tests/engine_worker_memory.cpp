@@ -36,9 +36,11 @@ int memory_sweep(Args a) {
       MemoryReport m = engine.memory();
       if (rank == 0)
         std::printf("memory stage %d dtype %s: params %lld master %lld grads %lld states %lld buckets %lld "
-                    "offloaded %lld offloaded_params %lld\n", stage, dtype, (long long)m.parameters,
-                    (long long)m.master_parameters, (long long)m.gradients, (long long)m.optimizer_states,
-                    (long long)m.buckets, (long long)m.offloaded_optimizer_bytes, (long long)m.offloaded_parameter_bytes);
+                    "offloaded %lld offloaded_params %lld host %lld host_params %lld\n", stage, dtype,
+                    (long long)m.parameters, (long long)m.master_parameters, (long long)m.gradients,
+                    (long long)m.optimizer_states, (long long)m.buckets, (long long)m.offloaded_optimizer_bytes,
+                    (long long)m.offloaded_parameter_bytes, (long long)m.host_optimizer_bytes,
+                    (long long)m.host_parameter_bytes);
     }
   }
   return 0;

@@ -21,7 +21,7 @@ using namespace tessera;
 namespace {
 
 struct Measured {
-  int64_t params, master, grads, states, buckets, offloaded = 0, offloaded_params = 0;
+  int64_t params, master, grads, states, buckets, offloaded = 0, offloaded_params = 0, host = 0, host_params = 0;
   int64_t model_states() const { return params + master + grads + states; }
 };
 
@@ -29,22 +29,24 @@ struct Measured {
 // `extra`: more worker arguments (optimizer offload: ZeRO 1-3 only, so 6 lines instead of 8;
 // parameter offload: ZeRO-3 only, 2 lines).
 std::map<std::pair<int, std::string>, Measured> measure(int ranks, int hidden, int bucket,
-                                                       const std::vector<std::string>& extra = {}) {
+                                                       const std::vector<std::string>& extra = {},
+                                                       const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks),
                                    "--master-port", std::to_string(tessera::testing::free_port()), "--timeout", "60", "--",
                                    TESSERA_ENGINE_WORKER_PATH, "--memory-sweep", "--steps", "1", "--mb", "2",
                                    "--hidden", std::to_string(hidden), "--bucket", std::to_string(bucket)};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  auto r = tessera::testing::run(argv, {}, 120);
+  auto r = tessera::testing::run(argv, env, 120);
   INFO(r.output);
   REQUIRE(r.status == 0);
   std::map<std::pair<int, std::string>, Measured> out;
   std::regex line("memory stage (\\d) dtype (\\w+): params (\\d+) master (\\d+) grads (\\d+) states (\\d+) buckets (\\d+) "
-                  "offloaded (\\d+) offloaded_params (\\d+)");
+                  "offloaded (\\d+) offloaded_params (\\d+) host (\\d+) host_params (\\d+)");
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
     const auto& m = *it;
     out[{std::stoi(m[1]), m[2]}] = {std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5]),
-                                    std::stoll(m[6]), std::stoll(m[7]), std::stoll(m[8]), std::stoll(m[9])};
+                                    std::stoll(m[6]), std::stoll(m[7]), std::stoll(m[8]), std::stoll(m[9]),
+                                    std::stoll(m[10]), std::stoll(m[11])};
   }
   const bool param_offload = std::count(extra.begin(), extra.end(), std::string("--offload-param")) > 0;
   REQUIRE(out.size() == (param_offload ? 2u : extra.empty() ? 8u : 6u));
@@ -184,6 +186,56 @@ TEST_CASE("validation: NVMe parameter offload on CPU ranks (ZeRO-3) - the estima
         CHECK(e.per_gpu.bytes("fp32 master weights") == m.master);
         CHECK(e.per_gpu.bytes("gradients") == m.grads);
         CHECK(e.per_gpu.bytes("optimizer states") == m.states);
+        CHECK(e.per_node_nvme.bytes("optimizer states") == ranks * m.offloaded);
+        CHECK(e.validated);
+      }
+    }
+}
+
+// GPU ranks' offload (the optimizer to host memory or NVMe, ZeRO-3's shards to host memory),
+// measured through the GPU ranks' own code path on CPU ranks (TESSERA_HOST_STAGING=1, whose
+// buffers are the GPU ranks' buffers): the estimate for a GPU is those buffers, device and host.
+TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate is the engine's device and host buffers") {
+  testing::TempDir dir;
+  struct Case {
+    std::string optimizer, param;
+  };
+  for (int ranks : {1, 2})
+    for (const Case& c : std::vector<Case>{{"cpu", "none"}, {"nvme", "none"}, {"cpu", "cpu"}, {"nvme", "cpu"}}) {
+      std::vector<std::string> extra = {"--offload", c.optimizer, "--nvme-path", dir.path, "--tile", "100000",
+                                        "--buffers", "3"};
+      if (c.param != "none") extra.insert(extra.end(), {"--offload-param", c.param});
+      auto measured = measure(ranks, 1024, 300000, extra, {{"TESSERA_HOST_STAGING", "1"}});
+      for (const auto& [key, m] : measured) {
+        const auto& [stage, dtype] = key;
+        EstimateInputs in = worker_model(ranks, 1024, 300000, stage, dtype);
+        in.hardware.device = "gpu";
+        in.hardware.gpu_memory = int64_t(80) << 30;
+        in.hardware.cpu_memory = int64_t(1) << 40;
+        in.hardware.nvme_capacity = int64_t(1) << 40;
+        in.setup.offload_optimizer = c.optimizer;
+        in.setup.offload_param = c.param;
+        in.setup.sub_group_size = 100000;
+        in.setup.optimizer_buffer_count = 3;
+        EstimateResult e = estimate(in);
+        INFO("ranks " << ranks << " offload_optimizer " << c.optimizer << " offload_param " << c.param << " stage "
+                      << stage << " " << dtype);
+        const int64_t host_estimated = e.per_node_cpu.model_states / ranks;
+        std::printf("validation: GPU ranks %d, offload_optimizer %s, offload_param %s, ZeRO-%d %s: device measured %lld, "
+                    "estimated %lld; host measured %lld, estimated %lld; NVMe measured %lld, estimated %lld\n",
+                    ranks, c.optimizer.c_str(), c.param.c_str(), stage, dtype.c_str(), (long long)m.model_states(),
+                    (long long)e.per_gpu.model_states, (long long)(m.host + m.host_params), (long long)host_estimated,
+                    (long long)(ranks * m.offloaded), (long long)e.per_node_nvme.bytes("optimizer states"));
+        CHECK(m.host > 0);
+        CHECK(m.master == 0);
+        CHECK(m.states == 0);
+        CHECK((m.host_params > 0) == (c.param == "cpu"));
+        CHECK(e.per_gpu.bytes("parameters") == m.params);
+        CHECK(e.per_gpu.bytes("fp32 master weights") == 0);
+        CHECK(e.per_gpu.bytes("gradients") == m.grads);
+        CHECK(e.per_gpu.bytes("optimizer states") == 0);
+        CHECK(e.per_gpu.model_states == m.model_states());
+        CHECK(e.per_node_cpu.model_states == ranks * (m.host + m.host_params));
         CHECK(e.per_node_nvme.bytes("optimizer states") == ranks * m.offloaded);
         CHECK(e.validated);
       }

@@ -32,11 +32,34 @@ std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const Traini
 
 
 bool engine_runs(const TrainingSetup& s, bool cpu_device) {
-  // Offload runs on CPU ranks: the optimizer's at stages 1-3, the parameters' at stage 3.
-  const bool optimizer_offload_runs = s.offload_optimizer == "none" || (cpu_device && s.zero_stage >= 1);
-  const bool param_offload_runs = s.offload_param == "none" || (cpu_device && s.zero_stage == 3);
+  // The optimizer's offload runs at stages 1-3 on CPU and GPU ranks; the parameters' at stage 3 on
+  // CPU ranks, and on GPU ranks to host memory when the optimizer is offloaded too.
+  const bool optimizer_offload_runs = s.offload_optimizer == "none" || s.zero_stage >= 1;
+  const bool param_offload_runs =
+      s.offload_param == "none" ||
+      (s.zero_stage == 3 && (cpu_device || (s.offload_param == "cpu" && s.offload_optimizer != "none")));
   return s.zero_stage <= 3 && optimizer_offload_runs && param_offload_runs && s.tp == 1 && s.pp == 1;
 }
+
+namespace {
+// The NVMe optimizer swapper's file and tile buffers (offload/optimizer_swapper.h): the state, and
+// the master with mixed precision, per tile of at most sub_group_size elements of each bucket's
+// shard segment, each slot aligned to 4096; in memory only buffer_count slots.
+struct SwapFiles {
+  int64_t file = 0, largest_slot = 0;
+};
+SwapFiles optimizer_swap_files(const BufferPlan& plan, const TrainingSetup& s, int arrays) {
+  SwapFiles f;
+  for (const GroupBuffers& g : plan.groups)
+    for (const FlatBucket& b : g.layout.buckets)
+      for (int64_t begin = 0; begin < b.shard; begin += s.sub_group_size) {
+        const int64_t slot = (4 * std::min(s.sub_group_size, b.shard - begin) * arrays + 4095) / 4096 * 4096;
+        f.file += slot;
+        f.largest_slot = std::max(f.largest_slot, slot);
+      }
+  return f;
+}
+}  // namespace
 
 States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cpu_device) {
   States st;
@@ -46,11 +69,13 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
   const bool engine_offload = cpu_device && (s.offload_optimizer != "none" || s.offload_param != "none");
   const bool off_opt = s.offload_optimizer != "none" && !engine_offload;
   const bool off_param = s.offload_param != "none" && !engine_offload;
+  // On GPU ranks the engine's host path (zero/zero_optimizer.h, host_optimizer/host_parameters).
+  const bool gpu_host_offload = !cpu_device && off_opt && engine_runs(s, false);
   const auto groups = group_numels(m, s);
   const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
   const std::string dtype = s.precision;
 
-  if (s.zero_stage <= 2 || (s.zero_stage == 3 && !off_opt && !off_param)) {
+  if (s.zero_stage <= 2 || (s.zero_stage == 3 && !off_opt && !off_param) || gpu_host_offload) {
     // The engine's own buffer planner (zero/buffer_plan.h): the figures are what it allocates.
     BufferPlanInput in;
     in.group_numels = groups;
@@ -125,24 +150,45 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       st.optim = plan.state_bytes;
       st.optim_detail = state_name(s) + ", " + part(partitions);
       if (engine_offload && s.offload_optimizer == "nvme") {
-        // The engine's swap files (offload/optimizer_swapper.h): the state, and the master with
-        // mixed precision, per tile of at most sub_group_size elements of each bucket's shard
-        // segment, each slot aligned to 4096; in memory only buffer_count slots.
-        const int arrays = k / 4 + (mixed ? 1 : 0);
-        int64_t file = 0, largest_slot = 0;
-        for (const GroupBuffers& g : plan.groups)
-          for (const FlatBucket& b : g.layout.buckets)
-            for (int64_t begin = 0; begin < b.shard; begin += s.sub_group_size) {
-              const int64_t slot = (4 * std::min(s.sub_group_size, b.shard - begin) * arrays + 4095) / 4096 * 4096;
-              file += slot;
-              largest_slot = std::max(largest_slot, slot);
-            }
-        st.n_optim = file;
-        st.optim = int64_t(std::max(1, s.optimizer_buffer_count)) * largest_slot;
-        st.optim_detail = std::to_string(s.optimizer_buffer_count) + " tile buffers of " + format_gib(largest_slot) +
+        const SwapFiles f = optimizer_swap_files(plan, s, k / 4 + (mixed ? 1 : 0));
+        st.n_optim = f.file;
+        st.optim = int64_t(std::max(1, s.optimizer_buffer_count)) * f.largest_slot;
+        st.optim_detail = std::to_string(s.optimizer_buffer_count) + " tile buffers of " + format_gib(f.largest_slot) +
                           " (the state" + (mixed ? " and fp32 master" : "") + " is on NVMe)";
         if (mixed) st.master = 0, st.master_detail.clear();
       }
+    } else if (gpu_host_offload) {
+      // The GPU keeps the compute-dtype parameters and its gradient buffer; the host, per group,
+      // a copy of the gradient shard, the fp32 master (mixed precision; in its file with NVMe) or
+      // a host fp32 copy of the parameters (fp32), the compute-dtype copy the step writes (mixed),
+      // and the state (or NVMe's tile buffers). With offload_param "cpu" a partitioned group's
+      // shard is allocated on the host and is that copy.
+      const bool nvme = s.offload_optimizer == "nvme";
+      const int grad_bytes = s.grad_accum_dtype == "bf16" ? 2 : 4;
+      st.grads = plan.gradient_bytes;
+      st.grads_detail = std::string(s.grad_accum_dtype == "bf16" ? "bf16, " : "fp32, ") + part(s.zero_stage >= 2 ? dp : 1);
+      for (const GroupBuffers& g : plan.groups) {
+        const int64_t shard_numel = g.layout.shard_numel;
+        const bool shard_on_host = s.offload_param == "cpu" && g.partitioned;
+        st.h_grads += int64_t(grad_bytes) * shard_numel;
+        if (shard_on_host) {
+          st.params -= int64_t(c) * g.compute_numel;
+          st.h_params += int64_t(c) * g.compute_numel;
+        } else if (mixed) {
+          st.h_params += int64_t(c) * shard_numel;  // the compute-dtype copy
+        } else {
+          st.h_master += 4 * shard_numel;  // the host's fp32 copy of the parameters
+        }
+      }
+      if (mixed && !nvme) st.h_master += plan.master_bytes;
+      if (nvme) {
+        const SwapFiles f = optimizer_swap_files(plan, s, k / 4 + (mixed ? 1 : 0));
+        st.n_optim = f.file;
+        st.h_optim = int64_t(std::max(1, s.optimizer_buffer_count)) * f.largest_slot;
+      } else {
+        st.h_optim = plan.state_bytes;
+      }
+      if (s.offload_param == "cpu") st.params_detail = dtype + ", small tensors whole (the shards are in host memory)";
     } else {
       // Design (not in the engine yet): the optimizer runs on the host over this rank's shard;
       // stage 1 still accumulates the full fp32 gradient on the device until the boundary.
