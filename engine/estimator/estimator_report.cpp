@@ -210,7 +210,11 @@ std::string format_estimate(const EstimateResult& r) {
         << (row.fits ? " yes" : "  no") << " | " << fmt("%6.0f", static_cast<double>(row.max_micro_batch)) << " | "
         << row.label() << (row.validated ? "" : " (design)") << "\n";
     }
-    o << "  (design): ZeRO-3, offload, tensor/pipeline parallelism are design estimates, not yet validated against the engine\n";
+    bool any_design = false;
+    for (const auto& row : r.table) any_design = any_design || !row.validated;
+    if (any_design)
+      o << "  (design): a design estimate, not yet validated against the engine (what it does not run yet: NVMe parameter "
+           "offload on GPU ranks, tensor/pipeline parallelism)\n";
     if (hw.nvme_capacity == 0) o << "  no NVMe capacity given (--nvme): NVMe offload rows cannot fit\n";
     o << "\nCheapest options that fit, by relative cost per sample (1.00 = forward + backward only; "
          "docs/estimator.md, \"Ranking: the cost model\"):\n";
