@@ -37,9 +37,10 @@ TINY = {"model": "tiny", "seed": 7, "global_batch": 8, "micro": 2}
 ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "betas": [0.9, 0.95]}}
 
 
-def config(stage=0, optimizer=ADAMW, **extra):
+def config(stage=0, optimizer=ADAMW, zero_extra=None, **extra):
     c = {"optimizer": optimizer, "gradient_clipping": 1.0,
-         "zero_optimization": {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}}
+         "zero_optimization": {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0,
+                               **(zero_extra or {})}}
     if optimizer is None:  # the run's client optimizer
         del c["optimizer"]
     c.update(extra)
@@ -161,6 +162,41 @@ def test_resume_is_bit_exact(resumed, name):
     assert meta_full["engine"] == meta_resumed["engine"]
     if name == "fp16_dynamic_zero2":  # the scaler's state matters: overflows before the save, applied steps too
         assert 0 < first["skipped_steps"] < FIRST, first
+
+
+# The GPU ranks' host path (the optimizer on the host: cpu or nvme; at ZeRO-3 the shards in host
+# memory too), run on CPU ranks with TESSERA_HOST_STAGING=1 (docs/offload.md): the host copies
+# are refreshed from a load and saved from where they are, so a resumed run is bit-exact too.
+HOST_PATH_CASES = {
+    "host_cpu_zero2_bf16": dict(TINY, config=config(2, bf16={"enabled": True},
+                                                  zero_extra={"offload_optimizer": {"device": "cpu"}})),
+    "host_nvme_zero1_fp32": dict(TINY, config=config(1), nvme=True),
+    "host_cpu_params_zero3_gpt_fp32": dict(TINY, model="gpt", config=config(3, zero_extra={
+        "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})),
+    "host_nvme_params_zero3_gpt_bf16": dict(TINY, model="gpt", config=config(3, bf16={"enabled": True}, zero_extra={
+        "offload_param": {"device": "cpu"}}), nvme=True),
+}
+
+
+def test_resume_on_the_gpu_ranks_host_path_is_bit_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_HOST_STAGING", "1")
+    # In this order: the tiny model seeds the global RNG first, which the GPT's construction leaves
+    # alone, so the RNG state each checkpoint saves is the same in every job.
+    names = list(HOST_PATH_CASES)
+    case = {n: with_nvme(HOST_PATH_CASES[n], tmp_path / "swap" / n) for n in names}
+    runs = {"full": [dict(case[n], steps=FIRST + SECOND, save=str(tmp_path / "full" / n)) for n in names],
+            "first": [dict(case[n], steps=FIRST, save=str(tmp_path / "half" / n)) for n in names],
+            "second": [dict(case[n], steps=SECOND, load={"dir": str(tmp_path / "half" / n)},
+                            save=str(tmp_path / "resumed" / n)) for n in names]}
+    results = {label: dict(zip(names, run_jobs(tmp_path, 2, r, label))) for label, r in runs.items()}
+    for n in names:
+        full, first, second = results["full"][n], results["first"][n], results["second"][n]
+        assert first["losses"] + second["losses"] == full["losses"], n
+        assert second["norms"] == full["norms"][FIRST:], n
+        step = "global_step%d" % (FIRST + SECOND)
+        _, a = consolidated(str(tmp_path / "full" / n / step))
+        _, b = consolidated(str(tmp_path / "resumed" / n / step))
+        assert_same(a, b, where=n)
 
 
 def test_pipeline_resume_is_bit_exact(tmp_path):
