@@ -107,7 +107,13 @@ class Tessera:
         if args.bucket:
             zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = int(args.bucket)
         if args.offload:  # ZeRO-Offload: the optimizer on the host's cores, pinned buffers
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+            zero["offload_optimizer"] = {"device": args.offload, "pin_memory": True}
+            if args.offload == "nvme":  # its state (and the fp32 master) in files, streamed in tiles
+                zero["offload_optimizer"].update(nvme_path=args.nvme_path, buffer_count=4, pipeline_read=True,
+                                                 pipeline_write=True)
+                zero["sub_group_size"] = int(args.sub_group_size)
+        if args.offload_param:  # ZeRO-3's shards in host memory too
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
                   "steps_per_print": 10**9, "gradient_clipping": args.clip, "bf16": {"enabled": True},
                   "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
@@ -138,7 +144,11 @@ def main():
     ap.add_argument("--stage", type=int, default=0, help="tessera's ZeRO stage")
     ap.add_argument("--bucket", type=float, default=0, help="tessera's reduce/allgather bucket (elements; 0: the default)")
     ap.add_argument("--micro", type=int, default=8)
-    ap.add_argument("--offload", action="store_true", help="tessera: offload_optimizer.device cpu")
+    ap.add_argument("--offload", nargs="?", const="cpu", choices=("cpu", "nvme"),
+                    help="tessera: offload_optimizer.device (cpu when given alone)")
+    ap.add_argument("--nvme-path", default="/tmp", help="offload_optimizer.nvme_path with --offload nvme")
+    ap.add_argument("--sub-group-size", type=float, default=1e8, help="sub_group_size with --offload nvme")
+    ap.add_argument("--offload-param", action="store_true", help="tessera (stage 3): offload_param.device cpu")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=10)
@@ -182,7 +192,10 @@ def main():
         raise
     timed = args.steps - args.warmup
     tokens_per_s = args.micro * args.seq * timed / seconds
-    name = "tessera-zero%d" % args.stage + ("-offload" if args.offload else "") if args.impl == "tessera" else args.impl
+    name = args.impl
+    if args.impl == "tessera":
+        name = "tessera-zero%d" % args.stage + ("-offload" if args.offload == "cpu" else "-offload-nvme" if args.offload
+                                                 else "") + ("-params" if args.offload_param else "")
     print(json.dumps({
         "impl": name, "size": args.size, "parameters": parameters, "layers": n_layer, "embd": n_embd,
         "micro_batch": args.micro, "seq": args.seq, "steps": timed,

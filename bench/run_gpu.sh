@@ -9,7 +9,11 @@
 #   bench/run_gpu.sh bench SIZE...   bench/gpu_gpt.py for each size (350m, 1.3b, 125m, tiny): the
 #                                    plain PyTorch loops ($PLAIN) and tessera ZeRO $STAGES, all at the largest
 #                                    micro-batch of $MICROS_<size> that every one of them fits
-#   bench/run_gpu.sh all SIZE...     the three in order
+#   bench/run_gpu.sh offload SIZE    tessera at ZeRO 2 without offload, offload_optimizer cpu and
+#                                    nvme, and at ZeRO 3 without, and with the optimizer (cpu, nvme)
+#                                    and the shards (offload_param cpu) on the host, micro-batch
+#                                    $MICRO (16), swap files under $NVME_PATH (/tmp)
+#   bench/run_gpu.sh all SIZE...     build, test and bench in order
 #
 # Results: JSON lines in $RESULTS/gpu_gpt.jsonl (RESULTS defaults to $OUT where the device tool
 # sets it, else bench/results), logs beside them. PYTHON, BUILD_DIR (build-gpu), STAGES ("0 1 2"),
@@ -86,12 +90,31 @@ do_bench() {
   return 0
 }
 
+do_offload() {
+  local size=${1:-350m} micro=${MICRO:-16} nvme=${NVME_PATH:-/tmp} spec stage extra line rc
+  for spec in "2:" "2:--offload cpu" "2:--offload nvme" "3:" "3:--offload cpu --offload-param" \
+              "3:--offload nvme --offload-param"; do
+    stage=${spec%%:*} extra=${spec#*:}
+    rc=0
+    # shellcheck disable=SC2086
+    line=$(PYTHONUNBUFFERED=1 "$python" bench/gpu_gpt.py --impl tessera --stage "$stage" --size "$size" \
+      --micro "$micro" --seq "${SEQ:-1024}" --steps "${STEPS:-30}" --warmup "${WARMUP:-10}" --nvme-path "$nvme" \
+      $extra 2>>"$results/bench.log") || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      echo "[gpu] $size micro $micro: zero$stage $extra failed ($rc):"; tail -20 "$results/bench.log"
+      continue
+    fi
+    echo "$line" | tee -a "$results/gpu_offload.jsonl"
+  done
+}
+
 what=${1:-all}
 shift || true
 case $what in
   build) do_build ;;
   test) do_test ;;
   bench) do_bench "$@" ;;
+  offload) do_offload "$@" ;;
   all) do_build && do_test && do_bench "${@:-350m 1.3b}" ;;
-  *) echo "usage: bench/run_gpu.sh build|test|bench SIZE...|all [SIZE...]" >&2; exit 2 ;;
+  *) echo "usage: bench/run_gpu.sh build|test|bench SIZE...|offload SIZE|all [SIZE...]" >&2; exit 2 ;;
 esac
