@@ -189,6 +189,10 @@ void ZeroOptimizer::discard_materialized_optimizer_state() {
   for (auto& g : groups_) g->optimizer->discard_materialized_state();
 }
 
+void ZeroOptimizer::wait_for_host_readers() {
+  if (host_optimizer_) wait_for_device_stream(data_.device());
+}
+
 void ZeroOptimizer::after_shards_loaded() {
   wait_for_parameters();
   ResidentParameters resident(*this);

@@ -180,6 +180,9 @@ class ZeroOptimizer final : public UnitListener {
   // of its chunks follows them, every rank gets every chunk (stages 1–2), ZeRO-3's gathered copies
   // are stale, and the gradients start from zero.
   void after_shards_loaded();
+  // Before a checkpoint load writes the host buffers outside a step: the device's reads of them
+  // still queued (a gather from a shard in host memory, a copy to the device) have finished.
+  void wait_for_host_readers();
   // Before a checkpoint's optimizer state is loaded: every group's optimizer has its state arrays
   // (FlatOptimizer::materialize_state; a client torch optimizer makes them at its first step).
   bool materialize_optimizer_state();           // whether some group made state now

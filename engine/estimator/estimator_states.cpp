@@ -115,7 +115,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       int64_t group_params = 0;
       for (auto n : in.group_numels[gi]) group_params += n;
       // At stage 3 the engine is built whole (every bucket gathered) and released at the first unit.
-      const int64_t compute = int64_t(c) * (g.compute_numel + (g.partitioned ? g.layout.total : 0));
+      // (With offload_param "cpu" on GPU ranks the shard itself is host memory.)
+      const bool shard_on_host = gpu_host_offload && s.offload_param == "cpu" && g.partitioned;
+      const int64_t compute = int64_t(c) * ((shard_on_host ? 0 : g.compute_numel) + (g.partitioned ? g.layout.total : 0));
       const int64_t master = off_opt ? 0 : 4 * g.master_numel;
       st.construction = std::max(st.construction, remaining_model + built + compute + master);
       remaining_model -= 4 * group_params;
