@@ -71,6 +71,8 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
   const bool off_param = s.offload_param != "none" && !engine_offload;
   // On GPU ranks the engine's host path (zero/zero_optimizer.h, host_optimizer/host_parameters).
   const bool gpu_host_offload = !cpu_device && off_opt && engine_runs(s, false);
+  // ...where offload_param "cpu" puts each partitioned group's shard in host memory.
+  const bool shards_on_host = gpu_host_offload && s.offload_param == "cpu";
   const auto groups = group_numels(m, s);
   const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
   const std::string dtype = s.precision;
@@ -115,8 +117,7 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       int64_t group_params = 0;
       for (auto n : in.group_numels[gi]) group_params += n;
       // At stage 3 the engine is built whole (every bucket gathered) and released at the first unit.
-      // (With offload_param "cpu" on GPU ranks the shard itself is host memory.)
-      const bool shard_on_host = gpu_host_offload && s.offload_param == "cpu" && g.partitioned;
+      const bool shard_on_host = shards_on_host && g.partitioned;
       const int64_t compute = int64_t(c) * ((shard_on_host ? 0 : g.compute_numel) + (g.partitioned ? g.layout.total : 0));
       const int64_t master = off_opt ? 0 : 4 * g.master_numel;
       st.construction = std::max(st.construction, remaining_model + built + compute + master);
@@ -144,11 +145,13 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
                          format_gib(largest) + " (the shards are on NVMe)";
     }
     if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
-    if (!off_opt) {
-      if (mixed) st.master = plan.master_bytes, st.master_detail = part(partitions);
+    if (!off_opt || gpu_host_offload) {  // the engine's gradient buffer, on the device either way
       st.grads = plan.gradient_bytes;
       st.grads_detail = std::string(s.zero_stage < 2 && s.grad_accum_dtype == "bf16" ? "bf16, " : "fp32, ") +
                         part(s.zero_stage >= 2 ? dp : 1);
+    }
+    if (!off_opt) {
+      if (mixed) st.master = plan.master_bytes, st.master_detail = part(partitions);
       st.optim = plan.state_bytes;
       st.optim_detail = state_name(s) + ", " + part(partitions);
       if (engine_offload && s.offload_optimizer == "nvme") {
@@ -167,11 +170,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       // shard is allocated on the host and is that copy.
       const bool nvme = s.offload_optimizer == "nvme";
       const int grad_bytes = s.grad_accum_dtype == "bf16" ? 2 : 4;
-      st.grads = plan.gradient_bytes;
-      st.grads_detail = std::string(s.grad_accum_dtype == "bf16" ? "bf16, " : "fp32, ") + part(s.zero_stage >= 2 ? dp : 1);
       for (const GroupBuffers& g : plan.groups) {
         const int64_t shard_numel = g.layout.shard_numel;
-        const bool shard_on_host = s.offload_param == "cpu" && g.partitioned;
+        const bool shard_on_host = shards_on_host && g.partitioned;
         st.h_grads += int64_t(grad_bytes) * shard_numel;
         if (shard_on_host) {
           st.params -= int64_t(c) * g.compute_numel;
@@ -190,7 +191,7 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       } else {
         st.h_optim = plan.state_bytes;
       }
-      if (s.offload_param == "cpu") st.params_detail = dtype + ", small tensors whole (the shards are in host memory)";
+      if (shards_on_host) st.params_detail = dtype + ", small tensors whole (the shards are in host memory)";
     } else {
       // Design (not in the engine yet): the optimizer runs on the host over this rank's shard;
       // stage 1 still accumulates the full fp32 gradient on the device until the boundary.
