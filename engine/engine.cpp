@@ -233,6 +233,14 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
                                     : "tessera: the model description brings a client optimizer and the config has an "
                                       "optimizer section too");
   zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank(), parallel_.data().size()), parallel_, model, &units_);
+  // Groups reduced over communicators of their own add a world sum to the norm, on every rank or
+  // none: the stages of a pipeline hold different groups, so they agree on it here.
+  norm_over_world_ = zero_->has_groups_of_their_own();
+  if (parallel_.pipe().size() > 1) {
+    at::Tensor any = at::full({1}, norm_over_world_ ? 1.0 : 0.0, parallel_.world().options(at::kFloat));
+    parallel_.world().all_reduce(any, ReduceOp::Max);
+    norm_over_world_ = any.item<double>() > 0;
+  }
   scaler_ = make_loss_scaler(config_.fp16, config_.bf16.enabled);
   schedule_ = config_.scheduler ? make_lr_schedule(config_.scheduler->type, config_.scheduler->params,
                                                    config_.optimizer->params.lr)
@@ -418,7 +426,8 @@ void Engine::optimizer_step() {
   const double scale =
       scaler_->scale() * (window_kind_ == BackwardKind::Autograd ? double(gradient_accumulation_steps_) : 1.0);
   window_kind_ = BackwardKind::None;
-  const NormGroups groups{&parallel_.data(), &parallel_.tensor(), &parallel_.pipe()};
+  const NormGroups groups{&parallel_.data(), &parallel_.tensor(), &parallel_.pipe(),
+                          norm_over_world_ ? &parallel_.world() : nullptr};
   const double sumsq = global_grad_sumsq(zero_->gradient_parts(), groups);
   const bool overflow = !std::isfinite(sumsq);
 

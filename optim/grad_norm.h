@@ -6,6 +6,11 @@
 //   data-sharded (ZeRO 1–2 shards)       summed over the data group; whole copies (stage 0) once
 //   tensor-sharded (tensor-parallel)     summed over the tensor group; replicated weights once
 //   pipeline stages                      always summed over the pipe group (disjoint layers)
+// A part reduced over a communicator of its own (GradPart::group, a ZeRO group over a factor of the
+// data axis or a product of axes; never the tensor or pipe axes) is summed over the world with
+// weight 1/copies: copies = the ranks holding the same values (its group's size when whole, 1 when
+// sharded over it; × the tensor group's size when replicated there), since outside its group the
+// ranks hold other parameters (other experts, other stages).
 // Copies are identical where they are counted once (stage 0's gradients were allreduced; replicated
 // weights get the same gradient on every tensor rank), so a non-finite gradient anywhere makes the
 // total non-finite on every rank: that is the overflow check (one host read per step). Clipping follows DeepSpeed and torch.nn.utils.clip_grad_norm_:
@@ -30,6 +35,9 @@ struct GradPart {
   // False for a copy whose twin another pipeline stage counts (a weight tied across stages: both
   // hold the same summed gradient); left out of the sum here.
   bool counted = true;
+  // The communicator its gradients were reduced over (ZeroGroup::comm) when that is not
+  // NormGroups::data; null: the data group's.
+  Communicator* group = nullptr;
 };
 
 // The groups a norm reduces over; a null or single-rank group is skipped.
@@ -37,6 +45,9 @@ struct NormGroups {
   Communicator* data = nullptr;
   Communicator* tensor = nullptr;
   Communicator* pipe = nullptr;
+  // Parts on groups of their own (GradPart::group) are summed over it; set on every rank when any
+  // rank has such parts (one more scalar allreduce), null otherwise.
+  Communicator* world = nullptr;
 };
 
 // ‖grads‖₂ as a 0-d fp32 tensor on their device, in fp32 whatever their dtype (bf16 accumulation

@@ -67,6 +67,7 @@ void ParallelContext::make_axis_groups(int tensor, int pipe, const std::string& 
   auto pipe_group = make_group("pipe", grid.group_of(Axis::Pipe, info_.rank), options_);
   auto model = make_group("model", grid.group_of(Axis::Model, info_.rank), options_);
   grid_ = grid;
+  axes_ = NamedAxes(grid);
   data_ = std::move(data), tensor_ = std::move(tensor_group), pipe_ = std::move(pipe_group), model_ = std::move(model);
 }
 
@@ -83,6 +84,33 @@ Communicator& ParallelContext::data_parameters() {
   axis(data_);
   if (!data_parameters_) data_parameters_ = make_group("data_parameters", grid_.group_of(Axis::Data, info_.rank), options_);
   return *data_parameters_;
+}
+
+const NamedAxes& ParallelContext::axes() const {
+  axis(data_);
+  return axes_;
+}
+
+void ParallelContext::split_axis(const std::string& axis_name, const std::vector<std::pair<std::string, int>>& factors) {
+  axis(data_);
+  axes_.split(axis_name, factors);
+}
+
+Communicator& ParallelContext::group_over(const std::string& spec, const std::string& channel) {
+  const std::string name = spec.empty() ? "data" : spec;
+  if (channel.empty()) {
+    if (name == "world") return world();
+    if (name == "data") return data();
+    if (name == "tensor") return tensor();
+    if (name == "pipe") return pipe();
+  } else if (channel == "parameters" && name == "data") {
+    return data_parameters();
+  }
+  axis(data_);
+  const std::string key = channel.empty() ? name : name + "#" + channel;
+  auto& group = named_[key];
+  if (!group) group = make_group(key, name == "world" ? world_->global_ranks() : axes_.group_of(name, info_.rank), options_);
+  return *group;
 }
 
 Communicator& ParallelContext::pipe_stages(const std::vector<int>& stages) {

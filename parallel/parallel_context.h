@@ -64,6 +64,17 @@ class ParallelContext {
   Communicator& pipe() { return axis(pipe_); }
   Communicator& model() { return axis(model_); }  // tensor × pipe: one model replica
   Communicator& group(Axis axis);
+  // Groups by the axes they span (parallel/topology.h's NamedAxes): "data", "tensor", "pipe",
+  // "world", a product such as "data*tensor", or factors a split_axis made. The grid's own groups
+  // are the objects above; any other is made on first use by its members together and kept.
+  // `channel` names a second, independent group over the same ranks ("parameters": ZeRO-3's
+  // gathers, never queued behind the gradient reductions of the group without a channel).
+  Communicator& group_over(const std::string& spec, const std::string& channel = "");
+  // Splits a grid axis into named factors, outer to inner (every rank together, after the axis
+  // groups exist): split_axis("data", {{"expert_data", 2}, {"expert", 2}}) makes data ranks
+  // {0,1} and {2,3} the expert groups and {0,2}, {1,3} the expert_data groups.
+  void split_axis(const std::string& axis, const std::vector<std::pair<std::string, int>>& factors);
+  const NamedAxes& axes() const;
   // Some stages of this rank's pipeline (pipe-group ranks, ascending; this rank's among them), made
   // on first use by those stages' ranks together and kept: where weights tied across stages (a
   // GPT's embedding and head) sum their gradients.
@@ -85,6 +96,8 @@ class ParallelContext {
   ParallelOptions options_;
   std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_, data_parameters_;
   std::map<std::vector<int>, std::unique_ptr<Communicator>> pipe_stages_;
+  NamedAxes axes_;
+  std::map<std::string, std::unique_ptr<Communicator>> named_;  // group_over's, by spec#channel
 };
 
 }  // namespace tessera

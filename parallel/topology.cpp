@@ -1,5 +1,9 @@
 #include "parallel/topology.h"
 
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
 namespace tessera {
 
 const char* axis_name(Axis axis) {
@@ -54,6 +58,78 @@ std::vector<std::vector<int>> GridShape::all_groups(Axis axis) const {
 
 std::string GridShape::str() const {
   return "pipe " + std::to_string(pipe) + " x data " + std::to_string(data) + " x tensor " + std::to_string(tensor);
+}
+
+NamedAxes::NamedAxes(const GridShape& grid) : world_(grid.world_size()) {
+  axes_ = {{"pipe", grid.pipe, grid.data * grid.tensor}, {"data", grid.data, grid.tensor}, {"tensor", grid.tensor, 1}};
+}
+
+const AxisSpan& NamedAxes::axis(const std::string& name) const {
+  for (const AxisSpan& a : axes_)
+    if (a.name == name) return a;
+  throw std::invalid_argument("tessera: no parallel axis named '" + name + "' (the axes: " + names() + ")");
+}
+
+std::string NamedAxes::names() const {
+  std::string out;
+  for (const AxisSpan& a : axes_) out += (out.empty() ? "" : ", ") + a.name;
+  return out;
+}
+
+void NamedAxes::split(const std::string& axis_name, const std::vector<std::pair<std::string, int>>& factors) {
+  const AxisSpan whole = axis(axis_name);
+  std::vector<AxisSpan> made;
+  int stride = whole.stride, product = 1;
+  for (auto it = factors.rbegin(); it != factors.rend(); ++it) {  // the innermost first
+    const auto& [name, size] = *it;
+    if (size < 1) throw std::invalid_argument("tessera: factor '" + name + "' of the " + axis_name + " axis has size " + std::to_string(size));
+    made.push_back({name, size, stride});
+    stride *= size;
+    product *= size;
+  }
+  if (product != whole.size) {
+    std::string sizes;
+    for (const auto& [name, size] : factors) sizes += (sizes.empty() ? "" : " x ") + name + " " + std::to_string(size);
+    throw std::invalid_argument("tessera: the " + axis_name + " axis has " + std::to_string(whole.size) +
+                                " ranks, which " + sizes + " (" + std::to_string(product) + ") does not split");
+  }
+  for (const AxisSpan& f : made) {
+    auto old = std::find_if(axes_.begin(), axes_.end(), [&](const AxisSpan& a) { return a.name == f.name; });
+    if (old == axes_.end()) continue;
+    if (old->size != f.size || old->stride != f.stride)
+      throw std::invalid_argument("tessera: a parallel axis named '" + f.name + "' exists already, of other ranks");
+  }
+  for (auto it = made.rbegin(); it != made.rend(); ++it)
+    if (std::none_of(axes_.begin(), axes_.end(), [&](const AxisSpan& a) { return a.name == it->name; })) axes_.push_back(*it);
+}
+
+std::vector<int> NamedAxes::group_of(const std::string& spec, int rank) const {
+  std::vector<AxisSpan> spans;
+  std::stringstream in(spec);
+  for (std::string name; std::getline(in, name, '*');) spans.push_back(axis(name));
+  if (spans.empty()) throw std::invalid_argument("tessera: an empty group name (expected axes such as data or data*tensor)");
+  int base = rank;
+  for (const AxisSpan& a : spans) base -= ((rank / a.stride) % a.size) * a.stride;
+  std::vector<int> ranks = {base};
+  for (const AxisSpan& a : spans) {
+    std::vector<int> next;
+    for (int r : ranks)
+      for (int i = 0; i < a.size; ++i) next.push_back(r + i * a.stride);
+    ranks = std::move(next);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  const bool distinct = std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end();
+  if (!distinct || base < 0 || ranks.back() >= world_ || std::find(ranks.begin(), ranks.end(), rank) == ranks.end())
+    throw std::invalid_argument("tessera: the axes of group '" + spec + "' overlap (one is a factor of another)");
+  return ranks;
+}
+
+bool NamedAxes::spans(const std::string& spec, const std::string& axis_name) const {
+  const AxisSpan& a = axis(axis_name);
+  const std::vector<int> ranks = group_of(spec, 0);
+  for (int r : ranks)
+    if ((r / a.stride) % a.size != (ranks.front() / a.stride) % a.size) return true;
+  return false;
 }
 
 std::optional<GridShape> make_grid_shape(int world_size, int tensor, int pipe, std::string* error) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <utility>
 
 namespace tessera {
 
@@ -27,6 +28,37 @@ struct GridShape {
   // Every group along `axis`, each in increasing order.
   std::vector<std::vector<int>> all_groups(Axis axis) const;
   std::string str() const;  // "pipe 2 × data 2 × tensor 1"
+};
+
+// The grid's axes by name, and the factors an axis is split into (for example the data axis as
+// expert_data × expert, the expert factor varying fastest): each is plain arithmetic on ranks,
+// coordinate = (rank / stride) mod size. A group is named by the axes it spans, "data" or a
+// product "expert_data*expert": the ranks that share every other coordinate with this one.
+struct AxisSpan {
+  std::string name;
+  int size = 1;
+  int stride = 1;
+};
+
+class NamedAxes {
+ public:
+  NamedAxes() : NamedAxes(GridShape{}) {}
+  explicit NamedAxes(const GridShape& grid);
+  // Splits `axis` into `factors`, outer to inner (the last varies fastest); their sizes multiply
+  // to the axis's. The same split again is a no-op; another one under a used name is an error.
+  void split(const std::string& axis, const std::vector<std::pair<std::string, int>>& factors);
+  const AxisSpan& axis(const std::string& name) const;  // throws std::invalid_argument listing the names
+  // The ranks of `rank`'s group over `spec` ("data", "tensor*data", "expert_data*expert"), in
+  // increasing order (the group rank is the index). Axes that overlap (data with a factor of it)
+  // are an error naming them.
+  std::vector<int> group_of(const std::string& spec, int rank) const;
+  // Whether the groups over `spec` vary along `axis` (some members differ in its coordinate).
+  bool spans(const std::string& spec, const std::string& axis) const;
+  std::string names() const;  // "pipe, data, tensor, expert_data, expert"
+
+ private:
+  int world_ = 1;
+  std::vector<AxisSpan> axes_;
 };
 
 // The one place where parallel degrees are checked: data = world / (tensor · pipe).

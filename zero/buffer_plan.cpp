@@ -20,7 +20,9 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
     GroupBuffers g;
     static const std::vector<int> no_keys;
     const std::vector<int>& keys = gi < in.group_keys.size() ? in.group_keys[gi] : no_keys;
-    g.layout = FlatLayout::build(numels, plan.partitions, in.bucket_numel, keys);
+    const int partitions = in.stage == 0 || gi >= in.group_partitions.size() ? plan.partitions : in.group_partitions[gi];
+    if (partitions < 1) throw std::invalid_argument("tessera: group " + std::to_string(gi) + " is partitioned over " + std::to_string(partitions) + " ranks");
+    g.layout = FlatLayout::build(numels, partitions, in.bucket_numel, keys);
     g.partitioned = in.stage == 3 && (gi >= in.group_partitioned.size() || in.group_partitioned[gi]);
     g.compute_numel = g.partitioned ? g.layout.shard_numel : g.layout.total;
     g.master_numel = mixed ? g.layout.shard_numel : 0;
@@ -39,7 +41,8 @@ BufferPlan plan_buffers(const BufferPlanInput& in) {
     plan.state_bytes += 4 * g.state_numel;
     plan.groups.push_back(std::move(g));
   }
-  if (in.data_parallel > 1) {
+  const bool communicates = in.data_parallel > 1 || std::any_of(in.group_partitions.begin(), in.group_partitions.end(), [](int p) { return p > 1; });
+  if (communicates) {
     // Reductions::kMaxInFlight reductions in flight, each with a copy of its bucket in the wire
     // dtype when that is not fp32, and, at stages 1–2 on Gloo, the backend's copy of its input.
     const int bucket_bytes = sharded_gradients ? 4 : in.gradient_bytes;  // stages 2–3 reduce their fp32 staging

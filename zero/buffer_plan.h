@@ -46,6 +46,9 @@ struct BufferPlanInput {
   // per parameter the unit that owns it (buckets never mix units: zero/flat_layout.h).
   std::vector<bool> group_partitioned;
   std::vector<std::vector<int>> group_keys;
+  // Optional, per group: the ranks it is partitioned over when that is not data_parallel (a group
+  // on a communicator of its own, ParamGroup::communicator).
+  std::vector<int> group_partitions;
 };
 
 struct GroupBuffers {
@@ -60,7 +63,7 @@ struct GroupBuffers {
 };
 
 struct BufferPlan {
-  int partitions = 1;  // 1 at stage 0, N at stages 1–3
+  int partitions = 1;  // 1 at stage 0, N at stages 1–3 (a group on its own communicator: its layout's)
   std::vector<GroupBuffers> groups;
   int64_t largest_bucket = 0;  // elements, over all groups
   // Bytes per rank.

@@ -36,6 +36,11 @@ struct ParamGroup {
   // optional, one per parameter: its values as this rank's chunk (zero/partitioned_init.h) when it
   // was partitioned at construction and holds no bytes itself; undefined where it is whole
   std::vector<at::Tensor> shards;
+  // The ranks this group's gradients are averaged over and its optimizer state (and at ZeRO-3 its
+  // parameters) partitioned over, as ParallelContext::group_over names them: empty or "data" (the
+  // default), a factor of a split data axis ("expert_data": parameters that differ across the other
+  // factor, as experts do), or a product of axes ("data*context"). Not the tensor or pipe axes.
+  std::string communicator;
 };
 
 // How errors and unit listings name parameter i of a group: its given name, else its place.

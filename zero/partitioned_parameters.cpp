@@ -139,18 +139,19 @@ void PartitionedParameters::launch(int s) {
     peak_live_numel_ = std::max(peak_live_numel_, live_numel_);
   }
   // This rank's chunk of the bucket comes from its shard; the allgather fills the rest in place.
-  at::Tensor chunk = full.narrow(0, comm_.rank() * k.shard, k.shard);
+  Communicator& comm = *slot.group->gather_comm;  // the group's own ranks (ZeroGroup::gather_comm)
+  at::Tensor chunk = full.narrow(0, comm.rank() * k.shard, k.shard);
   const at::Tensor& shard = slot.group->compute;
   // offload_param "cpu" on a GPU rank: the shard is in host memory (asynchronous when pinned:
   // the CPU writes it again only after the step's wait for the stream).
   if (shard.defined())
     chunk.copy_(shard.narrow(0, k.shard_offset, k.shard), shard.device() != chunk.device() && shard.is_pinned());
   else swapper_->read(slot.group->index, slot.bucket, chunk);  // NVMe parameter offload
-  if (comm_.size() == 1) {
+  if (comm.size() == 1) {
     slot.state = State::Live;
     return;
   }
-  slot.handle = comm_.all_gather_async(chunk, full);
+  slot.handle = comm.all_gather_async(chunk, full);
   slot.state = State::InFlight;
 }
 

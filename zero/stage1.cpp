@@ -14,21 +14,21 @@ class Stage1 final : public PartitionedStage {
   // Reduce-scatter the whole bucket in place: this rank's chunk of it becomes the average (the
   // other chunks are left unspecified; the step reads only this rank's).
   void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) override {
-    if (data_.size() == 1) {
+    if (g.comm->size() == 1) {
       if (done) done();
       return;
     }
     const FlatBucket& b = g.layout.buckets[bucket];
     at::Tensor mine = gradient_chunk(g, bucket);
-    reduce_into_own_chunk(r, g.grads.narrow(0, b.offset, b.numel), mine, std::move(done));
+    reduce_into_own_chunk(r, *g.comm, g.grads.narrow(0, b.offset, b.numel), mine, std::move(done));
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
-    return g.grads.narrow(0, g.layout.flat_of_local(data_.rank(), bucket), g.layout.buckets[bucket].shard);
+    return g.grads.narrow(0, g.layout.flat_of_local(g.comm->rank(), bucket), g.layout.buckets[bucket].shard);
   }
 };
 
-std::unique_ptr<ZeroStage> make_stage1(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
-  return std::make_unique<Stage1>(data, wire, reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage1(at::ScalarType wire, bool reduce_scatter) {
+  return std::make_unique<Stage1>(wire, reduce_scatter);
 }
 
 }  // namespace tessera

@@ -6,8 +6,7 @@ namespace tessera {
 
 class Stage2 final : public PartitionedStage {
  public:
-  Stage2(int number, Communicator& data, at::ScalarType wire, bool reduce_scatter)
-      : PartitionedStage(data, wire, reduce_scatter), number_(number) {}
+  Stage2(int number, at::ScalarType wire, bool reduce_scatter) : PartitionedStage(wire, reduce_scatter), number_(number) {}
   int number() const override { return number_; }
   bool reduces_every_micro_step() const override { return true; }
 
@@ -28,14 +27,14 @@ class Stage2 final : public PartitionedStage {
     g.staging[bucket] = at::Tensor();
     at::Tensor shard = gradient_chunk(g, bucket);
     const int pool = g.index;
-    if (data_.size() == 1) {
+    if (g.comm->size() == 1) {
       shard.add_(staging);
       r.release_staging(pool, staging);
       if (done) done();
       return;
     }
-    at::Tensor mine = staging.narrow(0, data_.rank() * b.shard, b.shard);
-    reduce_into_own_chunk(r, staging, mine, [&r, pool, shard, mine, staging, done = std::move(done)]() mutable {
+    at::Tensor mine = staging.narrow(0, g.comm->rank() * b.shard, b.shard);
+    reduce_into_own_chunk(r, *g.comm, staging, mine, [&r, pool, shard, mine, staging, done = std::move(done)]() mutable {
       shard.add_(mine);
       r.release_staging(pool, staging);
       if (done) done();
@@ -49,12 +48,12 @@ class Stage2 final : public PartitionedStage {
   int number_;
 };
 
-std::unique_ptr<ZeroStage> make_stage2(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
-  return std::make_unique<Stage2>(2, data, wire, reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage2(at::ScalarType wire, bool reduce_scatter) {
+  return std::make_unique<Stage2>(2, wire, reduce_scatter);
 }
 
-std::unique_ptr<ZeroStage> make_stage3(Communicator& data, at::ScalarType wire, bool reduce_scatter) {
-  return std::make_unique<Stage2>(3, data, wire, reduce_scatter);
+std::unique_ptr<ZeroStage> make_stage3(at::ScalarType wire, bool reduce_scatter) {
+  return std::make_unique<Stage2>(3, wire, reduce_scatter);
 }
 
 }  // namespace tessera

@@ -13,6 +13,8 @@
 
 namespace tessera {
 
+class Communicator;
+
 struct ZeroGroup {
   int index = 0;                   // in the engine's list of groups (its staging pool)
   int source_group = 0;            // the model's group it came from (ModelDescription::groups)
@@ -21,6 +23,12 @@ struct ZeroGroup {
   std::vector<std::string> names;  // for error messages
   std::vector<int> unit_of;        // per parameter: the unit that owns it (zero/units.h), -1 if none
   bool tensor_sharded = false;     // its parameters are tensor-parallel slices (zero/model.h)
+  // The ranks its gradients are averaged over and its shards partitioned over (ParamGroup::
+  // communicator: the data group unless the model names another), and at stage 3 a second group
+  // over the same ranks for its parameter gathers.
+  std::string comm_name = "data";
+  Communicator* comm = nullptr;
+  Communicator* gather_comm = nullptr;
   bool partitioned = false;        // stage 3: `compute` is this rank's shard; the model's tensors
                                    // are views into per-bucket buffers gathered around each use
   at::Tensor compute;              // flat, compute dtype: what the model reads (or the shard)

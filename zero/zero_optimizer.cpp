@@ -51,7 +51,7 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     // The state streams through tile buffers in the order the next forward reads the buckets;
     // each bucket's allgather starts when its last tile is stepped, as below.
     std::vector<std::pair<int, int>> order = gather_order_;
-    if (!stage_->gathers()) {
+    if (stage_->number() == 0) {
       order.clear();
       for (auto& g : groups_)
         for (size_t b = 0; b < g->segments.size(); ++b) order.emplace_back(g->index, static_cast<int>(b));
@@ -65,7 +65,7 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
         [&](int group, int bucket) {
           unbind_segment(*groups_[group], bucket);
           if (host_optimizer_) copy_chunk_to_device(*groups_[group], bucket);  // before its allgather reads it
-          if (stage_->gathers() && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
+          if (stage_->gathers(*groups_[group]) && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
         });
     } catch (...) {
       abandon_swapped_segments();
@@ -80,7 +80,7 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   // parameters in files, an elementwise one steps chunk by chunk instead, and LAMB has the shard
   // brought into memory for its step.
   for (auto& g : groups_) {
-    if (stage_->gathers() && g->optimizer->elementwise()) continue;
+    if (stage_->gathers(*g) && g->optimizer->elementwise()) continue;
     if (!swapped(*g)) {
       g->optimizer->step(in[g->index], stepped_segments(*g));
       if (host_optimizer_)
@@ -101,12 +101,12 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   }
   // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
   // on the backend's thread while the optimizer updates the next one.
-  if (stage_->gathers())
-    for (const auto& [group, bucket] : gather_order_) {
-      ZeroGroup& g = *groups_[group];
-      if (g.optimizer->elementwise()) step_swapped_segment(g, bucket, in[group]);
-      if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
-    }
+  for (const auto& [group, bucket] : gather_order_) {
+    ZeroGroup& g = *groups_[group];
+    if (!stage_->gathers(g)) continue;
+    if (g.optimizer->elementwise()) step_swapped_segment(g, bucket, in[group]);
+    if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
+  }
   if (param_swapper_) param_swapper_->wait_all();  // a failed write stops training at this step
   if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
 }
@@ -144,9 +144,15 @@ void ZeroOptimizer::on_unit_event(int unit, UnitEvent event) {
 
 void ZeroOptimizer::write_back_parameters(int root) {
   wait_for_parameters();
-  const int rank = stage_->shard_rank();
+  for (auto& gp : groups_)
+    if (gp->comm != &data_)
+      throw std::invalid_argument("tessera: parameters written on one data-parallel rank (modifier_rank " +
+                                  std::to_string(root) + ") cannot reach group " + std::to_string(gp->index) +
+                                  ", reduced over '" + gp->comm_name + "' rather than the data group: write its "
+                                  "values on every rank (modifier_rank None)");
   for (auto& gp : groups_) {
     ZeroGroup& g = *gp;
+    const int rank = stage_->shard_rank(g);
     for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
       const FlatBucket& k = g.layout.buckets[b];
       at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
@@ -179,6 +185,10 @@ void ZeroOptimizer::refresh_host_master(ZeroGroup& g) {
   for (size_t b = 0; b < g.segments.size(); ++b) g.host_segments[b].params.copy_(g.segments[b].params);
 }
 
+bool ZeroOptimizer::has_groups_of_their_own() const {
+  return std::any_of(groups_.begin(), groups_.end(), [&](const auto& g) { return g->comm != &data_; });
+}
+
 bool ZeroOptimizer::materialize_optimizer_state() {
   bool made = false;
   for (auto& g : groups_) made = g->optimizer->materialize_state() || made;
@@ -200,7 +210,7 @@ void ZeroOptimizer::after_shards_loaded() {
     refresh_host_master(*g);  // fp32 training: the loaded values are the device's
     if (g->mixed() && !g->master_on_file)
       for (ShardSegment& s : g->segments) s.compute_copy.copy_(s.params);
-    if (stage_->gathers() && !g->partitioned)
+    if (stage_->gathers(*g) && !g->partitioned)
       for (size_t b = 0; b < g->layout.buckets.size(); ++b) launch_gather(*g, static_cast<int>(b));
   }
   wait_for_parameters();

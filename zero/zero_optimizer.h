@@ -169,7 +169,10 @@ class ZeroOptimizer final : public UnitListener {
   // segment's `params` are the fp32 values of its chunk (the master, or the compute buffer in fp32
   // training), the optimizer's named state is laid out like the shard.
   const std::vector<std::unique_ptr<ZeroGroup>>& groups() const { return groups_; }
-  int shard_rank() const { return stage_->shard_rank(); }
+  int shard_rank() const { return stage_->number() == 0 ? 0 : data_.rank(); }  // for groups over the data group
+  int shard_rank(const ZeroGroup& g) const { return stage_->shard_rank(g); }
+  // Whether some group is reduced over a communicator other than the data group (ParamGroup::communicator).
+  bool has_groups_of_their_own() const;
   // Whether NVMe offload keeps the optimizer state (and master) in files instead of the groups.
   bool optimizer_state_in_files() const { return swapper_ != nullptr; }
   // NVMe offload: group `group`'s optimizer state arrays and, when it is in the file, the fp32
@@ -213,6 +216,7 @@ class ZeroOptimizer final : public UnitListener {
   void launch_ready_buckets();
   bool reduces_now() const;  // whether this backward's complete buckets are reduced as they fill
   void take_norm(GradPart& part) const;  // part.norm from its gradients as they are now
+  GradPart gradient_part(const ZeroGroup& g, const at::Tensor& grads) const;  // flagged for the norm
   // grad_parts_[i]'s gradients are final for this step: its norm, and its host copy (host_optimizer).
   void gradient_final(size_t i);
   const std::vector<ShardSegment>& stepped_segments(const ZeroGroup& g) const {

@@ -31,7 +31,7 @@ void ZeroOptimizer::take_norm(GradPart& part) const {
   part.norm = gradient_norm(part.grads);
   // Local gradients: summed over the data group as data-sharded (begin_backward), each divided by
   // √p, the total is the mean of the ranks' squared norms.
-  if (!averaging_) part.norm.div_(std::sqrt(double(data_.size())));
+  if (!averaging_) part.norm.div_(std::sqrt(double(part.group ? part.group->size() : data_.size())));
 }
 
 void ZeroOptimizer::gradient_final(size_t i) {

@@ -64,7 +64,25 @@ std::vector<GroupSpec> split_groups(const ModelDescription& model, const std::fu
   return out;
 }
 
+// A model group's communicator: the data group, or the one it names, which must not span the
+// tensor or pipe axes (its parameters' copies there are another matter: tensor slices, stages).
+Communicator& group_communicator(ParallelContext& parallel, const ParamGroup& group) {
+  if (group.communicator.empty() || group.communicator == "data") return parallel.data();
+  for (const char* axis : {"tensor", "pipe"})
+    if (parallel.axes().spans(group.communicator, axis))
+      throw std::invalid_argument("tessera: parameter group '" + group.name + "' is reduced over '" + group.communicator +
+                                  "', which spans the " + axis + " axis: a group's communicator is the data axis, "
+                                  "a factor of it, or its product with axes other than tensor and pipe");
+  return parallel.group_over(group.communicator);
+}
+
 }  // namespace
+
+GradPart ZeroOptimizer::gradient_part(const ZeroGroup& g, const at::Tensor& grads) const {
+  GradPart part{grads, stage_->gradients_data_sharded(), g.tensor_sharded, {}};
+  if (g.comm != &data_) part.group = g.comm;
+  return part;
+}
 
 int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHyperparams& hyper) {
   if (optimizer == "SGD") return hyper.momentum != 0 ? 1 : 0;
@@ -77,7 +95,7 @@ int64_t optimizer_state_floats(const std::string& optimizer, const OptimizerHype
 
 ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parallel, ModelDescription& model,
                              UnitTracker* units)
-    : stage_(make_zero_stage(options.stage, parallel.data(), options.communication_dtype, options.reduce_scatter)),
+    : stage_(make_zero_stage(options.stage, options.communication_dtype, options.reduce_scatter)),
       overlap_allgather_(options.overlap_allgather),
       data_(parallel.data()),
       reductions_(parallel.data().device()),
@@ -89,10 +107,14 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   if (options.stage == 3)
     partition = [&](const at::Tensor& p) { return p.numel() >= options.persistence_threshold && units && units->owner_of(p) >= 0; };
   const std::vector<GroupSpec> specs = split_groups(model, partition);
+  // Each group's communicator (ParamGroup::communicator), made here by every rank in the same order.
+  std::vector<Communicator*> comms;
+  for (const GroupSpec& spec : specs) comms.push_back(&group_communicator(parallel, *spec.source));
   std::set<const void*> seen;
   BufferPlanInput input;
   input.stage = options.stage;
   input.data_parallel = data_.size();
+  for (Communicator* c : comms) input.group_partitions.push_back(c->size());
   input.compute_bytes = static_cast<int>(c10::elementSize(options.compute_dtype));
   input.bucket_numel = options.reduce_bucket_numel;
   input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
@@ -117,6 +139,10 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       if (!seen.insert(p.unsafeGetTensorImpl()).second)
         throw std::invalid_argument("tessera: a parameter appears twice in the model description (" + name + ")");
       const at::Tensor* chunk = static_cast<size_t>(i) < spec.shards.size() && spec.shards[i].defined() ? &spec.shards[i] : nullptr;
+      if (chunk && comms[gi] != &data_)
+        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init over the data group, but its "
+                                    "parameter group is reduced over '" + spec.communicator + "': build it whole "
+                                    "(outside zero.Init) or leave its group on the data group");
       if (chunk && chunk->numel() != init_chunk_numel(p.numel(), data_.size()))
         throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init into chunks of " +
                                     std::to_string(chunk->numel()) + " elements, which is not 1/" +
@@ -150,7 +176,6 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
   reductions_.set_staging_pools(std::move(pools));
 
-  const int rank = stage_->shard_rank();
   const double base_lr = options.hyper.lr;
   const auto f32 = data_.options(at::kFloat);
   // (Parameter offload has its own path on CPU ranks and is refused on GPU ranks.)
@@ -169,6 +194,10 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     g->tensor_sharded = spec.tensor_sharded;
     g->source_group = static_cast<int>(spec.source - model.groups.data());
     g->partitioned = planned.partitioned;
+    g->comm = comms[gi];
+    g->comm_name = spec.source->communicator.empty() ? "data" : spec.source->communicator;
+    if (g->partitioned) g->gather_comm = &parallel.group_over(g->comm_name, "parameters");
+    const int rank = stage_->shard_rank(*g);
     const FlatLayout& L = g->layout;
     // With host_parameters a partitioned group's shard is host memory, the host optimizer's copy.
     const bool shard_on_host = host_parameters_ && g->partitioned;
@@ -236,7 +265,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
         if (g->mixed()) h.compute_copy = shard_on_host ? s.compute_copy : g->host_compute.narrow(0, k.shard_offset, k.shard);
         g->host_segments.push_back(h);
       }
-      grad_parts_.push_back({s.grads, stage_->gradients_data_sharded(), spec.tensor_sharded, {}});
+      grad_parts_.push_back(gradient_part(*g, s.grads));
     }
 
     // LAMB's per-parameter norms: the pieces of a parameter on other ranks (data group), and the
@@ -244,7 +273,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     OptimizerContext context;
     context.pieces = L.pieces(rank);
     context.num_params = static_cast<int>(L.params.size());
-    Communicator* data_sum = L.partitions > 1 ? &data_ : nullptr;
+    Communicator* data_sum = L.partitions > 1 ? g->comm : nullptr;
     Communicator* tensor_sum = spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr;
     if (data_sum || tensor_sum) {
       // A host optimizer's values (LAMB's norms) visit the group's device for the collective.
@@ -257,7 +286,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       context.sum_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Sum); };
       context.max_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Max); };
     }
-    context.data = &data_;
+    context.data = g->comm;
     try {  // a refusal here must not leave the hooks just put on this group's parameters
       if (model.client_optimizer) {
         // The script's own optimizer steps these views in place; NVMe offload would re-point them.
@@ -330,7 +359,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     grad_parts_.clear();
     for (const auto& [gi, b] : launch_order_) {
       const ZeroGroup& g = *groups_[gi];
-      grad_parts_.push_back({g.segments[b].grads, stage_->gradients_data_sharded(), g.tensor_sharded, {}});
+      grad_parts_.push_back(gradient_part(g, g.segments[b].grads));
     }
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
@@ -353,7 +382,8 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
   constexpr int64_t kPiece = int64_t(1) << 24;
   const FlatLayout& L = g.layout;
   const FlatBucket& k = L.buckets[b];
-  const int ranks = data_.size();
+  Communicator& over = *g.comm;  // rank 0 of the group's own communicator holds the values
+  const int ranks = over.size();
   at::Tensor whole = g.partitioned ? g.gathered[b] : g.compute.narrow(0, k.offset, k.numel);
   // Bucket elements [begin, begin + values.numel()) are known: into the bucket and this rank's
   // chunk of it, [rank·shard, (rank+1)·shard), in the master shard and (stage 3) the compute shard.
@@ -375,14 +405,14 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
   if (!whole_params.empty() || chunked.empty())
     for (int64_t begin = 0; begin < k.numel; begin += kPiece) {
       const int64_t end = std::min(k.numel, begin + kPiece);
-      at::Tensor values = at::zeros({end - begin}, data_.options(at::kFloat));
+      at::Tensor values = at::zeros({end - begin}, over.options(at::kFloat));
       for (int p : whole_params) {
         const int64_t p_begin = offset_in_bucket(p), p_end = p_begin + L.params[p].numel;
         const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
         if (lo < hi)
           values.narrow(0, lo - begin, hi - lo).copy_(params[p].detach().reshape({-1}).narrow(0, lo - p_begin, hi - lo));
       }
-      if (ranks > 1) data_.broadcast(values, 0);
+      if (ranks > 1) over.broadcast(values, 0);
       place(begin, values);
     }
   else {  // the padding (zeros in every copy)
@@ -393,7 +423,7 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
 
   // Partitioned tensors: every rank's chunks of a run of them in one allgather, each parameter
   // then rank 0's chunk, rank 1's, ... cut to its size.
-  const int me = data_.rank();  // the allgather's slot (not the shard rank: 0 for all at stage 0)
+  const int me = over.rank();  // the allgather's slot (not the shard rank: 0 for all at stage 0)
   const int64_t piece_per_rank = std::max<int64_t>(1, kPiece / ranks);
   for (size_t first = 0; first < chunked.size();) {
     size_t last = first;
@@ -408,10 +438,10 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
       const int64_t c = chunk.numel(), n = L.params[p].numel;
       for (int64_t from = 0; from < c; from += piece_per_rank) {
         const int64_t len = std::min(piece_per_rank, c - from);
-        at::Tensor all = at::empty({ranks * len}, data_.options(at::kFloat));
+        at::Tensor all = at::empty({ranks * len}, over.options(at::kFloat));
         at::Tensor mine = all.narrow(0, me * len, len);
         mine.copy_(chunk.narrow(0, from, len));
-        if (ranks > 1) data_.all_gather(mine, all);
+        if (ranks > 1) over.all_gather(mine, all);
         for (int r = 0; r < ranks; ++r) {
           const int64_t at = r * c + from, count = std::min(len, n - at);
           if (count > 0) place(offset_in_bucket(p) + at, all.narrow(0, r * len, count));
@@ -420,7 +450,7 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
       first = last;
       continue;
     }
-    at::Tensor all = at::empty({ranks * per_rank}, data_.options(at::kFloat));
+    at::Tensor all = at::empty({ranks * per_rank}, over.options(at::kFloat));
     at::Tensor mine = all.narrow(0, me * per_rank, per_rank);
     int64_t offset = 0;
     for (size_t i = first; i < last; ++i) {
@@ -428,7 +458,7 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
       mine.narrow(0, offset, chunk.numel()).copy_(chunk.reshape({-1}));
       offset += chunk.numel();
     }
-    if (ranks > 1) data_.all_gather(mine, all);
+    if (ranks > 1) over.all_gather(mine, all);
     at::Tensor grid = all.view({ranks, per_rank});
     offset = 0;
     for (size_t i = first; i < last; ++i) {

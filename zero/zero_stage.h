@@ -13,7 +13,9 @@
 //                              (zero/partitioned_parameters.h)
 //
 // ZeroOptimizer (zero/zero_optimizer.h) does what is common: buffers, hooks, the fixed launch
-// order, the optimizer on the shard. A strategy is called with the group and bucket to act on.
+// order, the optimizer on the shard. A strategy is called with the group and bucket to act on; it
+// reduces and partitions over the group's own communicator (ZeroGroup::comm: the data group, or
+// the one ParamGroup::communicator names), so groups over different ranks share one strategy.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,7 +32,7 @@ namespace tessera {
 class ZeroStage {
  public:
   // `wire`: the dtype gradients travel in (communication_data_type); fp32 accumulation either way.
-  ZeroStage(Communicator& data, at::ScalarType wire) : data_(data), wire_(wire) {}
+  explicit ZeroStage(at::ScalarType wire) : wire_(wire) {}
   virtual ~ZeroStage() = default;
 
   virtual int number() const = 0;
@@ -38,9 +40,10 @@ class ZeroStage {
   // bucket is divided by f before its reduction, summed, and multiplied by f/p after; 1 (the
   // default): averaged by the collective.
   void set_predivide_factor(double f) { predivide_ = f; }
-  // The rank whose chunk of each bucket this rank's optimizer updates (0 when nothing is sharded).
-  virtual int shard_rank() const { return data_.rank(); }
-  // Whether this rank's gradients are 1/N of the model's (the norm sums them over the data group).
+  // The rank whose chunk of each of g's buckets this rank's optimizer updates (0 when nothing is
+  // sharded): its rank in g's communicator.
+  virtual int shard_rank(const ZeroGroup& g) const { return g.comm->rank(); }
+  // Whether this rank's gradients are 1/N of the group's (the norm sums them over its communicator).
   virtual bool gradients_data_sharded() const { return true; }
   // Whether a micro-step inside an accumulation window reduces its gradients (stage 2) or only
   // the micro-step that ends the window does (stages 0 and 1).
@@ -53,8 +56,8 @@ class ZeroStage {
   virtual void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) = 0;
   // This rank's reduced gradients of a bucket's chunk, as a view that stays valid.
   virtual at::Tensor gradient_chunk(ZeroGroup& g, int bucket) = 0;
-  // Whether updated chunks are gathered after the optimizer (stages 1–2).
-  virtual bool gathers() const { return false; }
+  // Whether g's updated chunks are gathered after the optimizer (stages 1–2 over 2+ ranks).
+  virtual bool gathers(const ZeroGroup& g) const { return false; }
   // After the optimizer updated this rank's chunk of a bucket: every rank gets every chunk of it,
   // in place (called only when gathers(); an empty handle at stage 0).
   virtual CommHandle gather_bucket(ZeroGroup& g, int bucket) { return {}; }
@@ -62,14 +65,13 @@ class ZeroStage {
  protected:
   // Stages 0 and 1 accumulate into the whole fp32 gradient buffer.
   static void add_to_whole_gradients(ZeroGroup& g, int param, const at::Tensor& flat_grad);
-  // Launches the average over the data group of an fp32 `bucket` into `result`, a view of it (its
+  // Launches the average over `over` of an fp32 `bucket` into `result`, a view of it (its
   // own chunk for a reduce-scatter, the whole bucket for an allreduce), in place; `then` runs once
   // the result is there. In a wire dtype other than fp32 the bucket travels as a copy in it (2
   // bytes an element for bf16/fp16: half the traffic) and the result is converted back.
-  void reduce_async(Reductions& r, const at::Tensor& bucket, const at::Tensor& result, bool scatter,
-                    std::function<void()> then = {});
+  void reduce_async(Reductions& r, Communicator& over, const at::Tensor& bucket, const at::Tensor& result,
+                    bool scatter, std::function<void()> then = {});
 
-  Communicator& data_;
   at::ScalarType wire_;
   double predivide_ = 1.0;
 };
@@ -77,17 +79,16 @@ class ZeroStage {
 // Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered.
 class PartitionedStage : public ZeroStage {
  public:
-  PartitionedStage(Communicator& data, at::ScalarType wire, bool reduce_scatter)
-      : ZeroStage(data, wire), reduce_scatter_(reduce_scatter) {}
-  bool gathers() const override { return data_.size() > 1; }
+  PartitionedStage(at::ScalarType wire, bool reduce_scatter) : ZeroStage(wire), reduce_scatter_(reduce_scatter) {}
+  bool gathers(const ZeroGroup& g) const override { return g.comm->size() > 1; }
   CommHandle gather_bucket(ZeroGroup& g, int bucket) override;
 
  protected:
   // The average of a whole bucket into this rank's chunk of it: a reduce-scatter, or with
   // reduce_scatter false an allreduce of the whole bucket (the chunk is then read from it).
-  void reduce_into_own_chunk(Reductions& r, const at::Tensor& bucket, const at::Tensor& own_chunk,
+  void reduce_into_own_chunk(Reductions& r, Communicator& over, const at::Tensor& bucket, const at::Tensor& own_chunk,
                              std::function<void()> then = {}) {
-    reduce_async(r, bucket, reduce_scatter_ ? own_chunk : bucket, reduce_scatter_, std::move(then));
+    reduce_async(r, over, bucket, reduce_scatter_ ? own_chunk : bucket, reduce_scatter_, std::move(then));
   }
 
  private:
@@ -96,7 +97,6 @@ class PartitionedStage : public ZeroStage {
 
 // `wire`: communication_data_type; `reduce_scatter` false: stages 1–2 allreduce each bucket (in
 // place) and keep their chunk.
-std::unique_ptr<ZeroStage> make_zero_stage(int stage, Communicator& data, at::ScalarType wire = at::kFloat,
-                                           bool reduce_scatter = true);
+std::unique_ptr<ZeroStage> make_zero_stage(int stage, at::ScalarType wire = at::kFloat, bool reduce_scatter = true);
 
 }  // namespace tessera

@@ -18,6 +18,11 @@ using StateLayout = FlatOptimizer::StateLayout;
 
 RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
   const Coordinates coords = parallel.coordinates();
+  for (const auto& g : zero.groups())
+    if (g->comm != &parallel.data())
+      throw std::invalid_argument("tessera: checkpoint: ZeRO group " + std::to_string(g->index) + " is reduced over '" +
+                                  g->comm_name + "', not the data group; checkpoints of such groups are not "
+                                  "supported yet (their shards are laid out over other ranks)");
   RankState out;
   out.pipeline_stage = coords.pipe;
   const int shard_rank = zero.shard_rank();
