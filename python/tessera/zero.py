@@ -23,6 +23,7 @@ import functools
 import weakref
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from . import _C, comm
 
@@ -121,7 +122,11 @@ class Init:
     enabled=False, the block does nothing. dtype: parameters are converted to it before they are
     partitioned. module: partition an already built module instead of using a `with` block.
     Custom initialization after a module is built (a root's __init__ writing into its children's
-    weights) goes through GatheredParameters(param, modifier_rank=0), as with DeepSpeed.
+    weights: `p.copy_(...)`, `nn.init.normal_(p)`, `p.data.fill_(...)`) takes effect: inside the
+    block an in-place write to a partitioned parameter runs inside GatheredParameters(p,
+    modifier_rank=0) (every rank builds the model, so every rank makes the same writes; rank 0's
+    values are kept, as if the model were built whole there). Writing through the gather explicitly
+    still works.
     Frozen parameters (requires_grad False) and buffers stay whole. Every rank builds the model.
     """
 
@@ -206,6 +211,8 @@ class Init:
             return self
         Init._active = self
         self._entered = True
+        self._writes = _WritesThroughGather()
+        self._writes.__enter__()
         for cls in _module_classes():
             if cls is not torch.nn.Module:
                 self._wrap(cls)
@@ -235,7 +242,47 @@ class Init:
             del torch.nn.Module.__init_subclass__
         Init._active = None
         self._entered = False
+        self._writes.__exit__(exc_type, exc, tb)
         return False
+
+
+def _partitioned(t):
+    """The parameter `t` is, or whose `.data` alias it is, when zero.Init holds its chunks; else None."""
+    p = getattr(t, "_tessera_data_of", t)
+    init = getattr(p, "_tessera_init", None)
+    return p if init is not None and init.holds(p) else None
+
+
+class _WritesThroughGather(TorchFunctionMode):
+    """Inside zero.Init: an in-place write (a function or method whose name ends in "_", or
+    __setitem__) to a partitioned parameter, or to its `.data`, runs on the parameter gathered
+    (GatheredParameters(p, modifier_rank=0)), so the write reaches every rank's chunk instead of
+    failing on the released placeholder (whose one element every position aliases)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "__get__" and args and getattr(func, "__self__", None) is torch.Tensor.data:
+            # `p.data`: an alias that remembers its parameter, so that a write through it gathers.
+            out = func(*args, **kwargs)
+            p = _partitioned(args[0])
+            if p is not None:
+                out._tessera_data_of = p
+            return out
+        writes = name == "__setitem__" or (name.endswith("_") and not name.startswith("__"))
+        # The tensor written: the first argument (a method's self), or nn.init's `tensor=` keyword.
+        key = None if args else next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
+        written = args[0] if args else kwargs.get(key)
+        target = _partitioned(written) if writes and isinstance(written, torch.Tensor) else None
+        if target is None:
+            return func(*args, **kwargs)
+        with GatheredParameters([target], modifier_rank=0), torch.no_grad():
+            # The gathered values live in new storage: the write goes there, not to the placeholder.
+            if args:
+                func(target.detach(), *args[1:], **kwargs)
+            else:
+                func(**dict(kwargs, **{key: target.detach()}))
+        return written
 
 
 class _InForward:

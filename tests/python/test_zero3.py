@@ -7,7 +7,7 @@ import pytest
 
 from conftest import check, launch
 
-CHECKS = ["memory", "eval", "gathered", "twice", "reorder", "order", "init"]
+CHECKS = ["memory", "eval", "gathered", "twice", "reorder", "order", "init", "init_plain"]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,10 @@ a wrong gradient visible and last-bit differences small) built on every rank.
   init         the example GPT built under tessera.zero.Init (each rank from another seed; its custom
                initialization through GatheredParameters(modifier_rank=0)) holds no parameter bytes
                after construction, 1/N of them as chunks, and trains as torch does from rank 0's model.
+  init_plain   the same GPT built under zero.Init with no help: its root __init__ writes its
+               children's weights (copy_, fill_) as a script written for a whole model does, and a
+               root writes a child's weight through `.data` and nn.init; the writes take effect
+               (rank 0's values) and the GPT trains as torch does from rank 0's model.
   init_memory  (alone in its process) a 128 MiB stack of linear layers built under zero.Init raises
                the peak RSS by its chunks plus a few layers, not by the model; built without it, by
                the whole model.
@@ -224,6 +228,35 @@ def check_init(rank, dp):
         return model
 
     train_against_reference(lambda: Gpt(seed=3, **gpt), 3, rank, dp, make_model=built_partitioned)
+    return ""
+
+
+class _RootWrites(nn.Module):
+    """A root that initializes its child's weights after building it, HF-style (`.data`, nn.init)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 32)
+        self.lin.weight.data.fill_(0.25)
+        nn.init.constant_(self.lin.bias, -1.5)
+
+
+def check_init_plain(rank, dp):
+    gpt = dict(vocab=VOCAB, block_size=BLOCK, n_layer=4, n_head=2, n_embd=EMBD)
+
+    def built_partitioned():
+        with tessera.zero.Init(config=config()):
+            model = Gpt(seed=3 + rank, **gpt)
+        for name, p in model.named_parameters():
+            assert p.untyped_storage().nbytes() <= p.element_size(), name
+        return model
+
+    train_against_reference(lambda: Gpt(seed=3, **gpt), 3, rank, dp, make_model=built_partitioned)
+    with tessera.zero.Init(config=config()):
+        root = _RootWrites()
+    with tessera.zero.GatheredParameters(list(root.parameters())):
+        assert torch.equal(root.lin.weight, torch.full((32, 64), 0.25)), root.lin.weight
+        assert torch.equal(root.lin.bias, torch.full((32,), -1.5)), root.lin.bias
     return ""
 
 
