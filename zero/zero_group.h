@@ -32,27 +32,24 @@ struct ZeroGroup {
   bool partitioned = false;        // stage 3: `compute` is this rank's shard; the model's tensors
                                    // are views into per-bucket buffers gathered around each use
   at::Tensor compute;              // flat, compute dtype: what the model reads (or the shard)
-  at::Tensor master;               // fp32 local shard (mixed precision only; empty when in a file)
-  bool master_on_file = false;     // NVMe optimizer offload moved the fp32 master shard to its file
-  bool parameters_on_file = false; // NVMe parameter offload (stage 3): `compute`, the shard, is in its
-                                   // file, and the segments' views of it are bound bucket by bucket
+  bool mixed_precision = false;    // the compute dtype is not fp32: an fp32 master shard exists
+  at::Tensor master;               // fp32 local shard (mixed precision; undefined where a StateSite
+                                   // keeps it elsewhere: zero/residence.h)
   at::Tensor grads;                // fp32: full flat (stages 0–1) or the local shard (stages 2–3)
   std::vector<at::Tensor> staging; // stages 2–3: a bucket's gradients while it fills
   std::vector<at::Tensor> gathered;  // stage 3, per bucket: its whole buffer (storage only while gathered)
   std::vector<int> pending;        // per bucket: parameters whose gradient has not arrived yet
   std::vector<bool> arrived;       // per parameter: its gradient arrived this micro-step
-  std::vector<ShardSegment> segments;  // this rank's chunks as views: built once, buffers never move
-  // offload_optimizer.device "cpu" on a GPU rank (ZeroOptions::host_optimizer): the optimizer
-  // steps these instead, in pinned host memory: params the fp32 master chunk (`master`, or
-  // `host_master` in fp32 training, where `segments` keep the device's fp32 values), grads the
-  // host copy of the reduced gradient chunk (`host_grads`, copied when the bucket's reduction
-  // completes), compute_copy the compute-dtype chunk (`host_compute`) that goes back to the device.
-  std::vector<ShardSegment> host_segments;
-  at::Tensor host_master, host_grads, host_compute;
+  // This rank's chunks as views, built once. Their parameter views may be unbound while the shard
+  // is in a file (ParameterSite), and the fp32 ones while the master is (StateSite).
+  std::vector<ShardSegment> segments;
   std::unique_ptr<FlatOptimizer> optimizer;
   double lr_scale = 1;
   double weight_decay = 0;
-  bool mixed() const { return master.defined() || master_on_file; }
+  bool mixed() const { return mixed_precision; }
+  // The invariants every residence keeps (sizes of the buffers against the layout); throws
+  // std::logic_error naming the first one broken.
+  void check() const;
 };
 
 }  // namespace tessera

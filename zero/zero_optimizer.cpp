@@ -1,14 +1,15 @@
 // ZeroOptimizer after construction (zero/zero_optimizer_build.cpp): the optimizer step on the
 // shards, the parameter allgathers around it and their waits, the values written back to the
 // model, state for checkpoints, and the memory report. The backward side (gradient hooks, bucket
-// reductions) is zero/zero_optimizer_backward.cpp; NVMe offload zero/zero_optimizer_offload.cpp.
+// reductions) is zero/zero_optimizer_backward.cpp; where the shards live (host copies, NVMe files)
+// zero/residence.h's strategies.
 #include "zero/zero_optimizer.h"
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <stdexcept>
 
-#include "csrc/device_stream.h"
 #include "parallel/parallel_context.h"
 #include "zero/units.h"
 
@@ -45,70 +46,54 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     in[g->index].weight_decay = g->weight_decay;
     in[g->index].grad_scale = grad_scale;
   }
-  // The gradient chunks' copies to the host, queued as their reductions completed, have landed.
-  if (host_optimizer_) wait_for_device_stream(data_.device());
-  if (swapper_) {
-    // The state streams through tile buffers in the order the next forward reads the buckets;
-    // each bucket's allgather starts when its last tile is stepped, as below.
-    std::vector<std::pair<int, int>> order = gather_order_;
-    if (stage_->number() == 0) {
-      order.clear();
-      for (auto& g : groups_)
-        for (size_t b = 0; b < g->segments.size(); ++b) order.emplace_back(g->index, static_cast<int>(b));
-    }
-    try {
-    swapper_->step(
-        order, [&](int group, int bucket) { return bind_segment(*groups_[group], bucket); },
-        [&](int group, const ShardSegment& tile, const std::vector<at::Tensor>& state) {
-          groups_[group]->optimizer->step_with_state(in[group], {tile}, state, tile.local_offset);
-        },
+  site_->before_step();  // e.g. the gradient chunks' copies to the host, queued during backward, have landed
+  try {
+    // Groups stepped in one call first, then every other bucket in the order the next forward reads
+    // them, each bound where its shard lives, stepped (tile by tile when the state is in files) and
+    // finished: its allgather runs on the backend's thread while the optimizer updates the next.
+    BucketOrder buckets;
+    for (auto& g : groups_)
+      if (steps_whole(*g)) step_group(*g, in[g->index]);
+    for (const auto& gb : gather_order_)
+      if (!steps_whole(*groups_[gb.first])) buckets.push_back(gb);
+    state_->step(
+        buckets,
         [&](int group, int bucket) {
-          unbind_segment(*groups_[group], bucket);
-          if (host_optimizer_) copy_chunk_to_device(*groups_[group], bucket);  // before its allgather reads it
-          if (stage_->gathers(*groups_[group]) && !groups_[group]->partitioned) launch_gather(*groups_[group], bucket);
-        });
-    } catch (...) {
-      abandon_swapped_segments();
-      throw;
-    }
-    if (param_swapper_) param_swapper_->wait_all();
-    if (partitioned_) partitioned_->after_step();
-    return;
+          params_->bind(*groups_[group], bucket);
+          return site_->segments(*groups_[group])[bucket];
+        },
+        [&](int group, const ShardSegment& piece, const std::vector<at::Tensor>& state) {
+          if (state.empty()) groups_[group]->optimizer->step(in[group], {piece});
+          else groups_[group]->optimizer->step_with_state(in[group], {piece}, state, piece.local_offset);
+        },
+        [&](int group, int bucket) { finish_bucket(*groups_[group], bucket); });
+  } catch (...) {
+    params_->abandon(groups_);
+    throw;
   }
-  // A group whose optimizer needs all its buckets at once (LAMB), or a stage that gathers
-  // nothing, steps whole (this also writes the compute copy of this rank's chunks); with its
-  // parameters in files, an elementwise one steps chunk by chunk instead, and LAMB has the shard
-  // brought into memory for its step.
-  for (auto& g : groups_) {
-    if (stage_->gathers(*g) && g->optimizer->elementwise()) continue;
-    if (!swapped(*g)) {
-      g->optimizer->step(in[g->index], stepped_segments(*g));
-      if (host_optimizer_)
-        for (size_t b = 0; b < g->segments.size(); ++b) copy_chunk_to_device(*g, static_cast<int>(b));
-    } else if (g->optimizer->elementwise()) {
-      for (size_t b = 0; b < g->segments.size(); ++b) step_swapped_segment(*g, static_cast<int>(b), in[g->index]);
-    } else {
-      // LAMB's trust ratios need whole parameters: this group's shard in memory for its step.
-      bring_group_in(*g);
-      try {
-        g->optimizer->step(in[g->index], g->segments);
-      } catch (...) {
-        drop_group(*g);
-        throw;
-      }
-      put_parameters_back_group(*g);
-    }
-  }
-  // Then bucket by bucket in the order the next forward reads them: each bucket's allgather runs
-  // on the backend's thread while the optimizer updates the next one.
-  for (const auto& [group, bucket] : gather_order_) {
-    ZeroGroup& g = *groups_[group];
-    if (!stage_->gathers(g)) continue;
-    if (g.optimizer->elementwise()) step_swapped_segment(g, bucket, in[group]);
-    if (!g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
-  }
-  if (param_swapper_) param_swapper_->wait_all();  // a failed write stops training at this step
+  params_->wait_writes();                        // a failed write stops training at this step
   if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
+}
+
+bool ZeroOptimizer::steps_whole(const ZeroGroup& g) const {
+  if (state_->in_files()) return false;  // the state streams tile by tile (elementwise optimizers only)
+  return !g.optimizer->elementwise() || (!stage_->gathers(g) && !params_->in_files(g));
+}
+
+void ZeroOptimizer::step_group(ZeroGroup& g, const StepInputs& in) {
+  // LAMB's trust ratios need whole parameters: with the shard in files, it comes into memory for the step.
+  params_->with_group_resident(g, [&] { g.optimizer->step(in, site_->segments(g)); });
+  for (const auto& [group, bucket] : gather_order_)
+    if (group == g.index) {
+      site_->after_bucket(g, bucket);
+      if (stage_->gathers(g) && !g.partitioned) launch_gather(g, bucket);
+    }
+}
+
+void ZeroOptimizer::finish_bucket(ZeroGroup& g, int bucket) {
+  params_->unbind(g, bucket);
+  site_->after_bucket(g, bucket);  // before its allgather reads it
+  if (stage_->gathers(g) && !g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
 }
 
 void ZeroOptimizer::launch_gather(ZeroGroup& g, int bucket) {
@@ -160,29 +145,12 @@ void ZeroOptimizer::write_back_parameters(int root) {
         throw std::logic_error("tessera: write_back_parameters needs every parameter gathered (Engine::gathered_parameters)");
       if (data_.size() > 1) data_.broadcast(whole, root);
       at::Tensor mine = whole.narrow(0, rank * k.shard, k.shard);
-      if (swapped(g)) param_swapper_->write(g.index, static_cast<int>(b), mine);
-      else if (g.partitioned) g.compute.narrow(0, k.shard_offset, k.shard).copy_(mine);
-      if (g.master_on_file) swapper_->write_master(g.index, static_cast<int>(b), mine);
-      else if (g.mixed()) g.master.narrow(0, k.shard_offset, k.shard).copy_(mine);
+      if (g.partitioned) params_->write(g, static_cast<int>(b), mine);
+      if (g.mixed()) state_->write_master(g, static_cast<int>(b), mine);
     }
-    refresh_host_master(g);
+    site_->values_changed(g);
   }
-  if (param_swapper_) param_swapper_->wait_all();
-}
-
-void ZeroOptimizer::copy_chunk_to_device(ZeroGroup& g, int bucket) {
-  const ShardSegment &host = g.host_segments[bucket], &device = g.segments[bucket];
-  const at::Tensor& from = g.mixed() ? host.compute_copy : host.params;
-  const at::Tensor& to = g.mixed() ? device.compute_copy : device.params;
-  if (from.data_ptr() == to.data_ptr()) return;  // host_parameters: the shard is the host's already
-  // From pinned memory: queued on the current stream; the next step's wait_for_device_stream
-  // (before the CPU writes the host buffers again) orders the two.
-  to.copy_(from, /*non_blocking=*/true);
-}
-
-void ZeroOptimizer::refresh_host_master(ZeroGroup& g) {
-  if (!g.host_master.defined()) return;
-  for (size_t b = 0; b < g.segments.size(); ++b) g.host_segments[b].params.copy_(g.segments[b].params);
+  params_->wait_writes();
 }
 
 bool ZeroOptimizer::has_groups_of_their_own() const {
@@ -199,17 +167,35 @@ void ZeroOptimizer::discard_materialized_optimizer_state() {
   for (auto& g : groups_) g->optimizer->discard_materialized_state();
 }
 
-void ZeroOptimizer::wait_for_host_readers() {
-  if (host_optimizer_) wait_for_device_stream(data_.device());
+void ZeroOptimizer::wait_for_host_readers() { site_->wait_for_readers(); }
+
+void ZeroOptimizer::write_checkpoint_state(int group, const std::vector<at::Tensor>& arrays) {
+  ResidentParameters resident(*this);  // the compute copy follows a master
+  state_->write(*groups_.at(group), arrays);
+}
+
+ZeroOptimizer::ResidentParameters::ResidentParameters(ZeroOptimizer& zero, bool modifies)
+    : zero_(zero), exceptions_(std::uncaught_exceptions()) {
+  zero_.params_->bring_in(zero_.groups_, modifies);
+}
+
+ZeroOptimizer::ResidentParameters::~ResidentParameters() noexcept(false) {
+  if (std::uncaught_exceptions() == exceptions_) {
+    zero_.params_->put_back(zero_.groups_);
+    return;
+  }
+  try {  // unwinding already: a second error must not terminate
+    zero_.params_->put_back(zero_.groups_);
+  } catch (const std::exception&) {
+  }
 }
 
 void ZeroOptimizer::after_shards_loaded() {
   wait_for_parameters();
   ResidentParameters resident(*this);
   for (auto& g : groups_) {
-    refresh_host_master(*g);  // fp32 training: the loaded values are the device's
-    if (g->mixed() && !g->master_on_file)
-      for (ShardSegment& s : g->segments) s.compute_copy.copy_(s.params);
+    site_->values_changed(*g);  // fp32 training: the loaded values are the device's
+    state_->compute_follows_master(*g);
     if (stage_->gathers(*g) && !g->partitioned)
       for (size_t b = 0; b < g->layout.buckets.size(); ++b) launch_gather(*g, static_cast<int>(b));
   }
@@ -236,30 +222,12 @@ std::vector<std::pair<std::string, at::Tensor>> ZeroOptimizer::optimizer_state()
 MemoryReport ZeroOptimizer::memory() const {
   MemoryReport m;
   for (const auto& g : groups_) {
-    if (g->compute.defined()) (host_parameters_ && g->partitioned ? m.host_parameter_bytes : m.parameters) += g->compute.nbytes();
+    if (g->compute.defined()) (site_->holds_shard(*g) ? m.host_parameter_bytes : m.parameters) += g->compute.nbytes();
     m.gradients += g->grads.nbytes();
-    if (host_optimizer_) {  // pinned host memory, not the device's
-      for (const at::Tensor* t : {&g->master, &g->host_master, &g->host_grads, &g->host_compute})
-        if (t->defined()) m.host_optimizer_bytes += t->nbytes();
-      m.host_optimizer_bytes += g->optimizer->state_bytes();
-      continue;
-    }
-    if (g->master.defined()) m.master_parameters += g->master.nbytes();
-    m.optimizer_states += g->optimizer->state_bytes();
+    site_->add_memory(*g, m);  // master, state and the site's own copies
   }
-  if (swapper_) {
-    // The tile buffers: host memory on GPU ranks.
-    (host_optimizer_ ? m.host_optimizer_bytes : m.optimizer_states) += swapper_->resident_bytes();
-    m.offloaded_optimizer_bytes = swapper_->file_bytes();
-    m.offload_read_bytes = swapper_->bytes_read();
-    m.offload_written_bytes = swapper_->bytes_written();
-  }
-  if (param_swapper_) {
-    m.parameters += param_swapper_->resident_bytes();  // its buffers: what of the shards is in memory
-    m.offloaded_parameter_bytes = param_swapper_->file_bytes();
-    m.offload_read_bytes += param_swapper_->bytes_read();
-    m.offload_written_bytes += param_swapper_->bytes_written();
-  }
+  state_->add_memory(m, *site_);
+  params_->add_memory(m);
   if (partitioned_ && !groups_.empty()) {
     const int64_t element = groups_.front()->params.front().element_size();
     m.gathered_parameters_peak = partitioned_->peak_live_numel() * element;

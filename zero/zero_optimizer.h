@@ -33,6 +33,7 @@
 #include "zero/model.h"
 #include "zero/partitioned_parameters.h"
 #include "zero/reductions.h"
+#include "zero/residence.h"
 #include "zero/units.h"
 #include "zero/zero_group.h"
 #include "zero/zero_stage.h"
@@ -173,12 +174,13 @@ class ZeroOptimizer final : public UnitListener {
   int shard_rank(const ZeroGroup& g) const { return stage_->shard_rank(g); }
   // Whether some group is reduced over a communicator other than the data group (ParamGroup::communicator).
   bool has_groups_of_their_own() const;
-  // Whether NVMe offload keeps the optimizer state (and master) in files instead of the groups.
-  bool optimizer_state_in_files() const { return swapper_ != nullptr; }
-  // NVMe offload: group `group`'s optimizer state arrays and, when it is in the file, the fp32
-  // master, read into shard-long host tensors; written back (the compute copy follows a master).
-  std::vector<at::Tensor> read_offloaded_state(int group);
-  void write_offloaded_state(int group, const std::vector<at::Tensor>& arrays);
+  // Group `group`'s optimizer state for a checkpoint, wherever it lives (zero/residence.h's
+  // StateSite): the named state, from the files with NVMe offload (then also the fp32 master when
+  // it is in the file, and the arrays to write back after a load).
+  CheckpointState checkpoint_state(int group) { return state_->read(*groups_.at(group)); }
+  // A loaded checkpoint's arrays back where the state lives (NVMe: the files; the compute copy
+  // follows a master in the file).
+  void write_checkpoint_state(int group, const std::vector<at::Tensor>& arrays);
   // After a checkpoint wrote this rank's fp32 chunk values and optimizer state: the compute copy
   // of its chunks follows them, every rank gets every chunk (stages 1–2), ZeRO-3's gathered copies
   // are stale, and the gradients start from zero.
@@ -207,7 +209,6 @@ class ZeroOptimizer final : public UnitListener {
     ZeroOptimizer& zero_;
     int exceptions_ = 0;
   };
-  bool parameters_in_files() const { return param_swapper_ != nullptr; }
 
   // Called by the gradient hooks.
   void on_grad_ready(int group, int param, const at::Tensor& grad);
@@ -217,16 +218,15 @@ class ZeroOptimizer final : public UnitListener {
   bool reduces_now() const;  // whether this backward's complete buckets are reduced as they fill
   void take_norm(GradPart& part) const;  // part.norm from its gradients as they are now
   GradPart gradient_part(const ZeroGroup& g, const at::Tensor& grads) const;  // flagged for the norm
-  // grad_parts_[i]'s gradients are final for this step: its norm, and its host copy (host_optimizer).
+  // grad_parts_[i]'s gradients are final for this step: its norm, and the step site's (a host copy).
   void gradient_final(size_t i);
-  const std::vector<ShardSegment>& stepped_segments(const ZeroGroup& g) const {
-    return g.host_segments.empty() ? g.segments : g.host_segments;
-  }
-  // host_optimizer: bucket's updated chunk to the device (asynchronously), in the compute dtype.
-  void copy_chunk_to_device(ZeroGroup& g, int bucket);
-  // host_optimizer in fp32 training: the host master takes the device's values (after a load or
-  // write_back_parameters changed them).
-  void refresh_host_master(ZeroGroup& g);
+  // Whether group g is stepped in one call rather than bucket by bucket: an optimizer that needs
+  // whole parameters (LAMB), or a group in memory whose chunks are not gathered after the step.
+  bool steps_whole(const ZeroGroup& g) const;
+  void step_group(ZeroGroup& g, const StepInputs& in);
+  // A bucket was stepped: written back where its shard lives, sent where the model reads it, and
+  // its allgather launched (stages 1–2).
+  void finish_bucket(ZeroGroup& g, int bucket);
   void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;
@@ -235,22 +235,6 @@ class ZeroOptimizer final : public UnitListener {
 
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();
-  void offload_optimizer_states(const OptimizerSwapOptions& options);
-  void offload_parameters(const ParameterSwapOptions& options);
-  // A bucket's segment with its parameter views bound (parameter offload: its chunk swapped in, or
-  // with mixed precision only a buffer for the compute copy the step overwrites whole), and
-  // unbound again (the chunk written back).
-  ShardSegment bind_segment(ZeroGroup& g, int bucket);
-  void unbind_segment(ZeroGroup& g, int bucket);
-  bool swapped(const ZeroGroup& g) const { return g.parameters_on_file && !g.compute.defined(); }
-  void bind_views(ZeroGroup& g, const at::Tensor& shard, int bucket);
-  void bring_parameters_in(bool modifies);
-  void put_parameters_back();
-  void bring_group_in(ZeroGroup& g);             // its shard read into a `compute` buffer, views bound
-  void put_parameters_back_group(ZeroGroup& g);  // its shard to the file, and its memory freed
-  void drop_group(ZeroGroup& g);                 // its memory freed, nothing written
-  void step_swapped_segment(ZeroGroup& g, int bucket, const StepInputs& in);
-  void abandon_swapped_segments();
   void remove_grad_hooks();
 
   struct Gather {
@@ -279,14 +263,12 @@ class ZeroOptimizer final : public UnitListener {
   // one rank skips cannot reorder the collectives across ranks.
   std::vector<std::pair<int, int>> launch_order_;  // (group, bucket)
   size_t next_launch_ = 0;
-  std::unique_ptr<ParameterSwapper> param_swapper_;     // NVMe parameter offload, else null; outlives
-                                                        // partitioned_, whose gathers read from it
-  int resident_depth_ = 0;                              // ResidentParameters scopes open
-  bool resident_modified_ = false;                      // one of them writes the shards
+  // Where the shards live (zero/residence.h). params_ outlives partitioned_, whose gathers read
+  // from its files.
+  std::unique_ptr<StepSite> site_;
+  std::unique_ptr<StateSite> state_;
+  std::unique_ptr<ParameterSite> params_;
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
-  std::unique_ptr<OptimizerSwapper> swapper_;           // NVMe optimizer offload, else null
-  bool host_optimizer_ = false;                         // ZeroOptions::host_optimizer
-  bool host_parameters_ = false;                        // ZeroOptions::host_parameters (stage 3)
 };
 
 }  // namespace tessera

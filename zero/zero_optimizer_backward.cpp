@@ -36,11 +36,8 @@ void ZeroOptimizer::take_norm(GradPart& part) const {
 
 void ZeroOptimizer::gradient_final(size_t i) {
   take_norm(grad_parts_[i]);
-  if (!host_optimizer_) return;
-  // Its host copy, queued behind the reduction on the current stream while backward goes on;
-  // apply() waits for the stream once before the CPU reads the copies.
   const auto [group, bucket] = launch_order_[i];
-  groups_[group]->host_segments[bucket].grads.copy_(grad_parts_[i].grads, /*non_blocking=*/true);
+  site_->gradient_final(*groups_[group], bucket);  // e.g. its host copy, queued behind the reduction
 }
 
 bool ZeroOptimizer::reduces_now() const {

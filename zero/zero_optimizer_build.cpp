@@ -178,12 +178,17 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
 
   const double base_lr = options.hyper.lr;
   const auto f32 = data_.options(at::kFloat);
-  // (Parameter offload has its own path on CPU ranks and is refused on GPU ranks.)
-  host_optimizer_ = options.host_optimizer && !options.nvme_parameters &&
-                    (!data_.device().is_cpu() || options.host_staging_on_cpu);
-  host_parameters_ = options.host_parameters && host_optimizer_ && options.stage == 3;
-  const auto pinned =
-      at::TensorOptions().dtype(at::kFloat).pinned_memory(host_optimizer_ && options.host_pinned && !data_.device().is_cpu());
+  // Where the shards live (zero/residence.h). The host step is the GPU ranks' (or, with
+  // host_staging_on_cpu, a CPU rank's test of it); parameter offload to NVMe has its own path on CPU
+  // ranks and is refused on GPU ranks.
+  const bool host_step = options.host_optimizer && !options.nvme_parameters &&
+                         (!data_.device().is_cpu() || options.host_staging_on_cpu);
+  site_ = host_step ? make_host_step(data_.device(), options.host_pinned,
+                                     /*shards_on_host=*/options.host_parameters && options.stage == 3)
+                    : make_in_place_step();
+  state_ = options.nvme_optimizer ? make_state_in_files(*options.nvme_optimizer) : make_state_in_memory();
+  params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
+                                                          : make_parameters_in_memory();
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     const GroupSpec& spec = specs[gi];
     const GroupBuffers& planned = plan_.groups[gi];
@@ -199,11 +204,11 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     if (g->partitioned) g->gather_comm = &parallel.group_over(g->comm_name, "parameters");
     const int rank = stage_->shard_rank(*g);
     const FlatLayout& L = g->layout;
-    // With host_parameters a partitioned group's shard is host memory, the host optimizer's copy.
-    const bool shard_on_host = host_parameters_ && g->partitioned;
-    g->compute = at::empty({planned.compute_numel}, (shard_on_host ? pinned : f32).dtype(options.compute_dtype));
+    g->mixed_precision = options.compute_dtype != at::kFloat;
+    // With offload_param cpu on GPU ranks a partitioned group's shard is host memory, the host step's copy.
+    g->compute = at::empty({planned.compute_numel}, site_->shard_options(f32, g->partitioned).dtype(options.compute_dtype));
     if (g->partitioned) g->gathered.resize(L.buckets.size());
-    if (planned.master_numel) g->master = at::empty({planned.master_numel}, host_optimizer_ ? pinned : f32);
+    if (planned.master_numel) g->master = at::empty({planned.master_numel}, site_->master_options(f32));
     std::vector<at::Tensor> params, shards;
     for (int i : spec.members) {
       params.push_back(spec.source->params[i]);
@@ -236,11 +241,6 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       for (int i : k.params) shards[i] = at::Tensor();
     }
     g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
-    if (host_optimizer_) {
-      g->host_grads = at::zeros({L.shard_numel}, pinned.dtype(options.gradient_dtype));
-      if (g->mixed() && !shard_on_host) g->host_compute = at::empty({L.shard_numel}, pinned.dtype(options.compute_dtype));
-      if (!g->mixed() && !shard_on_host) g->host_master = at::empty({L.shard_numel}, pinned);
-    }
     g->staging.resize(L.buckets.size());
     g->pending.resize(L.buckets.size());
     g->arrived.assign(L.params.size(), false);
@@ -257,16 +257,9 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       s.local_offset = k.shard_offset;
       if (g->mixed()) s.compute_copy = g->compute.narrow(0, flat, k.shard);
       g->segments.push_back(s);
-      if (host_optimizer_) {
-        ShardSegment h;
-        h.local_offset = s.local_offset;
-        h.grads = g->host_grads.narrow(0, k.shard_offset, k.shard);
-        h.params = g->mixed() || shard_on_host ? s.params : g->host_master.narrow(0, k.shard_offset, k.shard);
-        if (g->mixed()) h.compute_copy = shard_on_host ? s.compute_copy : g->host_compute.narrow(0, k.shard_offset, k.shard);
-        g->host_segments.push_back(h);
-      }
       grad_parts_.push_back(gradient_part(*g, s.grads));
     }
+    site_->add_group(*g, options.gradient_dtype, options.compute_dtype);  // its own copies (HostStep)
 
     // LAMB's per-parameter norms: the pieces of a parameter on other ranks (data group), and the
     // other slices of a tensor-sharded parameter (tensor group); the 1-bit family's data group.
@@ -293,11 +286,11 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
         if (options.nvme_optimizer || options.nvme_parameters)
           throw std::invalid_argument("tessera: a client optimizer (" + options.optimizer + ") steps the shards where "
                                       "they are in memory; NVMe offload is not available with it");
-        g->optimizer = model.client_optimizer(g->index, g->source_group, stepped_segments(*g), L.shard_numel);
+        g->optimizer = model.client_optimizer(g->index, g->source_group, site_->segments(*g), L.shard_numel);
         if (!g->optimizer) throw std::invalid_argument("tessera: the client optimizer factory returned no optimizer");
       } else {
         g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
-                                           host_optimizer_ ? at::TensorOptions().dtype(at::kFloat) : f32,
+                                           site_->state_options(f32),
                                            std::move(context));
       }
       if (options.nvme_optimizer && !g->optimizer->elementwise())
@@ -309,14 +302,14 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       remove_grad_hooks();
       throw;
     }
-    refresh_host_master(*g);
     g->lr_scale = spec.source->lr ? *spec.source->lr / base_lr : 1.0;
     g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
     groups_.push_back(std::move(g));
   }
   try {  // bad input (a path, a size) fails here: no hook may be left pointing at this object
-    if (options.nvme_optimizer) offload_optimizer_states(*options.nvme_optimizer);
-    if (options.nvme_parameters && options.stage == 3) offload_parameters(*options.nvme_parameters);
+    state_->attach(groups_, *site_);  // NVMe: the state and master to their files
+    params_->attach(groups_);         // NVMe: the partitioned shards to theirs
+    for (const auto& g : groups_) g->check();
   } catch (...) {
     remove_grad_hooks();
     throw;
@@ -365,7 +358,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     for (auto& g : groups_) all.push_back(g.get());
     if (units_)
       partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned,
-                                                             /*start_released=*/born_partitioned, param_swapper_.get());
+                                                             /*start_released=*/born_partitioned, params_->swapper());
   }
 }
 

@@ -209,7 +209,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
   made.taken = true;
   s.zero.wait_for_host_readers();
   for (Copy& c : copies) c.from.defined() ? (void)c.into.copy_(c.from) : (void)c.into.zero_();
-  for (auto& [group, arrays] : rs.offloaded) s.zero.write_offloaded_state(group, arrays);  // NVMe: back to the files
+  for (auto& [group, arrays] : rs.offloaded) s.zero.write_checkpoint_state(group, arrays);  // NVMe: back to the files
   s.zero.after_shards_loaded();
   if (!o.load_module_only) {
     s.steps = steps;

@@ -38,19 +38,11 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
     GroupView view;
     view.first_parameter = g.names.front();
     view.tensor_rank = tensor_rank;
-    NamedTensors named = g.optimizer->named_state();
-    at::Tensor offloaded_master;
-    if (zero.optimizer_state_in_files()) {
-      // NVMe offload: the arrays come from the swap file, in the optimizer's state order.
-      std::vector<at::Tensor> arrays = zero.read_offloaded_state(g.index);
-      const size_t states = arrays.size() - (g.master_on_file ? 1 : 0);
-      if (named.size() != states)
-        throw std::logic_error("tessera: the swap file holds " + std::to_string(states) + " state arrays, " +
-                               g.optimizer->name() + " names " + std::to_string(named.size()));
-      for (size_t k = 0; k < states; ++k) named[k].second = arrays[k];
-      if (g.master_on_file) offloaded_master = arrays.back();
-      out.offloaded.emplace_back(g.index, std::move(arrays));
-    }
+    // Wherever the state lives (NVMe: read from the swap file, with the master when it is there).
+    CheckpointState state = zero.checkpoint_state(g.index);
+    NamedTensors named = std::move(state.named);
+    const at::Tensor offloaded_master = state.master;
+    if (state.from_files) out.offloaded.emplace_back(g.index, std::move(state.arrays));
     for (auto& [name, t] : named) {
       switch (g.optimizer->state_layout(name)) {
         case StateLayout::Shard:

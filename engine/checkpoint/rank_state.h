@@ -52,7 +52,7 @@ struct RankState {
   std::vector<bool> writes_piece;
   std::vector<bool> writes_group;
   // NVMe optimizer offload: per group index, the state arrays (and master) read from its swap file,
-  // which the views above point into; a load writes them back (ZeroOptimizer::write_offloaded_state).
+  // which the views above point into; a load writes them back (ZeroOptimizer::write_checkpoint_state).
   std::vector<std::pair<int, std::vector<at::Tensor>>> offloaded;
 };
 

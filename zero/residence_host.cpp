@@ -1,0 +1,110 @@
+// HostStep (zero/residence.h): on GPU ranks with offload_optimizer (ZeRO-Offload, Ren et al. 2021)
+// the optimizer steps copies in host memory (pinned with offload_optimizer.pin_memory): the fp32
+// master (in fp32 training a host copy of the parameters, the device keeping its own), a copy of
+// the reduced gradient chunk (queued to the host as each bucket's reduction completes, while
+// backward goes on), and the compute-dtype chunk that goes back to the device, asynchronously,
+// before its allgather. With offload_param cpu a partitioned group's shard is allocated on the host
+// and IS the host copy (no second one, nothing copied back). TESSERA_HOST_STAGING=1 takes this
+// path on CPU ranks (copies CPU to CPU), so its bookkeeping is tested without a GPU.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include "csrc/device_stream.h"
+#include "zero/residence.h"
+
+namespace tessera {
+namespace {
+
+class HostStep final : public StepSite {
+ public:
+  HostStep(c10::Device device, bool pinned, bool shards_on_host)
+      : device_(device),
+        pinned_(at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned && !device.is_cpu())),
+        shards_on_host_(shards_on_host) {}
+
+  at::TensorOptions master_options(const at::TensorOptions&) const override { return pinned_; }
+  at::TensorOptions state_options(const at::TensorOptions&) const override { return at::TensorOptions().dtype(at::kFloat); }
+  at::TensorOptions shard_options(const at::TensorOptions& device, bool partitioned) const override {
+    return shards_on_host_ && partitioned ? pinned_ : device;
+  }
+  bool holds_shard(const ZeroGroup& g) const override { return shards_on_host_ && g.partitioned; }
+
+  void add_group(ZeroGroup& g, at::ScalarType gradient_dtype, at::ScalarType compute_dtype) override {
+    if (copies_.size() <= static_cast<size_t>(g.index)) copies_.resize(g.index + 1);
+    Copies& c = copies_[g.index];
+    const int64_t n = g.layout.shard_numel;
+    const bool shard_here = holds_shard(g);
+    c.grads = at::zeros({n}, pinned_.dtype(gradient_dtype));
+    if (g.mixed() && !shard_here) c.compute = at::empty({n}, pinned_.dtype(compute_dtype));
+    if (!g.mixed() && !shard_here) c.master = at::empty({n}, pinned_);
+    for (size_t b = 0; b < g.segments.size(); ++b) {
+      const FlatBucket& k = g.layout.buckets[b];
+      const ShardSegment& s = g.segments[b];
+      ShardSegment h;
+      h.local_offset = s.local_offset;
+      h.grads = c.grads.narrow(0, k.shard_offset, k.shard);
+      h.params = g.mixed() || shard_here ? s.params : c.master.narrow(0, k.shard_offset, k.shard);
+      if (g.mixed()) h.compute_copy = shard_here ? s.compute_copy : c.compute.narrow(0, k.shard_offset, k.shard);
+      c.segments.push_back(h);
+    }
+    values_changed(g);
+  }
+
+  const std::vector<ShardSegment>& segments(const ZeroGroup& g) const override { return copies_[g.index].segments; }
+
+  void gradient_final(ZeroGroup& g, int bucket) override {
+    // Queued behind the reduction on the current stream; before_step() waits once for all of them.
+    copies_[g.index].segments[bucket].grads.copy_(g.segments[bucket].grads, /*non_blocking=*/true);
+  }
+
+  void before_step() override { wait_for_device_stream(device_); }
+
+  void after_bucket(ZeroGroup& g, int bucket) override {
+    const ShardSegment &host = copies_[g.index].segments[bucket], &device = g.segments[bucket];
+    const at::Tensor& from = g.mixed() ? host.compute_copy : host.params;
+    const at::Tensor& to = g.mixed() ? device.compute_copy : device.params;
+    if (from.data_ptr() == to.data_ptr()) return;  // offload_param cpu: the shard is the host's already
+    // From pinned memory: queued on the current stream; the next step's before_step() (before the
+    // CPU writes the host buffers again) orders the two.
+    to.copy_(from, /*non_blocking=*/true);
+  }
+
+  void values_changed(ZeroGroup& g) override {  // fp32 training: the host master takes the device's values
+    Copies& c = copies_[g.index];
+    if (!c.master.defined()) return;
+    for (size_t b = 0; b < g.segments.size(); ++b) c.segments[b].params.copy_(g.segments[b].params);
+  }
+
+  void release_master_views(ZeroGroup& g) override {
+    for (ShardSegment& s : copies_[g.index].segments) s.params = at::Tensor();
+  }
+
+  void wait_for_readers() override { wait_for_device_stream(device_); }
+
+  void add_memory(const ZeroGroup& g, MemoryReport& m) const override {  // host memory, not the device's
+    const Copies& c = copies_[g.index];
+    for (const at::Tensor* t : {&g.master, &c.master, &c.grads, &c.compute})
+      if (t->defined()) m.host_optimizer_bytes += t->nbytes();
+    m.host_optimizer_bytes += g.optimizer->state_bytes();
+  }
+
+  bool on_host() const override { return true; }
+
+ private:
+  struct Copies {
+    at::Tensor master, grads, compute;  // each undefined where the group needs none
+    std::vector<ShardSegment> segments;  // what the optimizer steps: views of the above (or the device's master)
+  };
+  c10::Device device_;
+  at::TensorOptions pinned_;
+  bool shards_on_host_;
+  std::vector<Copies> copies_;  // by group index
+};
+
+}  // namespace
+
+std::unique_ptr<StepSite> make_host_step(c10::Device device, bool pinned, bool shards_on_host) {
+  return std::make_unique<HostStep>(device, pinned, shards_on_host);
+}
+
+}  // namespace tessera
