@@ -27,14 +27,15 @@
 #include <vector>
 
 #include "csrc/aio/async_io.h"
+#include "offload/options.h"
 #include "optim/shard.h"
 
 namespace tessera {
 
 struct OptimizerSwapOptions {
   std::string path;                 // offload_optimizer.nvme_path: an existing, writable directory
-  int64_t tile_numel = 1000000000;  // zero_optimization.sub_group_size
-  int buffer_count = 4;             // offload_optimizer.buffer_count (at least 1)
+  int64_t tile_numel = kOptimizerSwapTileNumel;  // zero_optimization.sub_group_size
+  int buffer_count = kOptimizerSwapBufferCount;  // offload_optimizer.buffer_count (at least 1)
   bool pipeline_read = false;       // offload_optimizer.pipeline_read: read ahead of the step
   bool pipeline_write = false;      // offload_optimizer.pipeline_write: write behind it
   AioOptions aio;                   // the aio section

@@ -25,13 +25,14 @@
 #include <vector>
 
 #include "csrc/aio/async_io.h"
+#include "offload/options.h"
 
 namespace tessera {
 
 struct ParameterSwapOptions {
   std::string path;                     // offload_param.nvme_path: an existing, writable directory
-  int buffer_count = 5;                 // offload_param.buffer_count (at least 1)
-  int64_t buffer_numel = 100'000'000;   // offload_param.buffer_size: at least the largest chunk
+  int buffer_count = kParameterSwapBufferCount;      // offload_param.buffer_count (at least 1)
+  int64_t buffer_numel = kParameterSwapBufferNumel;  // offload_param.buffer_size: at least the largest chunk
   AioOptions aio;                       // the aio section
   int rank = 0;                         // names the files
 };

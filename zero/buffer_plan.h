@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "zero/flat_layout.h"
+#include "zero/options.h"
 
 namespace tessera {
 
@@ -37,7 +38,7 @@ struct BufferPlanInput {
   int stage = 0;              // ZeRO stage 0, 1, 2 or 3
   int data_parallel = 1;      // N
   int compute_bytes = 4;      // bytes per element of the model's parameters (2 for bf16/fp16)
-  int64_t bucket_numel = 500'000'000;  // zero_optimization.reduce_bucket_size
+  int64_t bucket_numel = ZeroSizeParams{}.reduce_bucket_size;
   int64_t state_floats = 2;   // fp32 optimizer-state elements per shard element (Adam 2)
   bool backend_copies_reductions = false;  // Gloo copies a reduce-scatter's input; NCCL does not
   int wire_bytes = 4;      // communication_data_type: below 4, each reduction in flight has a copy of its bucket in it

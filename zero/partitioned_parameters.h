@@ -49,15 +49,16 @@
 
 #include "offload/parameter_swapper.h"
 #include "parallel/communicator.h"
+#include "zero/options.h"
 #include "zero/units.h"
 #include "zero/zero_group.h"
 
 namespace tessera {
 
 struct PartitionedOptions {
-  int64_t prefetch_numel = 50'000'000;        // stage3_prefetch_bucket_size
-  int64_t max_live_numel = 1'000'000'000;     // stage3_max_live_parameters
-  int64_t max_reuse_distance = 1'000'000'000; // stage3_max_reuse_distance
+  int64_t prefetch_numel = ZeroSizeParams{}.stage3_prefetch_bucket_size;
+  int64_t max_live_numel = ZeroSizeParams{}.stage3_max_live_parameters;
+  int64_t max_reuse_distance = ZeroSizeParams{}.stage3_max_reuse_distance;
 };
 
 // Takes the bytes behind `buffer`'s storage (returned: dropping them frees them); tensors viewing it

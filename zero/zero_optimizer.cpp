@@ -51,11 +51,16 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     // Groups stepped in one call first, then every other bucket in the order the next forward reads
     // them, each bound where its shard lives, stepped (tile by tile when the state is in files) and
     // finished: its allgather runs on the backend's thread while the optimizer updates the next.
+    // (The groups stepped whole are all stepped before any is finished: a client optimizer steps
+    // once every group has come in, so before that their chunks are not final.)
     BucketOrder buckets;
     for (auto& g : groups_)
       if (steps_whole(*g)) step_group(*g, in[g->index]);
-    for (const auto& gb : gather_order_)
-      if (!steps_whole(*groups_[gb.first])) buckets.push_back(gb);
+    for (const auto& [group, bucket] : gather_order_) {
+      ZeroGroup& g = *groups_[group];
+      if (!steps_whole(g)) buckets.emplace_back(group, bucket);
+      else finish_bucket(g, bucket);
+    }
     state_->step(
         buckets,
         [&](int group, int bucket) {
@@ -83,11 +88,6 @@ bool ZeroOptimizer::steps_whole(const ZeroGroup& g) const {
 void ZeroOptimizer::step_group(ZeroGroup& g, const StepInputs& in) {
   // LAMB's trust ratios need whole parameters: with the shard in files, it comes into memory for the step.
   params_->with_group_resident(g, [&] { g.optimizer->step(in, site_->segments(g)); });
-  for (const auto& [group, bucket] : gather_order_)
-    if (group == g.index) {
-      site_->after_bucket(g, bucket);
-      if (stage_->gathers(g) && !g.partitioned) launch_gather(g, bucket);
-    }
 }
 
 void ZeroOptimizer::finish_bucket(ZeroGroup& g, int bucket) {

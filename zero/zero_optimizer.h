@@ -31,6 +31,7 @@
 #include "optim/options.h"
 #include "zero/buffer_plan.h"
 #include "zero/model.h"
+#include "zero/options.h"
 #include "zero/partitioned_parameters.h"
 #include "zero/reductions.h"
 #include "zero/residence.h"
@@ -58,14 +59,14 @@ struct ZeroOptions {
   double predivide_factor = 1.0;
   // data_types.grad_accum_dtype: the whole-gradient buffer's dtype at stages 0–1 (fp32 or bf16).
   at::ScalarType gradient_dtype = at::kFloat;
-  int64_t reduce_bucket_numel = 500'000'000;
+  int64_t reduce_bucket_numel = ZeroSizeParams{}.reduce_bucket_size;
   bool ignore_unused_parameters = true;
   at::ScalarType compute_dtype = at::kFloat;
   std::string optimizer = "Adam";  // Adam, AdamW, SGD, Lamb
   OptimizerHyperparams hyper;
   // Stage 3: parameters of fewer elements than this stay whole on every rank
   // (stage3_param_persistence_threshold), and the gathers' bounds (zero/partitioned_parameters.h).
-  int64_t persistence_threshold = 100'000;
+  int64_t persistence_threshold = ZeroSizeParams{}.stage3_param_persistence_threshold;
   PartitionedOptions partitioned;
   // offload_optimizer.device "nvme": the optimizer states (and the fp32 master with mixed
   // precision) in files, streamed through tile buffers at each step (offload/optimizer_swapper.h).

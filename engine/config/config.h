@@ -14,6 +14,7 @@
 
 #include "engine/config/config_rules.h"
 #include "optim/options.h"
+#include "zero/options.h"
 
 namespace tessera {
 
@@ -151,7 +152,7 @@ struct SchedulerConfig {
 struct OffloadOptimizerConfig {
   std::string device = "none";
   std::string nvme_path;
-  int buffer_count = 4;
+  int buffer_count = kOptimizerSwapBufferCount;
   bool pin_memory = false;
   bool pipeline_read = false;
   bool pipeline_write = false;
@@ -172,8 +173,8 @@ struct OffloadOptimizerConfig {
 struct OffloadParamConfig {
   std::string device = "none";
   std::string nvme_path;
-  int buffer_count = 5;
-  int64_t buffer_size = 100000000;
+  int buffer_count = kParameterSwapBufferCount;
+  int64_t buffer_size = kParameterSwapBufferNumel;
   int64_t max_in_cpu = 1000000000;
   bool pin_memory = false;
   template <class V> void fields(V& v) {
@@ -186,25 +187,19 @@ struct OffloadParamConfig {
   }
 };
 
-struct ZeroConfig {
+// The sizes (buckets, tiles, ZeRO-3's bounds) and their defaults are zero/options.h's.
+struct ZeroConfig : ZeroSizeParams {
   int stage = 0;
   bool contiguous_gradients = true;
   std::optional<bool> overlap_comm;  // resolved: true for stage 3, false otherwise (DeepSpeed)
   bool reduce_scatter = true;
-  int64_t reduce_bucket_size = 500000000;
   bool allgather_partitions = true;
-  int64_t allgather_bucket_size = 500000000;
   bool load_from_fp32_weights = true;
   bool round_robin_gradients = false;
   bool ignore_unused_parameters = true;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
-  int64_t sub_group_size = 1000000000;
-  int64_t stage3_prefetch_bucket_size = 50000000;
-  int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_model_persistence_threshold = INT64_MAX;
-  int64_t stage3_max_live_parameters = 1000000000;
-  int64_t stage3_max_reuse_distance = 1000000000;
   bool stage3_gather_16bit_weights_on_model_save = false;
 
   template <class V> void fields(V& v) {

@@ -41,7 +41,7 @@ struct ModelSpec {
 };
 
 // The training setup: what a tessera/DeepSpeed config says (setup_from_config), or flags.
-struct TrainingSetup {
+struct TrainingSetup : ZeroSizeParams {
   int zero_stage = 0;
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme (ZeRO-3 only)
@@ -71,17 +71,12 @@ struct TrainingSetup {
   std::string attention = "sdpa";
   std::optional<bool> flash_attention;     // legacy: true = "sdpa", false = "eager"; overrides `attention`
   int param_groups = 0;                    // 0: the tensors' groups (2 for shapes, 1 for a bare count)
-  // DeepSpeed knobs that size buffers (zero_optimization.*), defaults as in engine/config/config.h.
-  int64_t reduce_bucket_size = 500000000;
-  int64_t allgather_bucket_size = 500000000;
-  int64_t stage3_prefetch_bucket_size = 50000000;
-  int64_t stage3_max_live_parameters = 1000000000;
-  int64_t stage3_param_persistence_threshold = 100000;
-  int64_t sub_group_size = 1000000000;
-  int optimizer_buffer_count = 4;          // offload_optimizer.buffer_count (NVMe swap buffers)
-  double offload_optimizer_ratio = 1.0;    // offload_optimizer.ratio (ZeRO-3: fraction offloaded)
-  int param_buffer_count = 5;              // offload_param.buffer_count
-  int64_t param_buffer_size = 100000000;   // offload_param.buffer_size (elements)
+  // DeepSpeed knobs that size buffers (zero_optimization.*): the sizes (reduce_bucket_size,
+  // sub_group_size, stage3_*) are the base ZeroSizeParams's (zero/options.h), with its defaults.
+  int optimizer_buffer_count = kOptimizerSwapBufferCount;  // offload_optimizer.buffer_count (NVMe swap buffers)
+  double offload_optimizer_ratio = 1.0;                    // offload_optimizer.ratio (ZeRO-3: fraction offloaded)
+  int param_buffer_count = kParameterSwapBufferCount;      // offload_param.buffer_count
+  int64_t param_buffer_size = kParameterSwapBufferNumel;   // offload_param.buffer_size (elements)
 };
 
 // A config file's choices (a resolved Config: load_config or resolve_config has run).

@@ -74,12 +74,7 @@ TrainingSetup setup_from_config(const Config& c) {
   }
   s.partition_activations = ac.partition_activations;
   s.cpu_checkpointing = ac.cpu_checkpointing;
-  s.reduce_bucket_size = z.reduce_bucket_size;
-  s.allgather_bucket_size = z.allgather_bucket_size;
-  s.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
-  s.stage3_max_live_parameters = z.stage3_max_live_parameters;
-  s.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
-  s.sub_group_size = z.sub_group_size;
+  static_cast<ZeroSizeParams&>(s) = z;  // the sizes, as the engine reads them (zero/options.h)
   s.optimizer_buffer_count = z.offload_optimizer.buffer_count;
   s.offload_optimizer_ratio = z.offload_optimizer.ratio;
   s.param_buffer_count = z.offload_param.buffer_count;
