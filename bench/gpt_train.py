@@ -174,19 +174,19 @@ class Tessera(EngineCalls):
         self.describe = {"tp": args.tp, "sequence_parallel": args.sp} if args.tp > 1 else {}
 
     def reset_comm_stats(self):
-        context = self.tessera.comm._get_context()
+        context = self.tessera.comm.parallel_context()
         for group in ("data", "tensor"):
             context.stats(group, True)
 
     def comm_bytes(self):
         """Bytes this rank sent into collectives per group since the reset: {group: {collective: bytes}}."""
-        context = self.tessera.comm._get_context()
+        context = self.tessera.comm.parallel_context()
         return {g: {k: v[1] for k, v in context.stats(g).items() if v[1]} for g in ("data", "tensor")}
 
     def comm_totals(self):
         """The data group since the reset: bytes this rank put on the wire (Communicator's sent_bytes)
         and seconds from each collective's call until its wait returned, summed."""
-        stats = self.tessera.comm._get_context().stats("data").values()
+        stats = self.tessera.comm.parallel_context().stats("data").values()
         return {"sent_bytes": sum(v[3] for v in stats), "seconds": sum(v[2] for v in stats)}
 
     def breakdown(self):

@@ -36,7 +36,7 @@ import torch
 
 from . import comm
 
-__all__ = ["configure", "is_configured", "reset", "checkpoint", "checkpoint_modules", "get_rng_tracker",
+__all__ = ["configure", "is_configured", "reset", "set_sequence_parallel", "checkpoint", "checkpoint_modules", "get_rng_tracker",
            "get_cuda_rng_tracker", "model_parallel_seed", "model_parallel_cuda_manual_seed", "measure_saved_bytes",
            "stats", "CheckpointFunction"]
 
@@ -47,9 +47,17 @@ _DEFAULTS = dict(partition_activations=False, contiguous_memory_optimization=Fal
 _options = dict(_DEFAULTS)
 _configured = False
 _stats = {"checkpoints": 0, "recomputations": 0, "partitioned_inputs": 0, "forward_s": 0.0, "recompute_s": 0.0}
-# Set by tessera.tensor_parallel.parallelize(sequence_parallel=True): a block's input is then this
-# rank's part of the sequence, different on every tensor rank, so there is nothing to partition.
+# Set by tessera.tensor_parallel.parallelize(sequence_parallel=True) through set_sequence_parallel():
+# a block's input is then this rank's part of the sequence, different on every tensor rank, so
+# there is nothing to partition.
 _sequence_parallel = False
+
+
+def set_sequence_parallel(enabled=True):
+    """The model's checkpointed inputs are split along the sequence across the tensor ranks
+    (sequence parallelism): partition_activations has nothing left to partition."""
+    global _sequence_parallel
+    _sequence_parallel = bool(enabled)
 
 
 def configure(mpu_=None, deepspeed_config=None, partition_activations=None, contiguous_checkpointing=None,
@@ -149,11 +157,11 @@ get_cuda_rng_tracker = get_rng_tracker  # DeepSpeed's and Megatron's name
 def model_parallel_seed(seed):
     """The default generator gets `seed` on every rank; the tracker's "model-parallel-rng" gets
     seed + 2718 + this rank's tensor-parallel rank (Megatron's offset)."""
-    if comm.is_initialized() and not comm._axes_made():
+    if comm.is_initialized() and not comm.axes_made():
         raise RuntimeError("tessera.checkpointing.model_parallel_seed: the tensor-parallel degree is not known yet "
                            "(init_distributed() makes only the world group); call it after tessera.initialize(), or "
                            "call tessera.init_distributed(tensor_parallel=...) first")
-    tensor_rank = comm._get_context().group_rank("tensor") if comm._axes_made() else 0
+    tensor_rank = comm.parallel_context().group_rank("tensor") if comm.axes_made() else 0
     torch.manual_seed(seed)
     _tracker.reset()
     _tracker.add("model-parallel-rng", seed + 2718 + tensor_rank)
@@ -179,9 +187,9 @@ def _set_rng_state(state):
 
 def _tensor_group():
     """(context, t, rank) of the tensor group when partitioning applies, else None."""
-    if not _options["partition_activations"] or _sequence_parallel or not comm._axes_made():
+    if not _options["partition_activations"] or _sequence_parallel or not comm.axes_made():
         return None
-    ctx = comm._get_context()
+    ctx = comm.parallel_context()
     t = ctx.group_size("tensor")
     return (ctx, t, ctx.group_rank("tensor")) if t > 1 else None
 
@@ -210,7 +218,7 @@ def _unstash(kept, how):
     if kind == "whole":
         return kept
     from . import _C
-    return _C.tensor_parallel.gather_from_tensor_region(kept.contiguous(), comm._get_context(), 0).view(shape)
+    return _C.tensor_parallel.gather_from_tensor_region(kept.contiguous(), comm.parallel_context(), 0).view(shape)
 
 
 # An argument that requires grad, so that a checkpoint's outputs do even when none of its tensor

@@ -62,7 +62,7 @@ def is_initialized():
     return _context is not None
 
 
-def _axes_made():
+def axes_made():
     """Whether the data/tensor/pipe groups exist (their degrees are fixed)."""
     return _context is not None and _context.axis_groups_made
 
@@ -99,11 +99,11 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
             raise ValueError("tessera.comm.init_distributed: %s=%d but the environment (%s) says %d"
                              % (name, int(given), info["source"], actual))
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    return _get_context(chosen or "auto", tensor_parallel, pipeline_stages, make_axes=tensor_parallel is not None
-                        or pipeline_stages is not None, timeout_s=seconds)
+    return parallel_context(chosen or "auto", tensor_parallel, pipeline_stages,
+                            make_axes=tensor_parallel is not None or pipeline_stages is not None, timeout_s=seconds)
 
 
-def _get_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None, device=None):
+def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None, device=None):
     """The process's ParallelContext. The first call joins the job (world group, and torch.distributed's
     default group); the axis groups are made by the first call with make_axes, with tensor x pipe
     (default 1 x 1), and are fixed from then on. device: where the model lives (a torch.device or
@@ -201,7 +201,7 @@ def _group(group):
 
 def barrier(group="world"):
     """Blocks until every rank of the group has called it."""
-    _get_context(make_axes=group != "world").barrier(_group(group))
+    parallel_context(make_axes=group != "world").barrier(_group(group))
 
 
 def all_reduce(tensor, op="sum", group="world"):
@@ -210,7 +210,7 @@ def all_reduce(tensor, op="sum", group="world"):
         raise TypeError("tessera.comm.all_reduce: tensor must be a torch.Tensor, got %s" % type(tensor).__name__)
     if op not in _OPS:
         raise ValueError("tessera.comm.all_reduce: unknown op %r (expected one of %s)" % (op, ", ".join(_OPS)))
-    _get_context(make_axes=group != "world").all_reduce(tensor, op, _group(group))
+    parallel_context(make_axes=group != "world").all_reduce(tensor, op, _group(group))
     return tensor
 
 
@@ -218,7 +218,7 @@ def broadcast(tensor, src=0, group="world"):
     """Copies `tensor` from group rank `src` to every rank of the group, in place; returns it."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("tessera.comm.broadcast: tensor must be a torch.Tensor, got %s" % type(tensor).__name__)
-    _get_context(make_axes=group != "world").broadcast(tensor, int(src), _group(group))
+    parallel_context(make_axes=group != "world").broadcast(tensor, int(src), _group(group))
     return tensor
 
 

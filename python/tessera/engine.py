@@ -8,13 +8,10 @@ import torch
 
 from . import client, zero
 from ._checkpoint_calls import CheckpointCalls
+from ._config import type_name as _type_name
 from .monitor import JsonlMonitor
 
 __all__ = ["Engine"]
-
-
-def _type_name(x):
-    return type(x).__module__ + "." + type(x).__qualname__ if type(x).__module__ != "builtins" else type(x).__name__
 
 
 # Attributes of DeepSpeed's engine that training scripts use and tessera's Engine does not have:
@@ -111,9 +108,9 @@ class Engine(CheckpointCalls):
         # ZeRO-3: parameters read outside their units are gathered on access (tessera/zero.py).
         self._zero3 = self.config["zero_optimization"]["stage"] == 3
         self._auto_cast = self.config["fp16"]["enabled"] and self.config["fp16"]["auto_cast"]
-        self._fetching = zero._install_fetching(module, cengine) if self._zero3 else None
+        self._fetching = zero.install_fetching(module, cengine) if self._zero3 else None
         self._partitioned = [p for g in groups for p in g[0]] if self._zero3 else []
-        zero._register(self, self._partitioned)
+        zero.register_engine(self, self._partitioned)
         self._base_lr = self.config["optimizer"]["params"]["lr"]
         self._groups = groups
         self._group_lrs = [g[1] for g in groups]
@@ -151,8 +148,8 @@ class Engine(CheckpointCalls):
         # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
         for handle in self.__dict__.get("_unit_hooks", ()):
             handle.remove()
-        zero._restore(self.__dict__.get("_fetching"))
-        zero._unregister(self.__dict__.get("_partitioned", ()))
+        zero.restore_fetching(self.__dict__.get("_fetching"))
+        zero.unregister_engine(self.__dict__.get("_partitioned", ()))
 
     # --- the module -------------------------------------------------------------------------------
     @property

@@ -10,43 +10,13 @@ import sys
 import torch
 
 from . import _C, checkpointing, client, comm, tensor_parallel
+from ._config import config_dict as _config_dict, config_text as _config_text, type_name as _type_name
 from .client_optimizer import ShardOptimizer
-from .engine import Engine, _type_name
+from .engine import Engine
 
 __all__ = ["initialize"]
 
 _GROUP_KEYS = {"params", "lr", "weight_decay", "name"}
-
-
-def _config_text(config):
-    """A path, JSON text or a dict -> what _C.load_config takes (a path, or text starting with '{')."""
-    if isinstance(config, collections.abc.Mapping):
-        try:
-            return json.dumps(config, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise TypeError("tessera.initialize: the config dict is not JSON-serializable: %s" % e) from None
-    if isinstance(config, os.PathLike):
-        return os.fspath(config)
-    if isinstance(config, str):
-        if config.lstrip().startswith("{"):
-            return config.lstrip()
-        return config
-    raise TypeError("tessera.initialize: config must be a path (str or os.PathLike), JSON text or a dict, got %s"
-                    % _type_name(config))
-
-
-def _config_dict(config):
-    """A path, JSON text or a dict -> a new dict (to add the client optimizer's section to)."""
-    if isinstance(config, collections.abc.Mapping):
-        return json.loads(_config_text(config))
-    text = _config_text(config)
-    if not text.startswith("{"):
-        try:
-            with open(text) as f:
-                text = f.read()
-        except OSError as e:
-            raise ValueError("tessera.initialize: cannot read config file '%s': %s" % (text, e.strerror)) from None
-    return json.loads(text)
 
 
 def _tensor_list(params, where):
@@ -233,7 +203,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             if value is not None:
                 raise ValueError("tessera.initialize: %s= with a PipelineModule is not supported yet: give the "
                                  "optimizer and scheduler in the config and feed train_batch() an iterator" % name)
-        return pipe._initialize(model, cfg), None, None, None
+        return pipe.initialize_pipeline(model, cfg), None, None, None
     if cfg.pipe > 1:
         raise ValueError("tessera.initialize: pipeline.stages is %d; cut the model into stages with "
                          "tessera.pipe.PipelineModule (docs/pipeline.md)" % cfg.pipe)
@@ -251,7 +221,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # The model's device, so that under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's
     # collectives are staged through host memory; NCCL checks it is this rank's GPU.
     device = next(iter(devices)) if len(devices) == 1 else None
-    context = comm._get_context(backend, cfg.tensor, cfg.pipe, device=device)
+    context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)

@@ -95,13 +95,13 @@ class PipelineModule(nn.Module):
         layers = list(layers)
         # The process groups: those already made (tessera.comm.init_distributed(tensor_parallel=t,
         # pipeline_stages=p)), else made here with `tensor_parallel` (default 1) x num_stages.
-        if comm._axes_made() and tensor_parallel is None:
-            ctx = comm._get_context()
+        if comm.axes_made() and tensor_parallel is None:
+            ctx = comm.parallel_context()
             if ctx.pipe != int(num_stages):
                 raise ValueError("tessera.pipe.PipelineModule: num_stages is %d but the process groups were made for "
                                  "pipeline_stages %d" % (int(num_stages), ctx.pipe))
         else:
-            ctx = comm._get_context("gloo" if not torch.cuda.is_available() else "auto", int(tensor_parallel or 1),
+            ctx = comm.parallel_context("gloo" if not torch.cuda.is_available() else "auto", int(tensor_parallel or 1),
                                     int(num_stages))
         self.num_stages = ctx.pipe
         self.stage_id = ctx.group_rank("pipe")
@@ -262,7 +262,7 @@ class PipelineEngine(CheckpointCalls):
         return self._c.last_report()
 
 
-def _initialize(module, cfg, weight_decay_groups=None):
+def initialize_pipeline(module, cfg, weight_decay_groups=None):
     """tessera.initialize's path for a PipelineModule: the stage's parameters in one group, each
     shared tied key in a group of its own (listed with its stages)."""
     interval = json.loads(cfg.to_json()).get("pipeline", {}).get("activation_checkpoint_interval", 0)

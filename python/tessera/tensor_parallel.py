@@ -77,12 +77,12 @@ _MARKERS = ("sequence", "scatter_input", "gather_output")
 def _context(tp_size=None, device=None):
     """The process's parallel context, created with tp_size when there is none yet."""
     if tp_size is None:
-        if not comm._axes_made():
+        if not comm.axes_made():
             raise ValueError("tessera.tensor_parallel: give tp_size, or call tessera.comm.init_distributed("
                              "tensor_parallel=...) first")
-        return comm._get_context()
+        return comm.parallel_context()
     backend = "gloo" if device is None or device.type == "cpu" else "auto"
-    return comm._get_context(backend, int(tp_size), 1, device=device)
+    return comm.parallel_context(backend, int(tp_size), 1, device=device)
 
 
 # ---- the region crossings, as autograd functions of tensors (regions.h) ----
@@ -273,7 +273,7 @@ def parallelize(module, plan=None, *, tp_size=None, sequence_parallel=False, seq
     module._tessera_tensor_parallel = {"tp_size": ctx.group_size("tensor"), "sequence_parallel": bool(sequence_parallel)}
     if sequence_parallel:
         from . import checkpointing
-        checkpointing._sequence_parallel = True  # checkpointed inputs are split already
+        checkpointing.set_sequence_parallel(True)  # checkpointed inputs are split already
     return module
 
 

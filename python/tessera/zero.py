@@ -26,18 +26,19 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _C, comm
+from ._config import config_text
 
 # Partitioned parameter (by id) -> the engine that owns it (a weak reference).
 _owners = {}
 
 
-def _register(engine, params):
+def register_engine(engine, params):
     ref = weakref.ref(engine)
     for p in params:
         _owners[id(p)] = ref
 
 
-def _unregister(params):
+def unregister_engine(params):
     for p in params:
         _owners.pop(id(p), None)
 
@@ -156,14 +157,13 @@ class Init:
         if config is None:
             raise TypeError("tessera.zero.Init: missing config (a path, JSON text or a dict: the one tessera.initialize() "
                             "gets)")
-        from .initialization import _config_text  # imported late: initialization imports engine, which imports this module
-        cfg, _ = _C.load_config(_config_text(config), comm.get_world_size())
+        cfg, _ = _C.load_config(config_text(config, "tessera.zero.Init"), comm.get_world_size())
         if cfg.zero_stage != 3:
             return
         # The backend initialize() will ask for: Gloo for a model built on the CPU, else NCCL where a GPU is.
         device = torch.get_default_device()
         backend = "gloo" if device.type == "cpu" else "auto"
-        context = comm._get_context(backend, cfg.tensor, cfg.pipe, device=device)
+        context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
         self._cinit = _C.PartitionedInit(context)
         if module is not None:
             if not isinstance(module, torch.nn.Module):
@@ -319,7 +319,7 @@ class _FetchingParameters(dict):
         return p
 
 
-def _install_fetching(module, cengine):
+def install_fetching(module, cengine):
     """Replaces the `_parameters` of every submodule that has parameters and hooks the root's forward;
     returns what to undo."""
     forward = _InForward()
@@ -332,7 +332,7 @@ def _install_fetching(module, cengine):
     return hooks, replaced
 
 
-def _restore(installed):
+def restore_fetching(installed):
     if not installed:
         return
     hooks, replaced = installed

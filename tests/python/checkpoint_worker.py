@@ -50,7 +50,7 @@ def pipe_run(run):
     config = dict(run["config"], train_micro_batch_size_per_gpu=pw.MICRO, gradient_accumulation_steps=pw.ACCUMULATION,
                   steps_per_print=1000, pipeline={"stages": stages})
     engine, _, _, _ = tessera.initialize(model=model, config=config)
-    d = tessera.comm._get_context().group_rank("data")
+    d = tessera.comm.parallel_context().group_rank("data")
     result = {"losses": [], "norms": []}
     start = 0
     if run.get("load"):

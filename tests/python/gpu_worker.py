@@ -159,7 +159,7 @@ def main():
     data = batches(args)
     got_losses, got_params, device = tessera_run(model, data, args)
     if args.optimizer == "OneBitAdam":
-        print(json.dumps({"device": device, "backend": tessera.comm._get_context().backend, "losses": got_losses,
+        print(json.dumps({"device": device, "backend": tessera.comm.parallel_context().backend, "losses": got_losses,
                           "params": [p.flatten().tolist() for p in got_params]}), flush=True)
         return
     ref_losses, ref_params = reference_run(reference, data, args)

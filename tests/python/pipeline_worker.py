@@ -107,7 +107,7 @@ def check_fp16(stages, schedule, zero_stage):
         "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": zero_stage},
         "fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1},
         "pipeline": {"stages": stages, "schedule": schedule}})
-    d = tessera.comm._get_context().group_rank("data")
+    d = tessera.comm.parallel_context().group_rank("data")
     scales, losses = [], []
     for step in range(10):
         it = iter([micro_batch(step, m, d) for m in range(ACCUMULATION)])
@@ -156,7 +156,7 @@ def main():
         "tensor_parallel": {"tp_size": tp}})
     # bf16 keeps 8 bits of mantissa in the activations and the compute copy of the weights
     loss_tol, norm_tol, param_tol = (2e-2, 5e-2, 1e-2) if bf16 else (1e-5, 1e-5, 2e-5)
-    d = tessera.comm._get_context().group_rank("data")
+    d = tessera.comm.parallel_context().group_rank("data")
     losses, norms = [], []
     for step in range(STEPS):
         it = iter([micro_batch(step, m, d) for m in range(ACCUMULATION)])
