@@ -7,6 +7,12 @@
 
 namespace tessera {
 
+void bind_runtime(pybind11::module& m);
+void bind_config(pybind11::module& m);
+void bind_parallel(pybind11::module& m);
+void bind_engine(pybind11::module& m);
+void bind_pipeline(pybind11::module& m);
+
 // tessera._C.checkpoint: safetensors files read and written by engine/checkpoint/ (checkpoint_bindings.cpp).
 void bind_checkpoint(pybind11::module& m);
 // Engine.save_checkpoint, load_checkpoint, save_16bit_model (checkpoint_bindings.cpp).

@@ -1,0 +1,48 @@
+// tessera._C: the config (engine/config/) and the memory estimator (engine/estimator/).
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "handles.h"
+
+#include "engine/estimator/estimator.h"
+
+namespace py = pybind11;
+
+namespace tessera {
+
+void bind_config(py::module& m) {
+  py::class_<ConfigHandle, std::shared_ptr<ConfigHandle>>(m, "Config")
+      .def("to_json", [](const ConfigHandle& c) { return config_to_json(c.config).dump(); },
+           "The effective config, every default filled in, as JSON text.")
+      .def_property_readonly("tensor", [](const ConfigHandle& c) { return c.layout.tensor; })
+      .def_property_readonly("pipe", [](const ConfigHandle& c) { return c.layout.pipe; })
+      .def_property_readonly("data", [](const ConfigHandle& c) { return c.layout.data; })
+      .def_property_readonly("world_size", [](const ConfigHandle& c) { return c.layout.world_size; })
+      .def_property_readonly("zero_stage", [](const ConfigHandle& c) { return c.config.zero_optimization.stage; })
+      .def_property_readonly("sequence_parallel",
+                             [](const ConfigHandle& c) { return c.config.tensor_parallel.sequence_parallel; });
+
+  m.def(
+      "load_config",
+      [](const std::string& path_or_json, int world_size, std::optional<std::pair<std::string, double>> client) {
+        auto c = std::make_shared<ConfigHandle>();
+        std::vector<std::string> warnings;
+        ParseOptions options;
+        if (client) options.client_optimizer = ClientOptimizerInfo{client->first, client->second};
+        c->config = load_config(path_or_json, world_size, &c->layout, &warnings, options);
+        return std::make_tuple(c, warnings);
+      },
+      py::arg("path_or_json"), py::arg("world_size"), py::arg("client_optimizer") = py::none(),
+      "Parses, checks and resolves a config file or JSON text; raises ConfigError listing every error. "
+      "client_optimizer: (type, lr) of a script's own torch optimizer that stands for the optimizer "
+      "section. Returns (config, warnings).");
+
+  // The memory estimator (engine/estimator/estimator.h): a JSON request with the CLI's flags as keys, a JSON
+  // answer; tessera.estimate() wraps it.
+  m.def(
+      "estimate_json",
+      [](const std::string& request) { return estimate_json(nlohmann::json::parse(request)).dump(); },
+      py::arg("request"), "Memory estimate for a JSON request with `tessera estimate`'s flags as keys.");
+}
+
+}  // namespace tessera

@@ -1,0 +1,43 @@
+// What several binding files share: the resolved config, a parameter group as Python passes it,
+// and tessera.zero.Init's C++ half.
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/config/config_io.h"
+#include "parallel/parallel_context.h"
+#include "zero/model.h"
+#include "zero/partitioned_init.h"
+
+namespace tessera {
+
+// A resolved Config, opaque to Python except for its effective JSON.
+struct ConfigHandle {
+  Config config;
+  ResolvedLayout layout;
+};
+
+// A parameter group as Python passes it: (params, lr, weight_decay, name, names, tensor_sharded).
+using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
+                              std::vector<std::string>, std::vector<bool>>;
+
+inline ModelDescription description_of(const std::vector<GroupTuple>& groups) {
+  ModelDescription model;
+  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
+    model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+  return model;
+}
+
+// tessera.zero.Init's C++ half (zero/partitioned_init.h), with the context its communicator lives in.
+struct InitHandle {
+  std::shared_ptr<ParallelContext> context;
+  std::unique_ptr<PartitionedInit> init;
+};
+
+}  // namespace tessera

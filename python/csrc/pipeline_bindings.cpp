@@ -1,0 +1,121 @@
+// tessera._C.pipeline: layer partitioning and the PipelineEngine (engine/pipeline_engine.h, parallel/pipeline/).
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "handles.h"
+
+#include <algorithm>
+
+#include "engine_handle.h"
+#include "parallel/pipeline/partition.h"
+
+namespace py = pybind11;
+
+namespace tessera {
+namespace {
+
+// A Python stage model (tessera.pipe.PipelineModule's local layers and loss) for PipelineEngine.
+class PyStageModel : public PipelineStageModel {
+ public:
+  at::Tensor forward(const at::Tensor& input) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, PipelineStageModel, forward, input);
+  }
+  at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, PipelineStageModel, loss, output, labels);
+  }
+};
+
+std::vector<pipeline::LayerInfo> layer_infos_of(const std::vector<std::pair<std::string, int64_t>>& layers) {
+  std::vector<pipeline::LayerInfo> infos;
+  for (const auto& [type, params] : layers) infos.push_back({type, params});
+  return infos;
+}
+
+// The data iterator's next() as a MicroBatchSource: it runs with the GIL, which train_batch's
+// C++ (autograd, collectives) runs without.
+MicroBatchSource source_of(const py::function& next) {
+  return [next] {
+    py::gil_scoped_acquire gil;
+    py::tuple batch = next();
+    if (batch.size() != 2) throw std::invalid_argument("tessera.pipe: the data iterator must yield (inputs, labels)");
+    return MicroBatch{batch[0].cast<at::Tensor>(), batch[1].cast<at::Tensor>()};
+  };
+}
+
+}  // namespace
+
+void bind_pipeline(py::module& m) {
+  py::module pipe = m.def_submodule("pipeline", "pipeline stages: partitioning, PipelineEngine");
+  pipe.def("partition",
+           [](const std::vector<std::pair<std::string, int64_t>>& layers, int stages, const std::string& method) {
+             return pipeline::partition_layers(layer_infos_of(layers), stages, method);
+           },
+           py::arg("layers"), py::arg("stages"), py::arg("method"));
+  pipe.def("describe_partition", [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds) {
+    return pipeline::describe_partition(layer_infos_of(layers), bounds);
+  });
+  pipe.def("broadcast_between_stages",
+           [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
+             blocking([&] {
+               Communicator& g = c.pipe_stages(stages);
+               const auto root = std::find(stages.begin(), stages.end(), root_stage) - stages.begin();
+               g.broadcast(t, static_cast<int>(root));
+             });
+           },
+           py::arg("context"), py::arg("tensor"), py::arg("stages"), py::arg("root_stage"));
+  py::class_<PipelineStageModel, PyStageModel>(pipe, "StageModel").def(py::init<>());
+  py::class_<PipelineHandle> pipe_engine_class(pipe, "Engine");
+  bind_engine_checkpoint(pipe_engine_class);  // the same checkpoint calls on the stage's Engine
+  pipe_engine_class
+      .def(py::init([](const ConfigHandle& config, std::shared_ptr<ParallelContext> context, py::object model,
+                       const std::vector<GroupTuple>& groups, const std::vector<std::pair<int, std::vector<int>>>& tied) {
+             if (!context) throw std::invalid_argument("tessera: no parallel context");
+             auto h = std::make_unique<PipelineHandle>();
+             h->context = context;
+             h->model = model;
+             ModelDescription description = description_of(groups);
+             const ModelDescription parameters = description;  // the tensors, for the hooks
+             std::vector<TiedGroup> tied_groups;
+             for (const auto& [group, stages] : tied) tied_groups.push_back({group, stages});
+             {
+               py::gil_scoped_release release;  // collectives
+               h->engine = std::make_unique<PipelineEngine>(config.config, *context, model.cast<PipelineStageModel&>(),
+                                                            std::move(description), std::move(tied_groups));
+             }
+             h->hooks.record(parameters);
+             return h;
+           }),
+           py::arg("config"), py::arg("context"), py::arg("model"), py::arg("groups"), py::arg("tied"))
+      // Without the GIL (autograd refuses to run under it); the stage model's forward and loss and
+      // the data iterator take it back when the executor calls them.
+      .def("train_batch", [](PipelineHandle& h, const py::function& next) {
+        const MicroBatchSource source = source_of(next);
+        double loss = 0;
+        blocking([&] { loss = h.engine->train_batch(source); });
+        return loss;
+      })
+      .def("eval_batch", [](PipelineHandle& h, const py::function& next) {
+        const MicroBatchSource source = source_of(next);
+        double loss = 0;
+        blocking([&] { loss = h.engine->eval_batch(source); });
+        return loss;
+      })
+      .def_property_readonly("stage", [](const PipelineHandle& h) { return h.engine->stage(); })
+      .def_property_readonly("stages", [](const PipelineHandle& h) { return h.engine->stages(); })
+      .def_property_readonly("global_step", [](PipelineHandle& h) { return h.engine->engine().global_step(); })
+      .def_property_readonly("grad_norm", [](PipelineHandle& h) { return h.engine->engine().last_grad_norm(); })
+      .def_property_readonly("learning_rate", [](PipelineHandle& h) { return h.engine->engine().learning_rate(); })
+      .def_property_readonly("loss_scale", [](PipelineHandle& h) { return h.engine->engine().loss_scale(); })
+      .def("last_report", [](const PipelineHandle& h) {
+        const pipeline::BatchReport& r = h.engine->last_report();
+        py::dict d;
+        d["peak_activations"] = r.peak_activations;
+        d["idle_fraction"] = r.idle_fraction();
+        d["seconds"] = r.seconds;
+        d["losses"] = r.losses;
+        return d;
+      })
+      .def("wait_for_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().wait_for_parameters(); }); });
+}
+
+}  // namespace tessera
