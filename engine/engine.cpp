@@ -50,7 +50,7 @@ AioOptions aio_options(const Config& c) {
 }
 
 // What ZeRO takes from the config.
-ZeroOptions zero_options(const Config& c, int rank, int data_size) {
+ZeroOptions zero_options(const Config& c, int rank, int data_size, const EngineEnvironment& env) {
   ZeroOptions o;
   o.stage = c.zero_optimization.stage;
   o.overlap_allgather = c.zero_optimization.overlap_comm.value_or(false);
@@ -70,8 +70,7 @@ ZeroOptions zero_options(const Config& c, int rank, int data_size) {
   o.partitioned.max_live_numel = z.stage3_max_live_parameters;
   o.partitioned.max_reuse_distance = z.stage3_max_reuse_distance;
   o.host_optimizer = z.offload_optimizer.device == "cpu" || z.offload_optimizer.device == "nvme";
-  const char* staging = std::getenv("TESSERA_HOST_STAGING");
-  o.host_staging_on_cpu = staging != nullptr && std::string(staging) == "1";
+  o.host_staging_on_cpu = env.host_staging_on_cpu;
   o.host_parameters = z.offload_param.device == "cpu";
   o.host_pinned = z.offload_optimizer.pin_memory;
   if (z.offload_optimizer.device == "nvme") {
@@ -232,7 +231,7 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
                                           ") but the model description brings none"
                                     : "tessera: the model description brings a client optimizer and the config has an "
                                       "optimizer section too");
-  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank(), parallel_.data().size()), parallel_, model, &units_);
+  zero_ = std::make_unique<ZeroOptimizer>(zero_options(config_, parallel_.rank(), parallel_.data().size(), environment_), parallel_, model, &units_);
   // Groups reduced over communicators of their own add a world sum to the norm, on every rank or
   // none: the stages of a pipeline hold different groups, so they agree on it here.
   norm_over_world_ = zero_->has_groups_of_their_own();
@@ -583,7 +582,10 @@ TrainingState Engine::training_state() {
 
 std::string Engine::save_checkpoint(const SaveOptions& options) {
   TrainingState state = training_state();
-  return tessera::save_checkpoint(state, options);
+  SaveOptions o = options;
+  // Read at each save, not with the rest at construction: a test sets it just before the save it kills.
+  if (o.crash_at.empty()) o.crash_at = EngineEnvironment::read().checkpoint_crash_at;
+  return tessera::save_checkpoint(state, o);
 }
 
 LoadResult Engine::load_checkpoint(LoadOptions options) {

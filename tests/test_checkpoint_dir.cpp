@@ -32,8 +32,8 @@ bool is_dir(const std::string& path) {
 }
 
 // One checkpoint: a shard file whose values say which save wrote it, and a metadata file.
-void save(const std::string& dir, const std::string& tag, const at::Tensor& values) {
-  CheckpointWriter writer(dir, tag);
+void save(const std::string& dir, const std::string& tag, const at::Tensor& values, const std::string& crash_at = "") {
+  CheckpointWriter writer(dir, tag, crash_at);
   write_safetensors(writer.file("rank0.safetensors"), {{"values", values}});
   write_file_durably(writer.file("metadata.json"), "{\"tag\": \"" + tag + "\"}");
   writer.commit();
@@ -54,9 +54,8 @@ bool save_killed(const std::string& dir, const std::string& tag, const at::Tenso
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    if (!point.empty()) ::setenv("TESSERA_CHECKPOINT_CRASH", point.c_str(), 1);
     try {
-      save(dir, tag, values);
+      save(dir, tag, values, point);  // the writer dies at `point` (the Engine passes TESSERA_CHECKPOINT_CRASH)
     } catch (...) {
       ::_exit(2);
     }

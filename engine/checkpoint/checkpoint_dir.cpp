@@ -61,9 +61,8 @@ void remove_tree(const std::string& path) {
 
 }  // namespace
 
-void crash_point(const char* point) {
-  const char* at = std::getenv("TESSERA_CHECKPOINT_CRASH");
-  if (at && std::strcmp(at, point) == 0) ::raise(SIGKILL);
+void crash_point(const std::string& at, const char* point) {
+  if (!at.empty() && at == point) ::raise(SIGKILL);
 }
 
 void check_tag(const std::string& tag) {
@@ -96,8 +95,8 @@ void write_file_durably(const std::string& path, const std::string& text) {
 
 std::string partial_dir_of(const std::string& save_dir, const std::string& tag) { return save_dir + "/." + tag + ".partial"; }
 
-CheckpointWriter::CheckpointWriter(std::string save_dir, std::string tag)
-    : save_dir_(std::move(save_dir)), tag_(std::move(tag)) {
+CheckpointWriter::CheckpointWriter(std::string save_dir, std::string tag, std::string crash_at)
+    : crash_at_(std::move(crash_at)), save_dir_(std::move(save_dir)), tag_(std::move(tag)) {
   check_tag(tag_);
   make_directories(save_dir_);
   partial_ = partial_dir_of(save_dir_, tag_);
@@ -109,9 +108,9 @@ CheckpointWriter::~CheckpointWriter() = default;
 
 void CheckpointWriter::commit() {
   if (committed_) throw std::logic_error("tessera: checkpoint " + tag_ + " committed twice");
-  crash_point("before_commit");
+  crash_point(crash_at_, "before_commit");
   fsync_path(partial_);
-  crash_point("after_fsync");
+  crash_point(crash_at_, "after_fsync");
   const std::string final_path = save_dir_ + "/" + tag_;
   // A complete checkpoint of the same tag is moved aside, not deleted, until the new one is in place.
   const std::string old = save_dir_ + "/." + tag_ + ".replaced";
@@ -119,9 +118,9 @@ void CheckpointWriter::commit() {
   if (exists(final_path) && ::rename(final_path.c_str(), old.c_str()) != 0) throw os_error("cannot move aside", final_path);
   if (::rename(partial_.c_str(), final_path.c_str()) != 0) throw os_error("cannot rename " + partial_ + " to", final_path);
   fsync_path(save_dir_);
-  crash_point("after_rename");
+  crash_point(crash_at_, "after_rename");
   write_file_durably(save_dir_ + "/latest", tag_);
-  crash_point("after_latest");
+  crash_point(crash_at_, "after_latest");
   remove_tree(old);
   committed_ = true;
 }

@@ -13,8 +13,8 @@
 // fsynced). On several ranks the engine has one rank create and commit, the others write between
 // two barriers.
 //
-// TESSERA_CHECKPOINT_CRASH=<point> kills the process with SIGKILL at that point of commit(), for
-// the crash tests: after_shard_write (this rank's file written: the engine's save), before_commit (files
+// SaveOptions::crash_at (TESSERA_CHECKPOINT_CRASH, read by the Engine: engine/environment.h) kills
+// the process with SIGKILL at that point of commit(), for the crash tests: after_shard_write (this rank's file written: the engine's save), before_commit (files
 // written, not yet committed), after_fsync, after_rename, after_latest.
 #pragma once
 
@@ -24,7 +24,8 @@ namespace tessera::checkpoint {
 
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string save_dir, std::string tag);
+  // `crash_at`: the crash tests' point to die at (crash_point), empty for none.
+  CheckpointWriter(std::string save_dir, std::string tag, std::string crash_at = "");
   ~CheckpointWriter();  // an uncommitted partial directory stays (a crash leaves one too); the next save removes it
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -35,6 +36,7 @@ class CheckpointWriter {
   void commit();
 
  private:
+  std::string crash_at_;
   std::string save_dir_, tag_, partial_;
   bool committed_ = false;
 };
@@ -51,8 +53,9 @@ std::string checkpoint_path(const std::string& save_dir, const std::string& tag 
 // `text` into `path` through `path`.tmp: written, fsynced, renamed, the directory fsynced.
 void write_file_durably(const std::string& path, const std::string& text);
 
-// TESSERA_CHECKPOINT_CRASH=<point>: SIGKILL here when it names `point` (the crash tests).
-void crash_point(const char* point);
+// SIGKILL here when `at` names `point` (the crash tests: SaveOptions::crash_at, from
+// TESSERA_CHECKPOINT_CRASH through engine/environment.h).
+void crash_point(const std::string& at, const char* point);
 
 // A tag is one path component: not empty, no '/', not starting with '.', not "latest".
 void check_tag(const std::string& tag);

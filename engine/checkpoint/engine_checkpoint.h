@@ -51,6 +51,7 @@ struct SaveOptions {
   std::string save_dir;
   std::string tag;                  // empty: "global_step<N>"
   std::string client_state = "{}";  // JSON text (an object), returned by the load
+  std::string crash_at;             // tests: SIGKILL at this point of the save (engine/environment.h)
 };
 
 // Collective over every rank; returns the checkpoint's directory. Throws, on every rank, when a

@@ -138,7 +138,7 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
   std::unique_ptr<CheckpointWriter> writer;
   if (rank == 0 && error.empty()) {
     try {
-      writer = std::make_unique<CheckpointWriter>(options.save_dir, tag);
+      writer = std::make_unique<CheckpointWriter>(options.save_dir, tag, options.crash_at);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -157,7 +157,7 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  crash_point("after_shard_write");
+  crash_point(options.crash_at, "after_shard_write");
   std::vector<std::string> entries = all_gather_strings(world, error.empty() ? entry : "");
   agree(world, error, "writing checkpoint " + tag);
 
