@@ -1,5 +1,5 @@
 // The 1-bit optimizers (optim/onebit.h) training the example GPT (842K parameters) on fortunes on
-// 2 ranks for 400 steps against their full-precision twins: 1-bit Adam and 0/1 Adam against Adam,
+// 2 ranks for 200 steps against their full-precision twins: 1-bit Adam and 0/1 Adam against Adam,
 // 1-bit LAMB against LAMB. The mean of the last 50 losses within 2%; the steps before the freeze
 // bit-identical; after it, the bytes each rank sends per step at most 1/20 of Adam's.
 #include <catch2/catch.hpp>
@@ -16,8 +16,12 @@ using namespace tessera::testing::examples;
 
 namespace {
 
-constexpr int kSteps = 400;
-constexpr int kFreeze = 60;
+// 200 steps with the freeze at 40 (400 and 60 before: twice the time for the same verdicts; at 200
+// the last-50 means measured 2.6455 / 2.6454 / 2.6492 for Adam / 1-bit Adam / 0/1 Adam and 2.7176 /
+// 2.7033 for LAMB / 1-bit LAMB, well inside 2%).
+constexpr int kSteps = 200;
+constexpr int kFreeze = 40;
+constexpr int kWarmUpLine = kFreeze / 10 - 2;  // a progress line wholly before the freeze (steps 21-30)
 
 std::string config(const std::string& type, const std::string& params) {
   return R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10, "gradient_clipping": 1.0,
@@ -98,8 +102,8 @@ TEST_CASE("1-bit Adam and 0/1 Adam train the GPT like Adam with 1/20 of the byte
   // Phases and bytes. Adam's lines carry no phase; its bytes come from a 1-bit run's warm-up line
   // (the same gradient allreduce).
   CHECK(reference.lines.back().phase.empty());
-  REQUIRE(onebit.lines[4].phase == "warm-up");
-  const double full = onebit.lines[4].sent_kb;  // steps 41–50: the fp32 gradient allreduce
+  REQUIRE(onebit.lines[kWarmUpLine].phase == "warm-up");
+  const double full = onebit.lines[kWarmUpLine].sent_kb;  // the fp32 gradient allreduce
   CHECK(full > 3000);                           // ~4 bytes a parameter at 2 ranks
   for (const Run* run : {&onebit, &zero_one}) {
     const Line& last = run->lines.back();
@@ -118,7 +122,7 @@ TEST_CASE("1-bit LAMB trains the GPT like LAMB with 1/20 of the bytes", "[slow]"
   CHECK(std::abs(onebit_loss - lamb_loss) <= 0.02 * lamb_loss);
   CHECK(lamb_loss < 0.75 * reference.lines.front().loss);
   CHECK(onebit.lines.back().phase == "compressed");
-  CHECK(onebit.lines.back().sent_kb <= onebit.lines[4].sent_kb / 20);
+  CHECK(onebit.lines.back().sent_kb <= onebit.lines[kWarmUpLine].sent_kb / 20);
   same_warm_up(lamb("OneBitLamb", kFreezeStep), lamb("Lamb"));
 }
 
