@@ -76,6 +76,133 @@ Communicator& group_communicator(ParallelContext& parallel, const ParamGroup& gr
   return parallel.group_over(group.communicator);
 }
 
+// Checks every parameter (a defined leaf on the collectives' device, named once, its zero.Init
+// chunk the right size) and gathers the groups' sizes for the buffer planner; `names` gets each
+// group's parameter names.
+BufferPlanInput plan_input(const ZeroOptions& options, const std::vector<GroupSpec>& specs,
+                           const std::vector<Communicator*>& comms, Communicator& data, UnitTracker* units,
+                           std::vector<std::vector<std::string>>& names) {
+  std::set<const void*> seen;
+  BufferPlanInput input;
+  input.stage = options.stage;
+  input.data_parallel = data.size();
+  for (Communicator* c : comms) input.group_partitions.push_back(c->size());
+  input.compute_bytes = static_cast<int>(c10::elementSize(options.compute_dtype));
+  input.bucket_numel = options.reduce_bucket_numel;
+  input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
+  input.backend_copies_reductions = data.device().is_cpu();  // Gloo
+  input.wire_bytes = static_cast<int>(c10::elementSize(options.communication_dtype));
+  input.gradient_bytes = static_cast<int>(c10::elementSize(options.gradient_dtype));
+  for (size_t gi = 0; gi < specs.size(); ++gi) {
+    const ParamGroup& spec = *specs[gi].source;
+    std::vector<int64_t> numels;
+    std::vector<int> keys;
+    for (int i : specs[gi].members) {
+      const at::Tensor& p = spec.params[i];
+      names[gi].push_back(param_name(spec, i));
+      const std::string& name = names[gi].back();
+      if (!p.defined() || !p.requires_grad() || !p.is_leaf())
+        throw std::invalid_argument("tessera: " + name + " must be a defined leaf tensor that requires grad");
+      if (p.device() != data.device())
+        throw std::invalid_argument("tessera: " + name + " is on " + p.device().str() +
+                                    ", but the data-parallel group's collectives run on " + data.device().str() +
+                                    " (move the model there before initializing the engine)");
+      if (!seen.insert(p.unsafeGetTensorImpl()).second)
+        throw std::invalid_argument("tessera: a parameter appears twice in the model description (" + name + ")");
+      const at::Tensor* chunk = static_cast<size_t>(i) < spec.shards.size() && spec.shards[i].defined() ? &spec.shards[i] : nullptr;
+      if (chunk && comms[gi] != &data)
+        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init over the data group, but its "
+                                    "parameter group is reduced over '" + spec.communicator + "': build it whole "
+                                    "(outside zero.Init) or leave its group on the data group");
+      if (chunk && chunk->numel() != init_chunk_numel(p.numel(), data.size()))
+        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init into chunks of " +
+                                    std::to_string(chunk->numel()) + " elements, which is not 1/" +
+                                    std::to_string(data.size()) + " of it: zero.Init and the engine must see the "
+                                    "same data-parallel degree (the same config)");
+      if (!chunk && p.numel() > 1 && static_cast<int64_t>(p.storage().nbytes()) < p.numel() * p.element_size())
+        throw std::invalid_argument("tessera: " + name + " holds no values of its own (a released ZeRO-3 parameter "
+                                    "of another engine, or one partitioned by zero.Init whose chunks were not handed "
+                                    "to this engine: a failed initialize consumes them; build the model again)");
+      numels.push_back(p.numel());
+      if (specs[gi].partitioned) keys.push_back(units->owner_of(p));
+    }
+    input.group_numels.push_back(std::move(numels));
+    input.group_keys.push_back(std::move(keys));
+    input.group_partitioned.push_back(specs[gi].partitioned);
+  }
+  if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
+  return input;
+}
+
+// The (group, bucket)s each unit's forward reads: its own parameters' and the shared ones'.
+std::vector<std::vector<std::pair<int, int>>> buckets_by_unit(const std::vector<std::unique_ptr<ZeroGroup>>& groups,
+                                                              const UnitTracker& units) {
+  std::unordered_map<const void*, std::pair<int, int>> where;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (size_t i = 0; i < groups[gi]->params.size(); ++i)
+      where[groups[gi]->params[i].unsafeGetTensorImpl()] = {static_cast<int>(gi), groups[gi]->layout.params[i].bucket};
+  std::vector<std::vector<std::pair<int, int>>> out(units.size());
+  for (int u = 0; u < units.size(); ++u) {
+    std::set<std::pair<int, int>> buckets;
+    for (const void* p : units.params_used(u))
+      if (auto it = where.find(p); it != where.end()) buckets.insert(it->second);
+    out[u].assign(buckets.begin(), buckets.end());
+  }
+  return out;
+}
+
+// The order the next forward reads every bucket: unit by unit, then the buckets no unit lists
+// (without units, each group's last bucket first: the layout reverses registration order).
+std::vector<std::pair<int, int>> forward_order(const std::vector<std::unique_ptr<ZeroGroup>>& groups,
+                                               const std::vector<std::vector<std::pair<int, int>>>& unit_buckets) {
+  std::vector<std::pair<int, int>> order;
+  std::set<std::pair<int, int>> ordered;
+  for (const auto& buckets : unit_buckets)
+    for (const auto& gb : buckets)
+      if (ordered.insert(gb).second) order.push_back(gb);
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (int b = static_cast<int>(groups[gi]->layout.buckets.size()) - 1; b >= 0; --b)
+      if (ordered.insert({static_cast<int>(gi), b}).second) order.emplace_back(static_cast<int>(gi), b);
+  return order;
+}
+
+// LAMB's per-parameter norms: the pieces of a parameter on other ranks (the group's communicator),
+// and the other slices of a tensor-sharded parameter (`tensor`, null when not); the 1-bit family's
+// data group.
+OptimizerContext optimizer_context(const ZeroGroup& g, int rank, Communicator* tensor) {
+  const FlatLayout& L = g.layout;
+  OptimizerContext context;
+  context.pieces = L.pieces(rank);
+  context.num_params = static_cast<int>(L.params.size());
+  Communicator* data_sum = L.partitions > 1 ? g.comm : nullptr;
+  Communicator* tensor_sum = tensor;
+  if (data_sum || tensor_sum) {
+    // A host optimizer's values (LAMB's norms) visit the group's device for the collective.
+    auto across = [data_sum, tensor_sum](at::Tensor& t, ReduceOp op) {
+      at::Tensor on = t.to((data_sum ? data_sum : tensor_sum)->device());
+      if (data_sum) data_sum->all_reduce(on, op);
+      if (tensor_sum) tensor_sum->all_reduce(on, op);
+      if (!on.is_same(t)) t.copy_(on);
+    };
+    context.sum_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Sum); };
+    context.max_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Max); };
+  }
+  context.data = g.comm;
+  return context;
+}
+
+// A model built under PartitionedInit: its parameters hold no bytes, their values are chunks, taken
+// out of the description here (by parameter) and freed bucket by bucket as the buffers are filled.
+std::unordered_map<const void*, at::Tensor> take_init_chunks(ModelDescription& model) {
+  std::unordered_map<const void*, at::Tensor> chunks;
+  for (ParamGroup& g : model.groups) {
+    for (size_t i = 0; i < g.shards.size() && i < g.params.size(); ++i)
+      if (g.shards[i].defined()) chunks[g.params[i].unsafeGetTensorImpl()] = std::move(g.shards[i]);
+    g.shards.clear();
+  }
+  return chunks;
+}
+
 }  // namespace
 
 GradPart ZeroOptimizer::gradient_part(const ZeroGroup& g, const at::Tensor& grads) const {
@@ -110,65 +237,10 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   // Each group's communicator (ParamGroup::communicator), made here by every rank in the same order.
   std::vector<Communicator*> comms;
   for (const GroupSpec& spec : specs) comms.push_back(&group_communicator(parallel, *spec.source));
-  std::set<const void*> seen;
-  BufferPlanInput input;
-  input.stage = options.stage;
-  input.data_parallel = data_.size();
-  for (Communicator* c : comms) input.group_partitions.push_back(c->size());
-  input.compute_bytes = static_cast<int>(c10::elementSize(options.compute_dtype));
-  input.bucket_numel = options.reduce_bucket_numel;
-  input.state_floats = optimizer_state_floats(options.optimizer, options.hyper);
-  input.backend_copies_reductions = data_.device().is_cpu();  // Gloo
-  input.wire_bytes = static_cast<int>(c10::elementSize(options.communication_dtype));
-  input.gradient_bytes = static_cast<int>(c10::elementSize(options.gradient_dtype));
   std::vector<std::vector<std::string>> names(specs.size());
-  for (size_t gi = 0; gi < specs.size(); ++gi) {
-    const ParamGroup& spec = *specs[gi].source;
-    std::vector<int64_t> numels;
-    std::vector<int> keys;
-    for (int i : specs[gi].members) {
-      const at::Tensor& p = spec.params[i];
-      names[gi].push_back(param_name(spec, i));
-      const std::string& name = names[gi].back();
-      if (!p.defined() || !p.requires_grad() || !p.is_leaf())
-        throw std::invalid_argument("tessera: " + name + " must be a defined leaf tensor that requires grad");
-      if (p.device() != data_.device())
-        throw std::invalid_argument("tessera: " + name + " is on " + p.device().str() +
-                                    ", but the data-parallel group's collectives run on " + data_.device().str() +
-                                    " (move the model there before initializing the engine)");
-      if (!seen.insert(p.unsafeGetTensorImpl()).second)
-        throw std::invalid_argument("tessera: a parameter appears twice in the model description (" + name + ")");
-      const at::Tensor* chunk = static_cast<size_t>(i) < spec.shards.size() && spec.shards[i].defined() ? &spec.shards[i] : nullptr;
-      if (chunk && comms[gi] != &data_)
-        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init over the data group, but its "
-                                    "parameter group is reduced over '" + spec.communicator + "': build it whole "
-                                    "(outside zero.Init) or leave its group on the data group");
-      if (chunk && chunk->numel() != init_chunk_numel(p.numel(), data_.size()))
-        throw std::invalid_argument("tessera: " + name + " was partitioned by zero.Init into chunks of " +
-                                    std::to_string(chunk->numel()) + " elements, which is not 1/" +
-                                    std::to_string(data_.size()) + " of it: zero.Init and the engine must see the "
-                                    "same data-parallel degree (the same config)");
-      if (!chunk && p.numel() > 1 && static_cast<int64_t>(p.storage().nbytes()) < p.numel() * p.element_size())
-        throw std::invalid_argument("tessera: " + name + " holds no values of its own (a released ZeRO-3 parameter "
-                                    "of another engine, or one partitioned by zero.Init whose chunks were not handed "
-                                    "to this engine: a failed initialize consumes them; build the model again)");
-      numels.push_back(p.numel());
-      if (specs[gi].partitioned) keys.push_back(units->owner_of(p));
-    }
-    input.group_numels.push_back(std::move(numels));
-    input.group_keys.push_back(std::move(keys));
-    input.group_partitioned.push_back(specs[gi].partitioned);
-  }
-  if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
+  const BufferPlanInput input = plan_input(options, specs, comms, data_, units, names);
   plan_ = plan_buffers(input);
-  // A model built under PartitionedInit: its parameters hold no bytes, their values are chunks,
-  // taken out of the description here and freed bucket by bucket as the buffers are filled.
-  std::unordered_map<const void*, at::Tensor> chunks;
-  for (ParamGroup& g : model.groups) {
-    for (size_t i = 0; i < g.shards.size() && i < g.params.size(); ++i)
-      if (g.shards[i].defined()) chunks[g.params[i].unsafeGetTensorImpl()] = std::move(g.shards[i]);
-    g.shards.clear();
-  }
+  std::unordered_map<const void*, at::Tensor> chunks = take_init_chunks(model);
   const bool born_partitioned = !chunks.empty();
   if (born_partitioned && options.stage == 3 && !units)
     throw std::invalid_argument("tessera: a model built under zero.Init needs its units reported (zero/model.h)");
@@ -261,25 +333,8 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     }
     site_->add_group(*g, options.gradient_dtype, options.compute_dtype);  // its own copies (HostStep)
 
-    // LAMB's per-parameter norms: the pieces of a parameter on other ranks (data group), and the
-    // other slices of a tensor-sharded parameter (tensor group); the 1-bit family's data group.
-    OptimizerContext context;
-    context.pieces = L.pieces(rank);
-    context.num_params = static_cast<int>(L.params.size());
-    Communicator* data_sum = L.partitions > 1 ? g->comm : nullptr;
-    Communicator* tensor_sum = spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr;
-    if (data_sum || tensor_sum) {
-      // A host optimizer's values (LAMB's norms) visit the group's device for the collective.
-      auto across = [data_sum, tensor_sum](at::Tensor& t, ReduceOp op) {
-        at::Tensor on = t.to((data_sum ? data_sum : tensor_sum)->device());
-        if (data_sum) data_sum->all_reduce(on, op);
-        if (tensor_sum) tensor_sum->all_reduce(on, op);
-        if (!on.is_same(t)) t.copy_(on);
-      };
-      context.sum_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Sum); };
-      context.max_across_ranks = [across](at::Tensor& t) { across(t, ReduceOp::Max); };
-    }
-    context.data = g->comm;
+    OptimizerContext context = optimizer_context(
+        *g, rank, spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr);
     try {  // a refusal here must not leave the hooks just put on this group's parameters
       if (model.client_optimizer) {
         // The script's own optimizer steps these views in place; NVMe offload would re-point them.
@@ -317,29 +372,10 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   gathering_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) gathering_[gi].assign(groups_[gi]->layout.buckets.size(), 0);
   if (units_) {
-    // The buckets each unit's forward reads (its own parameters and the shared ones).
-    std::unordered_map<const void*, std::pair<int, int>> where;
-    for (size_t gi = 0; gi < groups_.size(); ++gi)
-      for (size_t i = 0; i < groups_[gi]->params.size(); ++i)
-        where[groups_[gi]->params[i].unsafeGetTensorImpl()] = {static_cast<int>(gi), groups_[gi]->layout.params[i].bucket};
-    unit_buckets_.resize(units_->size());
-    for (int u = 0; u < units_->size(); ++u) {
-      std::set<std::pair<int, int>> buckets;
-      for (const void* p : units_->params_used(u))
-        if (auto it = where.find(p); it != where.end()) buckets.insert(it->second);
-      unit_buckets_[u].assign(buckets.begin(), buckets.end());
-    }
+    unit_buckets_ = buckets_by_unit(groups_, *units_);
     units_->add_listener(this);
   }
-  // The order the next forward reads the buckets: unit by unit, then the buckets no unit lists
-  // (without units, each group's last bucket first: the layout reverses registration order).
-  std::set<std::pair<int, int>> ordered;
-  for (const auto& buckets : unit_buckets_)
-    for (const auto& gb : buckets)
-      if (ordered.insert(gb).second) gather_order_.push_back(gb);
-  for (size_t gi = 0; gi < groups_.size(); ++gi)
-    for (int b = static_cast<int>(groups_[gi]->layout.buckets.size()) - 1; b >= 0; --b)
-      if (ordered.insert({static_cast<int>(gi), b}).second) gather_order_.emplace_back(static_cast<int>(gi), b);
+  gather_order_ = forward_order(groups_, unit_buckets_);
 
   if (options.stage == 3) {
     // Reductions unit by unit as backward finishes them (the last unit first), across groups; the
