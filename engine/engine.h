@@ -211,8 +211,8 @@ class Engine {
   int64_t interval_losses_ = 0;
   int64_t steps_at_last_print_ = 0, sent_at_last_print_ = 0;  // the progress line's bytes per step
   bool warned_no_units_ = false;
-  bool norm_over_world_ = false;
-  EngineEnvironment environment_ = EngineEnvironment::read();  // engine/environment.h: read once  // some rank's ZeRO groups are on communicators of their own
+  bool norm_over_world_ = false;  // some rank's ZeRO groups are on communicators of their own
+  EngineEnvironment environment_ = EngineEnvironment::read();  // engine/environment.h: read once
   std::chrono::steady_clock::time_point last_step_end_;
   bool backward_open_ = false;
   BackwardKind window_kind_ = BackwardKind::None;

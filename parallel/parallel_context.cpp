@@ -103,6 +103,7 @@ Communicator& ParallelContext::group_over(const std::string& spec, const std::st
     if (name == "data") return data();
     if (name == "tensor") return tensor();
     if (name == "pipe") return pipe();
+    if (name == "model") return model();
   } else if (channel == "parameters" && name == "data") {
     return data_parameters();
   }

@@ -65,7 +65,7 @@ class ParallelContext {
   Communicator& model() { return axis(model_); }  // tensor × pipe: one model replica
   Communicator& group(Axis axis);
   // Groups by the axes they span (parallel/topology.h's NamedAxes): "data", "tensor", "pipe",
-  // "world", a product such as "data*tensor", or factors a split_axis made. The grid's own groups
+  // "model", "world", a product such as "data*tensor", or factors a split_axis made. The grid's own groups
   // are the objects above; any other is made on first use by its members together and kept.
   // `channel` names a second, independent group over the same ranks ("parameters": ZeRO-3's
   // gathers, never queued behind the gradient reductions of the group without a channel).

@@ -110,7 +110,7 @@ class StateSite {
   // A checkpoint's arrays (in the optimizer's state order, the master last when in the file).
   virtual void write(ZeroGroup& g, const std::vector<at::Tensor>& arrays);
   virtual bool master_in_file(const ZeroGroup& g) const { return false; }
-  virtual void add_memory(MemoryReport& m, const StepSite& site) const {}
+  virtual void add_memory(MemoryReport& m) const {}
 };
 
 std::unique_ptr<StateSite> make_state_in_memory();

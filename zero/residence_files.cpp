@@ -28,11 +28,9 @@ class StateInFiles final : public StateSite {
     tiles_on_host_ = site.on_host();
     for (auto& g : groups) swapper_.add_group(g->index, site.segments(*g), g->optimizer->state_arrays(), g->master);
     swapper_.create_files();
-    master_on_file_.assign(groups.size(), false);
-    for (auto& g : groups) {
+    for (auto& g : groups) {  // with mixed precision the master goes to the file (master_in_file)
       if (!g->master.defined()) continue;
       g->master = at::Tensor();
-      master_on_file_[g->index] = true;
       for (ShardSegment& s : g->segments) s.params = at::Tensor();  // the views held the master alive
       site.release_master_views(*g);
     }
@@ -72,11 +70,10 @@ class StateInFiles final : public StateSite {
         s.compute_copy.copy_(arrays.back().narrow(0, s.local_offset, s.compute_copy.numel()));
   }
 
-  bool master_in_file(const ZeroGroup& g) const override {
-    return static_cast<size_t>(g.index) < master_on_file_.size() && master_on_file_[g.index];
-  }
+  // Every mixed-precision group's master is in its file (attach moved it); fp32 groups have none.
+  bool master_in_file(const ZeroGroup& g) const override { return g.mixed(); }
 
-  void add_memory(MemoryReport& m, const StepSite&) const override {
+  void add_memory(MemoryReport& m) const override {
     (tiles_on_host_ ? m.host_optimizer_bytes : m.optimizer_states) += swapper_.resident_bytes();  // the tile buffers
     m.offloaded_optimizer_bytes = swapper_.file_bytes();
     m.offload_read_bytes += swapper_.bytes_read();
@@ -85,8 +82,7 @@ class StateInFiles final : public StateSite {
 
  private:
   OptimizerSwapper swapper_;
-  std::vector<bool> master_on_file_;  // by group index
-  bool tiles_on_host_ = false;
+  bool tiles_on_host_ = false;  // the step site's: host memory on GPU ranks
 };
 
 class ParametersInFiles final : public ParameterSite {
@@ -106,12 +102,8 @@ class ParametersInFiles final : public ParameterSite {
     if (!any) return;  // every parameter is persistent: nothing is partitioned, nothing to offload
     swapper->create_files();
     swapper_ = std::move(swapper);
-    on_file_.assign(groups.size(), false);
     for (auto& g : groups)
-      if (g->partitioned) {
-        on_file_[g->index] = true;
-        put_back_group(*g);
-      }
+      if (g->partitioned) put_back_group(*g);
   }
 
   bool in_files(const ZeroGroup& g) const override { return on_file(g) && !g.compute.defined(); }
@@ -202,9 +194,8 @@ class ParametersInFiles final : public ParameterSite {
   }
 
  private:
-  bool on_file(const ZeroGroup& g) const {
-    return static_cast<size_t>(g.index) < on_file_.size() && on_file_[g.index];
-  }
+  // Every partitioned group's shard has its file once attach() found one.
+  bool on_file(const ZeroGroup& g) const { return swapper_ && g.partitioned; }
   // The segments' parameter views (the fp32 values in fp32 training, else the compute copy) point
   // into the shard, or are unbound while it is in the file.
   static void bind_views(ZeroGroup& g, const at::Tensor& shard, int bucket) {
@@ -241,7 +232,6 @@ class ParametersInFiles final : public ParameterSite {
 
   ParameterSwapOptions options_;
   std::unique_ptr<ParameterSwapper> swapper_;  // null until attach() found a partitioned group
-  std::vector<bool> on_file_;                  // by group index
   int depth_ = 0;                              // ResidentParameters scopes open
   bool modified_ = false;                      // one of them writes the shards
 };

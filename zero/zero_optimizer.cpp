@@ -226,7 +226,7 @@ MemoryReport ZeroOptimizer::memory() const {
     m.gradients += g->grads.nbytes();
     site_->add_memory(*g, m);  // master, state and the site's own copies
   }
-  state_->add_memory(m, *site_);
+  state_->add_memory(m);
   params_->add_memory(m);
   if (partitioned_ && !groups_.empty()) {
     const int64_t element = groups_.front()->params.front().element_size();

@@ -213,7 +213,7 @@ TEST_CASE("StateInFiles: state and master streamed tile by tile - read and writt
     if (mixed)  // the compute copy followed the master
       CHECK(at::equal(group.values(), arrays.back().to(at::kBFloat16).to(at::kFloat)));
     MemoryReport m;
-    state->add_memory(m, *site);
+    state->add_memory(m);
     CHECK(m.offloaded_optimizer_bytes > 0);
     CHECK(m.optimizer_states > 0);  // the tile buffers
     CHECK(m.offload_read_bytes > 0);
