@@ -103,7 +103,7 @@ int run(int argc, char** argv) {
   if (args.checkpoint_activations) {
     // partition_activations splits the kept inputs over the tensor group, unless sequence
     // parallelism split them already (they then differ by tensor rank).
-    const ActivationCheckpointingConfig& a = config.activation_checkpointing;
+    const ActivationCheckpointingConfig a = config.activation_checkpointing.value_or(ActivationCheckpointingConfig{});
     CheckpointOptions options;
     if (a.partition_activations && tp.tensor && !tp.sequence_parallel) options.partition_over = tp.tensor;
     options.cpu = a.cpu_checkpointing;

@@ -361,7 +361,9 @@ struct Config {
   AioConfig aio;
   TensorParallelConfig tensor_parallel;
   PipelineConfig pipeline;
-  ActivationCheckpointingConfig activation_checkpointing;
+  // Absent unless the config has the section: tessera.initialize then configures the model's
+  // checkpoint() calls from it (python/tessera/checkpointing.py), as deepspeed.initialize does.
+  std::optional<ActivationCheckpointingConfig> activation_checkpointing;
   CheckpointConfig checkpoint;
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;

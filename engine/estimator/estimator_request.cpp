@@ -65,7 +65,7 @@ TrainingSetup setup_from_config(const Config& c) {
   s.pipeline_micro_batches = c.pipeline.micro_batches.value_or(0);
   s.tp = c.tensor_parallel.tp_size;
   s.pp = c.pipeline.stages;
-  const auto& ac = c.activation_checkpointing;
+  const ActivationCheckpointingConfig ac = c.activation_checkpointing.value_or(ActivationCheckpointingConfig{});
   if (c.pipeline.activation_checkpoint_interval > 0) {
     s.activation_checkpointing = "full";
     s.checkpoint_interval = c.pipeline.activation_checkpoint_interval;

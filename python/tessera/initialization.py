@@ -188,13 +188,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     text = _config_text(config)
     world_size = comm.get_world_size()
     cfg, warnings = _C.load_config(text, world_size, (runner.type_name, runner.base_lr()) if runner else None)
-    if runner is not None and json.loads(cfg.to_json())["zero_optimization"]["stage"] > 0:
+    effective = json.loads(cfg.to_json())  # every default filled in; optional sections only when given
+    if runner is not None and effective["zero_optimization"]["stage"] > 0:
         warnings.append("zero_allow_untested_optimizer: %s runs as given over each rank's flat fp32 shard of each "
                         "param group (an optimizer that reads a parameter's shape or norm sees 1-D pieces of it)"
                         % runner.type_name)
-    if '"activation_checkpointing"' in (text if text.startswith("{") else open(text).read()):
+    if effective.get("activation_checkpointing") is not None:
         # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
-        checkpointing.configure(None, deepspeed_config=json.loads(cfg.to_json()))
+        checkpointing.configure(None, deepspeed_config=effective)
     from . import pipe
     if isinstance(model, pipe.PipelineModule):  # a model cut into stages: tessera.pipe.PipelineEngine
         if model_parameters is not None or units is not None:
