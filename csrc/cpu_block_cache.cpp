@@ -84,6 +84,11 @@ c10::DataPtr CpuBlockCache::allocate(size_t bytes) {
       in_use()[base] = {this, mapped};
     } else {
       ++stats_.misses;
+      // The new block counts as in use before it is mapped: the cache shrinks first, so the
+      // resident set stays within the larger of the mark and (in use + capacity). Blocks too small
+      // to serve a request (a model's freed 4 MiB weights, then a 64 MiB flat buffer) otherwise
+      // sat mapped beside it.
+      trim_cache_to(cache_limit(stats_.mapped_bytes + static_cast<int64_t>(length)));
     }
   }
   if (!base) {
@@ -121,18 +126,26 @@ void CpuBlockCache::free_large(void* data) {
 
 void CpuBlockCache::give_back(void* base, Block block) {
   stats_.mapped_bytes -= static_cast<int64_t>(block.bytes);
-  // What may stay mapped unused: the capacity, or the room below the high-water mark.
-  const int64_t limit = capacity_ == 0 ? 0 : std::max(capacity_, peak_in_use_ - stats_.mapped_bytes);
+  const int64_t limit = cache_limit(stats_.mapped_bytes);
   if (static_cast<int64_t>(block.bytes) > limit) {
     munmap(base, block.bytes);
     return;
   }
-  while (stats_.cached_bytes + static_cast<int64_t>(block.bytes) > limit) evict_oldest();
+  trim_cache_to(limit - static_cast<int64_t>(block.bytes));
   block.age = ++clock_;
   by_size_.emplace(block.bytes, base);
   by_age_.emplace(block.age, base);
   cached_.emplace(base, block);
   stats_.cached_bytes += static_cast<int64_t>(block.bytes);
+}
+
+// What may stay mapped unused while `in_use` bytes are: the capacity, or the room below the mark.
+int64_t CpuBlockCache::cache_limit(int64_t in_use) const {
+  return capacity_ == 0 ? 0 : std::max(capacity_, peak_in_use_ - in_use);
+}
+
+void CpuBlockCache::trim_cache_to(int64_t bytes) {
+  while (stats_.cached_bytes > bytes && !by_age_.empty()) evict_oldest();
 }
 
 void CpuBlockCache::evict_oldest() {

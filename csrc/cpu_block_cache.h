@@ -14,7 +14,8 @@
 // forward instead of being unmapped and faulted in again (the 4.8M GPT at micro 8 frees ~170 MiB
 // of them a step: a 64 MiB cache missed 18 blocks a step, its forward ran 15% slower than DDP's),
 // and the resident set is still at most the larger of (in use + capacity) and the high-water mark:
-// never above the peak it would reach without a cache, plus capacity. release_cached() unmaps the
+// never above the peak it would reach without a cache, plus capacity (a request the cache cannot
+// serve shrinks it before a new block is mapped). release_cached() unmaps the
 // cache and restarts the mark from what is in use (so construction's transients do not count: the
 // engine calls it through release_free_heap()). Capacity 0 caches nothing. Smaller requests go to
 // the allocator it replaced.
@@ -81,6 +82,8 @@ class CpuBlockCache final : public c10::Allocator {
   static void free_large(void* data);
   void give_back(void* base, Block block);      // with the lock held
   void evict_oldest();                          // with the lock held
+  int64_t cache_limit(int64_t in_use) const;    // with the lock held
+  void trim_cache_to(int64_t bytes);            // with the lock held: oldest first
 
   c10::Allocator* small_;
   const size_t threshold_;

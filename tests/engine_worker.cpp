@@ -302,11 +302,15 @@ int run(const Args& a) {
                                    : make_lr_schedule("", {}, base_lr(a));
 
   // Right after construction every rank holds rank 0's parameters (the engine broadcasts them).
-  // (Built partitioned, they hold none: the comparison with the reference after training shows it.)
-  for (size_t i = 0; i < model.params.size() && !a.init; ++i)
+  // At stage 3 a model that names its units holds none (built whole, it starts released, as one
+  // built partitioned does): the comparison with the reference after training shows them.
+  const bool released = a.stage == 3 && (a.units || a.init);
+  for (size_t i = 0; i < model.params.size() && !released; ++i)
     if (!at::equal(model.params[i].detach().to(at::kFloat), reference.model.params[i].detach().to(at::kFloat)) &&
         a.dtype == "fp32")
       throw std::runtime_error("parameter " + std::to_string(i) + " differs from rank 0's after construction");
+  if (released && engine.memory().gathered_parameters != 0)
+    throw std::runtime_error("stage 3: a model naming its units holds gathered parameters after construction");
 
   double max_loss_diff = 0, max_norm_diff = 0;
   std::vector<double> losses;  // for --dump

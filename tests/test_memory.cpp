@@ -235,6 +235,24 @@ TEST_CASE("block cache: it keeps the room below the high-water mark or its capac
   CHECK(none.stats().cached_bytes == 0);
 }
 
+TEST_CASE("block cache: a request it cannot serve shrinks it first - in use + cached stays within the mark or in use + capacity") {
+  tessera::CpuBlockCache cache(c10::GetDefaultCPUAllocator(), 1 << 20, 4 << 20);
+  std::vector<c10::DataPtr> small;
+  for (int i = 0; i < 8; ++i) small.push_back(cache.allocate(2 << 20));  // the mark: 16 MiB
+  small.clear();  // all 16 MiB cached below the mark
+  CHECK(cache.stats().cached_bytes == 16 << 20);
+  // 12 MiB fits no cached block: mapping it beside them would hold 28 MiB at a 16 MiB mark.
+  c10::DataPtr big = cache.allocate(12 << 20);
+  tessera::CpuBlockCacheStats s = cache.stats();
+  CHECK(s.mapped_bytes == 12 << 20);
+  CHECK(s.cached_bytes == 4 << 20);  // the room below the mark (or the capacity: both 4 MiB)
+  CHECK(s.mapped_bytes + s.cached_bytes <= std::max<int64_t>(cache.peak_in_use_bytes(), s.mapped_bytes + (4 << 20)));
+  c10::DataPtr bigger = cache.allocate(20 << 20);  // past the mark: the capacity bounds the cache
+  s = cache.stats();
+  CHECK(s.cached_bytes == 4 << 20);
+  CHECK(s.mapped_bytes + s.cached_bytes == (32 << 20) + (4 << 20));
+}
+
 TEST_CASE("block cache: an evicted block leaves the resident set - a cached one stays") {
   tessera::CpuBlockCache cache(c10::GetDefaultCPUAllocator(), 1 << 20, 64 << 20);
   const int64_t base = resident_set_bytes();

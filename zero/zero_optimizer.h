@@ -231,8 +231,17 @@ class ZeroOptimizer final : public UnitListener {
   void reduce(size_t launch_index);  // launch_order_[launch_index]; its norm once done on a boundary
   void reset_bucket_counters();
   std::string unused_parameters() const;
+  // Construction, group by group (zero_optimizer_build.cpp).
+  void choose_residence(const ZeroOptions& options);
+  void allocate_group(ZeroGroup& g, const GroupBuffers& planned, const ZeroOptions& options, ParallelContext& parallel);
+  void adopt_parameters(ZeroGroup& g, const std::vector<at::Tensor>& params, std::vector<at::Tensor>& shards, int rank,
+                        bool release_gathered);
   void fill_bucket(ZeroGroup& g, int bucket, const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& shards,
                    int rank);
+  void add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarType gradient_dtype, int rank);
+  void make_optimizer(ZeroGroup& g, const ZeroOptions& options, const ClientOptimizerFactory& client, int rank,
+                      Communicator* tensor);
+  void order_reductions_by_unit();
 
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();

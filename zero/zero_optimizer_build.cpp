@@ -238,130 +238,49 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   std::vector<Communicator*> comms;
   for (const GroupSpec& spec : specs) comms.push_back(&group_communicator(parallel, *spec.source));
   std::vector<std::vector<std::string>> names(specs.size());
-  const BufferPlanInput input = plan_input(options, specs, comms, data_, units, names);
-  plan_ = plan_buffers(input);
+  plan_ = plan_buffers(plan_input(options, specs, comms, data_, units, names));
   std::unordered_map<const void*, at::Tensor> chunks = take_init_chunks(model);
-  const bool born_partitioned = !chunks.empty();
-  if (born_partitioned && options.stage == 3 && !units)
+  if (!chunks.empty() && options.stage == 3 && !units)
     throw std::invalid_argument("tessera: a model built under zero.Init needs its units reported (zero/model.h)");
+  // Stage 3 of a model that names its units (it enters them: Engine::unit, the Python binding's
+  // hooks): every bucket's gathered buffer goes once it is filled, so a model built whole is never
+  // held twice (its tensors and the buffers, then beside the gradients and optimizer state) and
+  // starts released, as one built under zero.Init does; the first forward gathers what it uses.
+  // A model that names none stays whole until it reports one.
+  const bool start_released = options.stage == 3 && units && (!model.units.empty() || !chunks.empty());
   std::vector<int64_t> pools;
   for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
   reductions_.set_staging_pools(std::move(pools));
+  choose_residence(options);
 
-  const double base_lr = options.hyper.lr;
-  const auto f32 = data_.options(at::kFloat);
-  // Where the shards live (zero/residence.h). The host step is the GPU ranks' (or, with
-  // host_staging_on_cpu, a CPU rank's test of it); parameter offload to NVMe has its own path on CPU
-  // ranks and is refused on GPU ranks.
-  const bool host_step = options.host_optimizer && !options.nvme_parameters &&
-                         (!data_.device().is_cpu() || options.host_staging_on_cpu);
-  site_ = host_step ? make_host_step(data_.device(), options.host_pinned,
-                                     /*shards_on_host=*/options.host_parameters && options.stage == 3)
-                    : make_in_place_step();
-  state_ = options.nvme_optimizer ? make_state_in_files(*options.nvme_optimizer) : make_state_in_memory();
-  params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
-                                                          : make_parameters_in_memory();
-  for (size_t gi = 0; gi < specs.size(); ++gi) {
-    const GroupSpec& spec = specs[gi];
-    const GroupBuffers& planned = plan_.groups[gi];
-    auto g = std::make_unique<ZeroGroup>();
-    g->index = static_cast<int>(gi);
-    g->layout = planned.layout;
-    g->names = std::move(names[gi]);
-    g->tensor_sharded = spec.tensor_sharded;
-    g->source_group = static_cast<int>(spec.source - model.groups.data());
-    g->partitioned = planned.partitioned;
-    g->comm = comms[gi];
-    g->comm_name = spec.source->communicator.empty() ? "data" : spec.source->communicator;
-    if (g->partitioned) g->gather_comm = &parallel.group_over(g->comm_name, "parameters");
-    const int rank = stage_->shard_rank(*g);
-    const FlatLayout& L = g->layout;
-    g->mixed_precision = options.compute_dtype != at::kFloat;
-    // With offload_param cpu on GPU ranks a partitioned group's shard is host memory, the host step's copy.
-    g->compute = at::empty({planned.compute_numel}, site_->shard_options(f32, g->partitioned).dtype(options.compute_dtype));
-    if (g->partitioned) g->gathered.resize(L.buckets.size());
-    if (planned.master_numel) g->master = at::empty({planned.master_numel}, site_->master_options(f32));
-    std::vector<at::Tensor> params, shards;
-    for (int i : spec.members) {
-      params.push_back(spec.source->params[i]);
-      auto chunk = chunks.find(spec.source->params[i].unsafeGetTensorImpl());
-      shards.push_back(chunk != chunks.end() ? std::move(chunk->second) : at::Tensor());
-      if (chunk != chunks.end()) chunks.erase(chunk);
-    }
-    g->params.resize(params.size());
-    g->unit_of.assign(params.size(), -1);
-    const int group_index = static_cast<int>(groups_.size());
-    for (size_t b = 0; b < L.buckets.size(); ++b) {
-      const FlatBucket& k = L.buckets[b];
-      // Stage 3: the bucket's whole buffer, gathered around its unit's use.
-      if (g->partitioned) g->gathered[b] = at::empty({k.numel}, f32.dtype(options.compute_dtype));
-      fill_bucket(*g, static_cast<int>(b), params, shards, rank);
-      // The model's tensors become views into the compute buffer (same objects, new storage), or
-      // at stage 3 into their bucket's gathered buffer.
-      for (int i : k.params) {
-        at::Tensor p = params[i];
-        const FlatParam& fp = L.params[i];
-        at::Tensor flat = g->partitioned ? g->gathered[b].narrow(0, fp.offset - k.offset, fp.numel)
-                                         : g->compute.narrow(0, fp.offset, fp.numel);
-        p.set_data(flat.view(p.sizes()));
-        torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<GradReadyHook>(this, group_index, i));
-        g->params[i] = p;
-        g->unit_of[i] = units_ ? units_->owner_of(p) : -1;
+  try {  // a refusal (a client optimizer with NVMe, a bad path) must leave no hook pointing at this object
+    for (size_t gi = 0; gi < specs.size(); ++gi) {
+      const GroupSpec& spec = specs[gi];
+      groups_.push_back(std::make_unique<ZeroGroup>());
+      ZeroGroup& g = *groups_.back();
+      g.index = static_cast<int>(gi);
+      g.names = std::move(names[gi]);
+      g.tensor_sharded = spec.tensor_sharded;
+      g.source_group = static_cast<int>(spec.source - model.groups.data());
+      g.comm = comms[gi];
+      g.comm_name = spec.source->communicator.empty() ? "data" : spec.source->communicator;
+      g.lr_scale = spec.source->lr ? *spec.source->lr / options.hyper.lr : 1.0;
+      g.weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
+      allocate_group(g, plan_.groups[gi], options, parallel);
+      const int rank = stage_->shard_rank(g);
+      std::vector<at::Tensor> params, shards;
+      for (int i : spec.members) {
+        params.push_back(spec.source->params[i]);
+        auto chunk = chunks.find(params.back().unsafeGetTensorImpl());
+        shards.push_back(chunk != chunks.end() ? std::move(chunk->second) : at::Tensor());
+        if (chunk != chunks.end()) chunks.erase(chunk);
       }
-      // A model built partitioned is never whole here either: the bucket's bytes go at once.
-      if (g->partitioned && born_partitioned) release_storage(g->gathered[b]);
-      for (int i : k.params) shards[i] = at::Tensor();
+      adopt_parameters(g, params, shards, rank, start_released);
+      add_segments(g, plan_.groups[gi].grad_numel, options.gradient_dtype, rank);
+      site_->add_group(g, options.gradient_dtype, options.compute_dtype);  // its own copies (HostStep)
+      make_optimizer(g, options, model.client_optimizer, rank,
+                     spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr);
     }
-    g->grads = at::zeros({planned.grad_numel}, f32.dtype(options.gradient_dtype));
-    g->staging.resize(L.buckets.size());
-    g->pending.resize(L.buckets.size());
-    g->arrived.assign(L.params.size(), false);
-    for (size_t b = 0; b < L.buckets.size(); ++b) {
-      const FlatBucket& k = L.buckets[b];
-      g->pending[b] = static_cast<int>(k.params.size());
-      launch_order_.emplace_back(group_index, static_cast<int>(b));
-      // This rank's chunk of the bucket, as views: built once, the buffers never move.
-      ShardSegment s;
-      // The compute copy of this rank's chunk: in the whole buffer, or (stage 3) the shard itself.
-      const int64_t flat = g->partitioned ? k.shard_offset : L.flat_of_local(rank, static_cast<int>(b));
-      s.grads = stage_->gradient_chunk(*g, static_cast<int>(b));
-      s.params = g->mixed() ? g->master.narrow(0, k.shard_offset, k.shard) : g->compute.narrow(0, flat, k.shard);
-      s.local_offset = k.shard_offset;
-      if (g->mixed()) s.compute_copy = g->compute.narrow(0, flat, k.shard);
-      g->segments.push_back(s);
-      grad_parts_.push_back(gradient_part(*g, s.grads));
-    }
-    site_->add_group(*g, options.gradient_dtype, options.compute_dtype);  // its own copies (HostStep)
-
-    OptimizerContext context = optimizer_context(
-        *g, rank, spec.tensor_sharded && parallel.tensor().size() > 1 ? &parallel.tensor() : nullptr);
-    try {  // a refusal here must not leave the hooks just put on this group's parameters
-      if (model.client_optimizer) {
-        // The script's own optimizer steps these views in place; NVMe offload would re-point them.
-        if (options.nvme_optimizer || options.nvme_parameters)
-          throw std::invalid_argument("tessera: a client optimizer (" + options.optimizer + ") steps the shards where "
-                                      "they are in memory; NVMe offload is not available with it");
-        g->optimizer = model.client_optimizer(g->index, g->source_group, site_->segments(*g), L.shard_numel);
-        if (!g->optimizer) throw std::invalid_argument("tessera: the client optimizer factory returned no optimizer");
-      } else {
-        g->optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : L.shard_numel,
-                                           site_->state_options(f32),
-                                           std::move(context));
-      }
-      if (options.nvme_optimizer && !g->optimizer->elementwise())
-        throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
-                                    g->optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
-                                    "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
-    } catch (...) {
-      groups_.push_back(std::move(g));
-      remove_grad_hooks();
-      throw;
-    }
-    g->lr_scale = spec.source->lr ? *spec.source->lr / base_lr : 1.0;
-    g->weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
-    groups_.push_back(std::move(g));
-  }
-  try {  // bad input (a path, a size) fails here: no hook may be left pointing at this object
     state_->attach(groups_, *site_);  // NVMe: the state and master to their files
     params_->attach(groups_);         // NVMe: the partitioned shards to theirs
     for (const auto& g : groups_) g->check();
@@ -376,25 +295,131 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     units_->add_listener(this);
   }
   gather_order_ = forward_order(groups_, unit_buckets_);
-
   if (options.stage == 3) {
-    // Reductions unit by unit as backward finishes them (the last unit first), across groups; the
-    // persistent groups' buckets (no unit key) after them.
-    auto key = [&](const std::pair<int, int>& gb) {
-      const ZeroGroup& g = *groups_[gb.first];
-      return g.partitioned ? g.layout.buckets[gb.second].key : -1;
-    };
-    std::stable_sort(launch_order_.begin(), launch_order_.end(), [&](const auto& a, const auto& b) { return key(a) > key(b); });
-    grad_parts_.clear();
-    for (const auto& [gi, b] : launch_order_) {
-      const ZeroGroup& g = *groups_[gi];
-      grad_parts_.push_back(gradient_part(g, g.segments[b].grads));
-    }
+    order_reductions_by_unit();
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
     if (units_)
       partitioned_ = std::make_unique<PartitionedParameters>(parallel.data_parameters(), all, *units_, options.partitioned,
-                                                             /*start_released=*/born_partitioned, params_->swapper());
+                                                             start_released, params_->swapper());
+  }
+}
+
+// Where the shards live (zero/residence.h). The host step is the GPU ranks' (or, with
+// host_staging_on_cpu, a CPU rank's test of it); parameter offload to NVMe has its own path on CPU
+// ranks and is refused on GPU ranks.
+void ZeroOptimizer::choose_residence(const ZeroOptions& options) {
+  const bool host_step = options.host_optimizer && !options.nvme_parameters &&
+                         (!data_.device().is_cpu() || options.host_staging_on_cpu);
+  site_ = host_step ? make_host_step(data_.device(), options.host_pinned,
+                                     /*shards_on_host=*/options.host_parameters && options.stage == 3)
+                    : make_in_place_step();
+  state_ = options.nvme_optimizer ? make_state_in_files(*options.nvme_optimizer) : make_state_in_memory();
+  params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
+                                                          : make_parameters_in_memory();
+}
+
+// The group's parameter buffers: the compute copy (whole, or its shard at stage 3) and the fp32
+// master shard with mixed precision; stage 3's gathered buffers are made per bucket.
+void ZeroOptimizer::allocate_group(ZeroGroup& g, const GroupBuffers& planned, const ZeroOptions& options,
+                                   ParallelContext& parallel) {
+  const auto f32 = data_.options(at::kFloat);
+  g.layout = planned.layout;
+  g.partitioned = planned.partitioned;
+  if (g.partitioned) g.gather_comm = &parallel.group_over(g.comm_name, "parameters");
+  g.mixed_precision = options.compute_dtype != at::kFloat;
+  // With offload_param cpu on GPU ranks a partitioned group's shard is host memory, the host step's copy.
+  g.compute = at::empty({planned.compute_numel}, site_->shard_options(f32, g.partitioned).dtype(options.compute_dtype));
+  if (g.partitioned) g.gathered.resize(g.layout.buckets.size());
+  if (planned.master_numel) g.master = at::empty({planned.master_numel}, site_->master_options(f32));
+}
+
+// Bucket by bucket: the buffers filled from the model's tensors (or zero.Init's `shards`) as rank 0
+// holds them, then the tensors re-pointed into them (same objects, new storage: the compute
+// buffer, or at stage 3 their bucket's gathered buffer, freed at once when `release_gathered`),
+// each with the hook that reports its gradient. The old storage and the chunks go as each bucket is done.
+void ZeroOptimizer::adopt_parameters(ZeroGroup& g, const std::vector<at::Tensor>& params,
+                                     std::vector<at::Tensor>& shards, int rank, bool release_gathered) {
+  const FlatLayout& L = g.layout;
+  g.params.resize(params.size());
+  g.unit_of.assign(params.size(), -1);
+  for (size_t b = 0; b < L.buckets.size(); ++b) {
+    const FlatBucket& k = L.buckets[b];
+    if (g.partitioned) g.gathered[b] = at::empty({k.numel}, data_.options(g.compute.scalar_type()));
+    fill_bucket(g, static_cast<int>(b), params, shards, rank);
+    for (int i : k.params) {
+      at::Tensor p = params[i];
+      const FlatParam& fp = L.params[i];
+      at::Tensor flat = g.partitioned ? g.gathered[b].narrow(0, fp.offset - k.offset, fp.numel)
+                                      : g.compute.narrow(0, fp.offset, fp.numel);
+      p.set_data(flat.view(p.sizes()));
+      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<GradReadyHook>(this, g.index, i));
+      g.params[i] = p;
+      g.unit_of[i] = units_ ? units_->owner_of(p) : -1;
+      shards[i] = at::Tensor();
+    }
+    if (g.partitioned && release_gathered) release_storage(g.gathered[b]);
+  }
+}
+
+// The gradient buffer (allocated once the model's own tensors are gone), this rank's chunk of each
+// bucket as views built once (the buffers never move), and the bucket's place in the reduction order.
+void ZeroOptimizer::add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarType gradient_dtype, int rank) {
+  const FlatLayout& L = g.layout;
+  g.grads = at::zeros({grad_numel}, data_.options(gradient_dtype));
+  g.staging.resize(L.buckets.size());
+  g.pending.resize(L.buckets.size());
+  g.arrived.assign(L.params.size(), false);
+  for (size_t b = 0; b < L.buckets.size(); ++b) {
+    const FlatBucket& k = L.buckets[b];
+    g.pending[b] = static_cast<int>(k.params.size());
+    launch_order_.emplace_back(g.index, static_cast<int>(b));
+    ShardSegment s;
+    // The compute copy of this rank's chunk: in the whole buffer, or (stage 3) the shard itself.
+    const int64_t flat = g.partitioned ? k.shard_offset : L.flat_of_local(rank, static_cast<int>(b));
+    s.grads = stage_->gradient_chunk(g, static_cast<int>(b));
+    s.params = g.mixed() ? g.master.narrow(0, k.shard_offset, k.shard) : g.compute.narrow(0, flat, k.shard);
+    s.local_offset = k.shard_offset;
+    if (g.mixed()) s.compute_copy = g.compute.narrow(0, flat, k.shard);
+    g.segments.push_back(s);
+    grad_parts_.push_back(gradient_part(g, s.grads));
+  }
+}
+
+// The group's optimizer over its shard: the script's own (a client optimizer factory) stepping the
+// views in place, or tessera's flat optimizer (its state where the StateSite keeps it).
+void ZeroOptimizer::make_optimizer(ZeroGroup& g, const ZeroOptions& options, const ClientOptimizerFactory& client,
+                                   int rank, Communicator* tensor) {
+  const int64_t shard = g.layout.shard_numel;
+  if (client) {
+    // The script's own optimizer steps these views in place; NVMe offload would re-point them.
+    if (options.nvme_optimizer || options.nvme_parameters)
+      throw std::invalid_argument("tessera: a client optimizer (" + options.optimizer + ") steps the shards where "
+                                  "they are in memory; NVMe offload is not available with it");
+    g.optimizer = client(g.index, g.source_group, site_->segments(g), shard);
+    if (!g.optimizer) throw std::invalid_argument("tessera: the client optimizer factory returned no optimizer");
+  } else {
+    g.optimizer = make_flat_optimizer(options.optimizer, options.hyper, options.nvme_optimizer ? 0 : shard,
+                                      site_->state_options(data_.options(at::kFloat)), optimizer_context(g, rank, tensor));
+  }
+  if (options.nvme_optimizer && !g.optimizer->elementwise())
+    throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
+                                g.optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
+                                "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
+}
+
+// Stage 3: reductions unit by unit as backward finishes them (the last unit first), across groups;
+// the persistent groups' buckets (no unit key) after them.
+void ZeroOptimizer::order_reductions_by_unit() {
+  auto key = [&](const std::pair<int, int>& gb) {
+    const ZeroGroup& g = *groups_[gb.first];
+    return g.partitioned ? g.layout.buckets[gb.second].key : -1;
+  };
+  std::stable_sort(launch_order_.begin(), launch_order_.end(), [&](const auto& a, const auto& b) { return key(a) > key(b); });
+  grad_parts_.clear();
+  for (const auto& [gi, b] : launch_order_) {
+    const ZeroGroup& g = *groups_[gi];
+    grad_parts_.push_back(gradient_part(g, g.segments[b].grads));
   }
 }
 
@@ -504,6 +529,7 @@ void ZeroOptimizer::fill_bucket(ZeroGroup& g, int b, const std::vector<at::Tenso
 void ZeroOptimizer::remove_grad_hooks() {
   for (auto& g : groups_)
     for (auto& p : g->params) {
+      if (!p.defined()) continue;  // a group whose construction stopped part way
       auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
       auto* ours = dynamic_cast<GradReadyHook*>(hook.get());
       if (ours && ours->owner() == this) hook.reset();

@@ -42,11 +42,14 @@ void bind_engine(py::module& m) {
              ModelDescription model = description_of(groups);
              if (!client_optimizer.is_none()) model.client_optimizer = client_optimizer_factory(client_optimizer);
              for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
+             // The tensors, for the hooks: copied before the chunks go in, so that the engine's
+             // construction frees each chunk once its bucket is built (a copy holding them kept the
+             // whole shard allocated until the engine had already trimmed the heap).
+             const ModelDescription parameters = model;
              for (const auto& init : inits)  // a model built under tessera.zero.Init: its chunks
                if (init) init->init->take_shards(model);
              auto e = std::make_unique<EngineHandle>();
              e->context = context;
-             const ModelDescription parameters = model;  // the tensors, for the hooks
              {
                py::gil_scoped_release release;  // may run collectives
                e->engine = std::make_unique<Engine>(config.config, *context, std::move(model));

@@ -24,6 +24,11 @@ a wrong gradient visible and last-bit differences small) built on every rank.
   init_memory  (alone in its process) a 128 MiB stack of linear layers built under zero.Init raises
                the peak RSS by its chunks plus a few layers, not by the model; built without it, by
                the whole model.
+  peak_stage2, peak_stage3, peak_stage3_init
+               (each alone in its processes) a plain script: the 128 MiB stack built whole (or under
+               zero.Init), tessera.initialize, three steps of momentum SGD; prints how far the whole
+               run raised the process's peak RSS (VmHWM) above its RSS after `import tessera`, the
+               engine's accounted bytes and the block cache's capacity (test_zero3.py compares them).
 """
 import os
 import sys
@@ -310,6 +315,51 @@ def check_init_memory(rank, dp):
     _, grew_whole = _construction_peak_mib(lambda: Stack(layers, width))
     assert grew_whole >= 0.9 * whole_mib, grew_whole  # the measurement sees a whole model
     return "peak +%.0f MiB under zero.Init, +%.0f MiB without, model %.0f MiB" % (grew, grew_whole, whole_mib)
+
+
+PEAK_LAYERS, PEAK_WIDTH = 32, 1024  # 128 MiB of fp32 weights
+
+
+def _training_peak(stage, under_init):
+    """A user's plain script; returns the rise of the process's peak RSS over the whole run, MiB."""
+    tessera._C.cpu_block_cache_release()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) restarts at the current RSS
+    before = _rss_kib("VmRSS")
+    layer = PEAK_WIDTH * PEAK_WIDTH
+    cfg = config(stage=stage, reduce_bucket_size=layer, allgather_bucket_size=layer,
+                 stage3_max_live_parameters=2 * layer, stage3_prefetch_bucket_size=layer,
+                 stage3_param_persistence_threshold=0)
+    if under_init:
+        with tessera.zero.Init(config=cfg):
+            model = Stack(PEAK_LAYERS, PEAK_WIDTH)
+    else:
+        model = Stack(PEAK_LAYERS, PEAK_WIDTH)
+    engine, _, _, _ = tessera.initialize(model=model, config=cfg)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(MICRO, PEAK_WIDTH, generator=g), torch.randn(MICRO, PEAK_WIDTH, generator=g)
+        engine.backward(engine(x, y))
+        engine.step()
+    grew = (_rss_kib("VmHWM") - before) / 1024.0
+    peak = tessera.comm.all_reduce(torch.tensor([grew], dtype=torch.float64), "max", "data").item()
+    mem = engine.memory_report()  # what the engine holds: its buffers, the gathered window's pool
+    accounted = (mem["total"] + mem["gathered_pool"]) / 2**20
+    capacity = tessera._C.cpu_block_cache_stats()["capacity_bytes"] / 2**20
+    return "peak_mib=%.1f accounted_mib=%.1f cache_mib=%.1f model_mib=%.1f" % (
+        peak, accounted, capacity, PEAK_LAYERS * PEAK_WIDTH * PEAK_WIDTH * 4 / 2**20)
+
+
+def check_peak_stage2(rank, dp):
+    return _training_peak(2, False)
+
+
+def check_peak_stage3(rank, dp):
+    return _training_peak(3, False)
+
+
+def check_peak_stage3_init(rank, dp):
+    return _training_peak(3, True)
 
 
 def main():
