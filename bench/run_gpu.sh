@@ -5,7 +5,7 @@
 #   bench/run_gpu.sh build           configure and build tessera._C and the CLI against that torch
 #                                    (header-only dependencies from .devdeps/, made on the
 #                                    development machine by ../shared/device/fetch-deps.sh)
-#   bench/run_gpu.sh test            ctest -L gpu: tests/python/test_gpu.py
+#   bench/run_gpu.sh test            ctest -L gpu: tests/python/gpu/test_gpu.py
 #   bench/run_gpu.sh bench SIZE...   bench/gpu_gpt.py for each size (350m, 1.3b, 125m, tiny): the
 #                                    plain PyTorch loops ($PLAIN) and tessera ZeRO $STAGES, all at the largest
 #                                    micro-batch of $MICROS_<size> that every one of them fits

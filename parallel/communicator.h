@@ -153,7 +153,7 @@ class Communicator {
 
   // `input`: the flat tensor of n elements; `output`: this rank's chunk, chunk_range(n, size, rank).
   // In place: `output` may be the input's own chunk, input.narrow(0, begin, size) (NCCL documents
-  // it; Gloo and the all-to-all form support it: tests/test_worker.cpp checks both). The rest of
+  // it; Gloo and the all-to-all form support it: tests/workers/worker.cpp checks both). The rest of
   // `input` is then left in an unspecified state.
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);
   [[nodiscard]] CommHandle reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::Sum);

@@ -3,7 +3,7 @@
 # puts the project venv first on PATH: its python, pip and torchrun (the torch tessera was built
 # against), and the `tessera` package and command those commands installed into it (editable:
 # `pip install --no-build-isolation -e .`); build/bin after it. No PYTHONPATH. The commands in
-# README.md and docs/ assume it (tests/python/test_docs.py runs them that way).
+# README.md and docs/ assume it (tests/python/api/test_docs.py runs them that way).
 # `pip install --no-build-isolation .` into an environment of your own replaces it (docs/python.md).
 _tessera_root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
 _tessera_venv=${TESSERA_VENV:-$HOME/.cache/tessera/venv}

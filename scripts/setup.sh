@@ -18,7 +18,7 @@ apt_packages=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev catch2 libcli11-dev liburing-dev libaio-dev
   libgloo-dev zlib1g-dev ninja-build ccache libopenmpi-dev fortunes dataset-fashion-mnist
   python3-dev  # Python.h for the extension tessera._C, when the venv comes from Debian's python3
-  iproute2     # ip and ss: scripts/cluster.sh's emulated hosts, tests/python/test_cluster.py's socket check
+  iproute2     # ip and ss: scripts/cluster.sh's emulated hosts, tests/python/launch/test_cluster.py's socket check
   openssh-server openssh-client pdsh  # an sshd on each emulated host; tessera launch --hostfile (--launcher pdsh)
   munge slurmctld slurmd slurm-client  # scripts/cluster.sh slurm: SLURM on the emulated hosts (--launcher slurm, srun)
 )

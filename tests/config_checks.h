@@ -1,4 +1,4 @@
-// What the config tests share (tests/test_config.cpp, tests/test_config_support.cpp): a config
+// What the config tests share (tests/engine/config/test_config.cpp, tests/engine/config/test_config_support.cpp): a config
 // checked as load_config and `tessera config check` do, and readers of its issues.
 #pragma once
 

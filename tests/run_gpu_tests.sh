@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest's gpu_python test: runs tests/python/test_gpu.py with the given interpreter, or exits 77
+# ctest's gpu_python test: runs tests/python/gpu/test_gpu.py with the given interpreter, or exits 77
 # (ctest: skipped) with the reason where that interpreter's torch sees no CUDA device.
 set -uo pipefail
 python=${1:-python3}
@@ -8,4 +8,4 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
   echo "skipped: no CUDA device visible to $python's torch (the GPU tests need one)"
   exit 77
 fi
-exec "$python" -m pytest tests/python/test_gpu.py -v -p no:cacheprovider
+exec "$python" -m pytest tests/python/gpu/test_gpu.py -v -p no:cacheprovider

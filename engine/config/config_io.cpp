@@ -182,7 +182,7 @@ std::string read_text_file(const std::string& path) {
     throw ConfigError("cannot read config file '" + path + "': " +
                       (errno ? std::strerror(errno) : "cannot be opened"));
   // A directory opens, but reading it fails. POSIX stat rather than std::filesystem, whose symbols
-  // can resolve to a broken copy exported by libtorch.so (see tests/test_launcher.cpp's TempDir).
+  // can resolve to a broken copy exported by libtorch.so (see tests/engine/launch/test_launcher.cpp's TempDir).
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw ConfigError("cannot read config file '" + path + "': " + std::strerror(EISDIR));

@@ -422,7 +422,7 @@ EstimateResult estimate(const EstimateInputs& in) {
   const auto& s = in.setup;
   if (out.validated)
     notes.push_back("model states and buckets follow tessera's engine (zero/zero_optimizer.cpp), checked against "
-                    "its measured memory by tests/test_estimator.cpp");
+                    "its measured memory by tests/engine/estimator/test_estimator.cpp");
   else {
     std::vector<std::string> missing;
     if (s.offload_optimizer != "none" || s.offload_param != "none") missing.push_back("offload");

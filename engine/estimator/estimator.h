@@ -8,7 +8,7 @@
 //
 // Model states follow tessera's engine byte by byte (docs/zero.md, zero/zero_optimizer.cpp):
 // for ZeRO 0/1/2 without offload and without tensor/pipeline parallelism they are what the engine
-// allocates, checked against its measured memory by tests/test_estimator.cpp. ZeRO-3, offload,
+// allocates, checked against its measured memory by tests/engine/estimator/test_estimator.cpp. ZeRO-3, offload,
 // tensor and pipeline parallelism are not implemented in the engine yet: for them the figures
 // are a design estimate (DeepSpeed-like), flagged as such in every output.
 //

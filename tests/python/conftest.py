@@ -13,15 +13,17 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")  # the programs each rank runs (imported by tests too)
 BUILD_DIR = os.environ.get("TESSERA_BUILD_DIR") or os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
 CLI = os.path.join(BUILD_DIR, "bin", "tessera")
 
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+for _path in (WORKERS, HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (tests/python/test_gpu.py; `ctest -L gpu`)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (tests/python/gpu/test_gpu.py; `ctest -L gpu`)")
 
 
 def free_port():
@@ -32,12 +34,12 @@ def free_port():
 
 
 def child_env(**extra):
-    """The environment for a job's ranks: the test folder on PYTHONPATH (the workers import each
+    """The environment for a job's ranks: the workers' folder on PYTHONPATH (they import each
     other; tessera comes from the environment's install), and no launcher variables inherited from
     whatever runs pytest."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = HERE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = WORKERS + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env
 

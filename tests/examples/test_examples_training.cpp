@@ -1,0 +1,237 @@
+// The example programs end to end through the launcher: the byte-level GPT on fortunes gives the
+// same loss on 1 and 2 ranks for the same global batch, and the loss falls; the CNN trains too.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <regex>
+
+#include "tests/example_runs.h"
+#include "tests/subprocess.h"
+
+using tessera::testing::contains;
+using namespace tessera::testing::examples;
+
+namespace {
+
+std::string gpt_config(int micro, int stage, int accumulation = 1) {
+  return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) +
+         R"(, "gradient_accumulation_steps": )" + std::to_string(accumulation) + R"(, "steps_per_print": 5,
+             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+             "zero_optimization": {"stage": )" + std::to_string(stage) +
+         // ZeRO-3: every tensor partitioned and each block released after use (the model is small)
+         (stage == 3 ? R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
+                          "stage3_max_live_parameters": 300000, "stage3_prefetch_bucket_size": 200000)" : "") + "}}";
+}
+
+// gpt_config with more top-level sections (JSON members without the braces).
+std::string with_sections(const std::string& config, const std::string& sections) {
+  return config.substr(0, config.size() - 1) + ", " + sections + "}";
+}
+
+// The 1-rank run every multi-rank train_gpt run is compared with (10 steps, global batch 16), run
+// once: its final loss and its final parameters.
+struct Reference {
+  double loss = -1;
+  std::vector<double> grad_norms;
+  std::vector<float> parameters;
+};
+const Reference& reference() {
+  static const Reference ref = [] {
+    tessera::testing::TempDir dir;
+    auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port(),
+                           {"--save-parameters", dir.file("one.bin")});
+    INFO(one.output);
+    REQUIRE(one.status == 0);
+    CHECK(contains(one.output, "step 10 | loss "));
+    return Reference{final_loss(one.output), grad_norms(one.output), read_parameters(dir.file("one.bin"))};
+  }();
+  return ref;
+}
+double reference_loss() { return reference().loss; }
+
+// Parameters after 10 AdamW steps agree to this with the 1-rank run's: the reductions sum in
+// another order, and Adam turns last-bit differences of tiny gradients into moves of up to lr
+// (1e-3); a wrong gradient moves them by that much on every step. Measured: 1.5e-5 on 2 data-
+// parallel ranks, 2-4.4e-5 with tensor parallelism.
+constexpr double kParameterTolerance = 1e-4;
+
+}  // namespace
+
+// Runs train_gpt on `ranks` ranks for 10 steps and checks it against the 1-rank run: final loss,
+// every printed gradient norm, and every parameter (gathered from slices, partitions and stages).
+// Returns the output for further checks; `what` names the layout in a failure.
+std::string check_against_reference(int ranks, const std::string& config, const std::string& what,
+                                    std::vector<std::string> flags = {}) {
+  const Reference& ref = reference();
+  REQUIRE(!ref.parameters.empty());
+  tessera::testing::TempDir dir;
+  flags.insert(flags.end(), {"--save-parameters", dir.file("parameters.bin")});
+  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(), flags);
+  INFO(what << "\n" << run.output);
+  REQUIRE(run.status == 0);
+  CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
+  CHECK(same_norms(grad_norms(run.output), ref.grad_norms));
+  CHECK(max_difference(read_parameters(dir.file("parameters.bin")), ref.parameters) < kParameterTolerance);
+  return run.output;
+}
+
+TEST_CASE("train_gpt: 1 rank and 2 ranks (ZeRO 1 - 2 and 3) reach the same loss and parameters on the same global batch") {
+  const Reference& ref = reference();
+  CHECK(ref.loss > 0);
+  CHECK(ref.loss < 5.4);  // from ln(256) = 5.55 at the start
+  for (int stage : {1, 2, 3}) check_against_reference(2, gpt_config(8, stage), "2 ranks, ZeRO " + std::to_string(stage));
+}
+
+// DeepSpeed's averaging orders (zero/zero_stage.h): divide by the data-parallel size (or by a
+// factor) before the reduction and sum, the rest after; the same average as the default's.
+TEST_CASE("train_gpt: prescale_gradients and gradient_predivide_factor reach the 1-rank loss and parameters") {
+  check_against_reference(2, with_sections(gpt_config(8, 0), R"("prescale_gradients": true)"), "ZeRO 0, prescale");
+  check_against_reference(2, with_sections(gpt_config(8, 2), R"("prescale_gradients": true)"), "ZeRO 2, prescale");
+  check_against_reference(2, with_sections(gpt_config(8, 1), R"("gradient_predivide_factor": 4.0)"),
+                          "ZeRO 1, predivide 4");
+}
+
+TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence parallelism - tp 2 x dp 2 with "
+          "ZeRO 1-3) reaches the 1-rank loss and parameters") {
+  struct Run { int ranks, tp, micro, stage; bool sp; };
+  for (Run r : {Run{2, 2, 16, 1, false}, Run{2, 2, 16, 2, true}, Run{4, 2, 8, 1, false}, Run{4, 2, 8, 2, true},
+                Run{4, 2, 8, 3, true}, Run{4, 4, 16, 1, false}, Run{4, 4, 16, 2, true}}) {
+    const std::string config =
+        with_sections(gpt_config(r.micro, r.stage), "\"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
+                                                        ", \"sequence_parallel\": " + (r.sp ? "true" : "false") + "}");
+    const std::string output = check_against_reference(
+        r.ranks, config, "ranks " + std::to_string(r.ranks) + " tp " + std::to_string(r.tp) + " ZeRO " +
+                             std::to_string(r.stage) + (r.sp ? " sp" : ""));  // parameters gathered from their slices
+    CHECK(contains(output, "tensor " + std::to_string(r.tp)));
+  }
+}
+
+TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 2 with ZeRO 0-2 - pp 2 x tp 2 - "
+          "pp 2 x dp 2 x tp 2 - checkpointed blocks) reach the 1-rank loss and parameters") {
+  // 4 micro-batches a step through the pipeline; micro x dp x 4 = the reference's 16 sequences.
+  struct Run { int ranks, pp, tp, micro, stage; const char* schedule; bool sp; };
+  for (Run r : {Run{2, 2, 1, 4, 1, "1f1b", false}, Run{2, 2, 1, 4, 0, "gpipe", false}, Run{4, 4, 1, 4, 2, "1f1b", false},
+                Run{4, 2, 1, 2, 0, "1f1b", false}, Run{4, 2, 1, 2, 1, "gpipe", false}, Run{4, 2, 1, 2, 2, "1f1b", false},
+                Run{4, 2, 2, 4, 1, "1f1b", true}, Run{8, 2, 2, 2, 2, "1f1b", true}}) {
+    const std::string config = with_sections(
+        gpt_config(r.micro, r.stage, 4),
+        "\"pipeline\": {\"stages\": " + std::to_string(r.pp) + ", \"schedule\": \"" + r.schedule +
+            "\"}, \"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
+            ", \"sequence_parallel\": " + (r.sp ? "true" : "false") + "}");
+    // The gradient norms count the tied wte once; the parameters come from every stage (the tied
+    // wte from the first; the last stage's copy is the same).
+    const std::string output = check_against_reference(
+        r.ranks, config, "ranks " + std::to_string(r.ranks) + " pp " + std::to_string(r.pp) + " tp " +
+                             std::to_string(r.tp) + " ZeRO " + std::to_string(r.stage) + " " + r.schedule);
+    CHECK(contains(output, std::to_string(r.pp) + " pipeline stages"));
+  }
+  // Each stage's blocks recomputed in backward (the GPT's own checkpointing, inside its stage).
+  check_against_reference(2, with_sections(gpt_config(4, 1, 4), R"("pipeline": {"stages": 2})"),
+                          "pp 2 with --checkpoint-activations", {"--checkpoint-activations"});
+}
+
+// The C++ checkpoint API (Engine::save_checkpoint / load_checkpoint) through train_gpt's --save and
+// --load: 5 steps, a checkpoint, 5 more from it equal the 1-rank 10-step run: exactly at the same
+// layout, and within the parity tolerance after resharding (2 ranks at ZeRO 2 to 1 rank at ZeRO
+// 0) or through 2 pipeline stages.
+TEST_CASE("train_gpt --save and --load: resumed runs reach the 1-rank loss and parameters") {
+  const Reference& ref = reference();
+  REQUIRE(!ref.parameters.empty());
+  struct Hop { int ranks; std::string config; };
+  const std::string pipe = R"("pipeline": {"stages": 2})";
+  const std::vector<std::pair<Hop, Hop>> cases = {
+      {{1, gpt_config(16, 1)}, {1, gpt_config(16, 1)}},                                // the same layout: exact
+      {{2, gpt_config(8, 2)}, {1, gpt_config(16, 0)}},                                 // dp 2 ZeRO 2 -> dp 1 ZeRO 0
+      {{2, with_sections(gpt_config(4, 1, 4), pipe)}, {2, with_sections(gpt_config(4, 1, 4), pipe)}}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [first, second] = cases[i];
+    tessera::testing::TempDir dir;
+    auto a = run_example(TESSERA_TRAIN_GPT_PATH, first.ranks, first.config, 5, tessera::testing::free_port(),
+                         {"--save", dir.file("ckpt")});
+    INFO("case " << i << "\n" << a.output);
+    REQUIRE(a.status == 0);
+    CHECK(contains(a.output, "train_gpt: saved " + dir.file("ckpt") + "/global_step5"));
+    auto b = run_example(TESSERA_TRAIN_GPT_PATH, second.ranks, second.config, 10, tessera::testing::free_port(),
+                         {"--load", dir.file("ckpt"), "--save-parameters", dir.file("parameters.bin")});
+    INFO(b.output);
+    REQUIRE(b.status == 0);
+    CHECK(contains(b.output, "resumed from " + dir.file("ckpt") + "/global_step5 at step 5"));
+    const double difference = max_difference(read_parameters(dir.file("parameters.bin")), ref.parameters);
+    if (i == 0) {
+      CHECK(final_loss(b.output) == ref.loss);
+      CHECK(difference == 0);
+    } else {
+      CHECK(std::abs(final_loss(b.output) - ref.loss) < 1e-4);
+      CHECK(difference < kParameterTolerance);
+    }
+  }
+}
+
+TEST_CASE("train_gpt: eval_batch through 2 pipeline stages gives the 1-rank validation loss") {
+  // The same micro-batches (4 sequences, 4 a step) on 1 rank and through the pipeline.
+  const std::string one = gpt_config(4, 1, 4);
+  const std::string pp2 = with_sections(one, R"("pipeline": {"stages": 2})");
+  auto validation = [](const std::string& output) {
+    std::smatch m;
+    return std::regex_search(output, m, std::regex("validation loss ([0-9.]+)")) ? std::stod(m[1]) : -1.0;
+  };
+  auto a = run_example(TESSERA_TRAIN_GPT_PATH, 1, one, 2, tessera::testing::free_port(), {"--eval-every", "2"});
+  auto b = run_example(TESSERA_TRAIN_GPT_PATH, 2, pp2, 2, tessera::testing::free_port(), {"--eval-every", "2"});
+  INFO(a.output << "\n" << b.output);
+  REQUIRE(a.status == 0);
+  REQUIRE(b.status == 0);
+  CHECK(validation(a.output) > 0);
+  CHECK(std::abs(validation(b.output) - validation(a.output)) < 1e-4);
+}
+
+TEST_CASE("train_gpt: pipeline bad input - ZeRO-3 and more stages than layers - is refused naming the key") {
+  auto zero3 = run_example(TESSERA_TRAIN_GPT_PATH, 2, with_sections(gpt_config(4, 3, 4), R"("pipeline": {"stages": 2})"), 1,
+                           tessera::testing::free_port());
+  INFO(zero3.output);
+  CHECK(zero3.status != 0);
+  CHECK(contains(zero3.output, "zero_optimization.stage: 3 under pipeline parallelism"));
+  // The example GPT has 6 layers (embedding, 4 blocks, head).
+  auto deep = run_example(TESSERA_TRAIN_GPT_PATH, 8, with_sections(gpt_config(4, 1, 4), R"("pipeline": {"stages": 8})"), 1,
+                          tessera::testing::free_port());
+  INFO(deep.output);
+  CHECK(deep.status != 0);
+  CHECK(contains(deep.output, "pipeline.stages: 8 stages for a model of 6 layers"));
+}
+
+TEST_CASE("train_gpt --checkpoint-activations: ZeRO 2 on 2 ranks and tp 2 with partitioned inputs reach the 1-rank loss") {
+  const double reference = reference_loss();
+  const std::string dp2 = gpt_config(8, 2);
+  const std::string tp2 = with_sections(
+      gpt_config(16, 1), R"("tensor_parallel": {"tp_size": 2}, "activation_checkpointing": {"partition_activations": true})");
+  for (const std::string& config : {dp2, tp2}) {
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 10, tessera::testing::free_port(),
+                           {"--checkpoint-activations"});
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    CHECK(std::abs(final_loss(run.output) - reference) < 1e-4);
+  }
+}
+
+TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
+  auto r = run_example(TESSERA_TRAIN_CNN_PATH, 2,
+                       R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 10,
+                           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+                           "zero_optimization": {"stage": 2}})",
+                       30, tessera::testing::free_port());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // ZeRO-3 with every layer partitioned and released after use: the same losses as ZeRO-2.
+  auto z3 = run_example(TESSERA_TRAIN_CNN_PATH, 2,
+                        R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 10,
+                            "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+                            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                                  "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 500000,
+                                                  "stage3_prefetch_bucket_size": 300000}})",
+                        30, tessera::testing::free_port());
+  INFO(z3.output);
+  REQUIRE(z3.status == 0);
+  CHECK(std::abs(final_loss(z3.output) - final_loss(r.output)) < 1e-4);
+  CHECK(final_loss(r.output) > 0);
+  CHECK(final_loss(r.output) < 1.5);  // from ln(10) = 2.30
+}

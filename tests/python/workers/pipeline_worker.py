@@ -1,0 +1,190 @@
+"""One rank of a pipeline-parallel run (tessera launch): a small GPT (examples/python/models.py's
+blocks between tied embeddings) as a tessera.pipe.PipelineModule, trained STEPS steps through tessera.initialize / train_batch, against
+the same layers trained in plain PyTorch in this process on the same data (every rank computes the
+reference whole). Checks each step's loss and global gradient norm, and every parameter of this
+rank's stage; prints "pipeline ok on rank R". Exits non-zero with the first difference.
+
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL [TP]]   (OPTIMIZER: SGD or AdamW;
+        TP > 1 splits each block's MLP over a tensor group of TP ranks)
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE fp16     the loss scaler under a pipeline: an initial
+        scale of 2^20 overflows; every stage must skip the same steps and agree on the scale
+"""
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessera
+from tessera.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+VOCAB, DIM, HEADS, SEQ, MICRO, ACCUMULATION, STEPS, SEED = 32, 16, 2, 8, 2, 4, 4, 1234
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "python"))
+from models import Block  # noqa: E402  the example GPT's transformer block (attention and MLP)
+
+
+class Embeddings(nn.Module):
+    """The GPT's token and position embeddings; the tied head reads wte again on the last stage."""
+
+    def __init__(self, vocab, block_size, dim):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(block_size, dim)
+
+    def forward(self, idx):
+        return self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+
+
+def head(module, x):
+    return F.linear(x, module.wte.weight)  # the tied output projection: logits against the embedding
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+TIED = ["wte.weight", "wpe.weight"]  # the whole module is shared (the head leaves wpe's gradient 0)
+
+
+def specs():
+    """The example GPT as a layer list: embeddings, 4 blocks, the final norm, the tied head."""
+    return [TiedLayerSpec("embed", Embeddings, VOCAB, SEQ, DIM, tied_weight_attr=TIED),
+            *[LayerSpec(Block, DIM, HEADS) for _ in range(4)], LayerSpec(nn.LayerNorm, DIM),
+            TiedLayerSpec("embed", Embeddings, VOCAB, SEQ, DIM, forward_fn=head, tied_weight_attr=TIED)]
+
+
+def micro_batch(step, m, d):
+    g = torch.Generator().manual_seed(100000 * step + 100 * m + d)
+    ids = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def reference_layers():
+    """The layers whole, as PipelineModule(seed_layers=True) builds them; the tied key built once."""
+    layers, tied = [], {}
+    for i, spec in enumerate(specs()):
+        torch.manual_seed(SEED + i)
+        if isinstance(spec, TiedLayerSpec):
+            if spec.key not in tied:
+                tied[spec.key] = spec.build()
+            layers.append(tied[spec.key])
+        else:
+            layers.append(spec.build())
+    return layers
+
+
+def run_reference(layers, optimizer_name, dp):
+    params = list({id(p): p for l in layers for p in l.parameters()}.values())
+    # Adam's eps at 1e-4: the attention's key bias has a gradient of rounding noise only (softmax
+    # ignores a shift shared by all keys), which eps 1e-8 would turn into lr-sized moves that differ
+    # with the summation order; 1e-4 keeps them below the tolerance and leaves real gradients alone.
+    opt = torch.optim.SGD(params, lr=0.1) if optimizer_name == "SGD" else \
+        torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, eps=1e-4)
+    losses, norms = [], []
+    for step in range(STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(ACCUMULATION):
+            for d in range(dp):
+                x, y = micro_batch(step, m, d)
+                for i, l in enumerate(layers):
+                    x = head(l, x) if i == len(layers) - 1 else l(x)
+                loss = loss_fn(x, y) / (ACCUMULATION * dp)
+                loss.backward()
+                total += loss.item()
+        norms.append(torch.nn.utils.clip_grad_norm_(params, 1.0).item())
+        opt.step()
+        losses.append(total)
+    return losses, norms
+
+
+def check_fp16(stages, schedule, zero_stage):
+    model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, seed_layers=True, base_seed=SEED)
+    engine, _, _, _ = tessera.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": zero_stage},
+        "fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1},
+        "pipeline": {"stages": stages, "schedule": schedule}})
+    d = tessera.comm.parallel_context().group_rank("data")
+    scales, losses = [], []
+    for step in range(10):
+        it = iter([micro_batch(step, m, d) for m in range(ACCUMULATION)])
+        losses.append(engine.train_batch(it))
+        scales.append(engine._c.loss_scale)
+    # 2^20 overflows fp16 gradients: the first steps are skipped and the scale halves each time, the
+    # same on every stage (the overflow is decided over the whole pipeline's gradient norm); then
+    # the steps apply and the scale stays
+    assert scales[0] < 2.0 ** 20 and scales[-1] == scales[-2], scales
+    mine = torch.tensor(scales + [float(engine.global_steps)], dtype=torch.float64)
+    lo, hi = mine.clone(), mine.clone()
+    tessera.comm.all_reduce(lo, "min")
+    tessera.comm.all_reduce(hi, "max")
+    assert torch.equal(lo, hi), ("stages disagree on the loss scale", lo.tolist(), hi.tolist())
+    assert all(l == l for l in losses), losses  # finite losses
+    print("pipeline fp16 ok on rank %d (scales %s)" % (tessera.comm.get_rank(), " ".join("%g" % s for s in scales)),
+          flush=True)
+
+
+def main():
+    stages, schedule, zero_stage, optimizer_name = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if optimizer_name == "fp16":
+        check_fp16(stages, schedule, zero_stage)
+        tessera.comm.barrier()
+        os._exit(0)
+    interval = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    tp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    world = int(os.environ["WORLD_SIZE"])
+    dp = world // (stages * tp)
+    model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, partition_method="parameters",
+                           seed_layers=True, base_seed=SEED, activation_checkpoint_interval=interval,
+                           tensor_parallel=tp)
+    if tp > 1:  # each block's attention (one head per rank) and MLP split over the tensor group
+        tessera.tensor_parallel.parallelize(model, {
+            "local_layers.*.attn.c_attn": tessera.tensor_parallel.Colwise(fused=3), "local_layers.*.attn.c_proj": "rowwise",
+            "local_layers.*.mlp.c_fc": "colwise", "local_layers.*.mlp.c_proj": "rowwise"})
+    bf16 = optimizer_name == "bf16"  # SGD in bf16 (fp32 master weights) against the fp32 reference
+    if bf16:
+        optimizer_name = "SGD"
+    opt = {"type": "SGD", "params": {"lr": 0.1}} if optimizer_name == "SGD" else \
+        {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4}}  # eps: see run_reference
+    engine, _, _, _ = tessera.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
+        "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule},
+        "tensor_parallel": {"tp_size": tp}})
+    # bf16 keeps 8 bits of mantissa in the activations and the compute copy of the weights
+    loss_tol, norm_tol, param_tol = (2e-2, 5e-2, 1e-2) if bf16 else (1e-5, 1e-5, 2e-5)
+    d = tessera.comm.parallel_context().group_rank("data")
+    losses, norms = [], []
+    for step in range(STEPS):
+        it = iter([micro_batch(step, m, d) for m in range(ACCUMULATION)])
+        losses.append(engine.train_batch(it))
+        norms.append(engine.get_global_grad_norm())
+
+    ref_layers = reference_layers()
+    ref_losses, ref_norms = run_reference(ref_layers, optimizer_name, dp)
+    for step in range(STEPS):
+        assert abs(losses[step] - ref_losses[step]) < loss_tol * max(1.0, abs(ref_losses[step])), \
+            ("loss", step, losses[step], ref_losses[step])
+        assert abs(norms[step] - ref_norms[step]) < norm_tol * max(1.0, ref_norms[step]), \
+            ("grad norm", step, norms[step], ref_norms[step])
+    checked = 0
+    for i, layer in model.layers_by_index.items():
+        if not isinstance(layer, nn.Module):
+            continue
+        for (name, p), q in zip(layer.named_parameters(), ref_layers[i].parameters()):
+            diff = (tessera.tensor_parallel.full_tensor(p).float() - q.detach()).abs().max().item()
+            assert diff < param_tol * max(1.0, q.detach().abs().max().item()), ("layer %d %s differs by %g" % (i, name, diff))
+            checked += 1
+    assert checked > 0
+    print("pipeline ok on rank %d (stage %d, %d tensors checked, losses %s; reference %s)"
+          % (tessera.comm.get_rank(), model.stage_id, checked, " ".join("%.5f" % l for l in losses),
+             " ".join("%.5f" % l for l in ref_losses)), flush=True)
+    tessera.comm.barrier()
+    os._exit(0)  # leave together, without the interpreter's teardown (tensor_parallel_worker.py)
+
+
+if __name__ == "__main__":
+    main()
