@@ -37,8 +37,6 @@
 
 namespace tessera {
 
-using Groups = std::vector<std::unique_ptr<ZeroGroup>>;
-using BucketOrder = std::vector<std::pair<int, int>>;  // (group, bucket)
 
 // ---- where the optimizer steps ---------------------------------------------------------------
 class StepSite {

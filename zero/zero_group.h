@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/flat_optimizer.h"
@@ -51,5 +52,8 @@ struct ZeroGroup {
   // std::logic_error naming the first one broken.
   void check() const;
 };
+
+using Groups = std::vector<std::unique_ptr<ZeroGroup>>;
+using BucketOrder = std::vector<std::pair<int, int>>;  // (group, bucket)
 
 }  // namespace tessera

@@ -241,7 +241,6 @@ class ZeroOptimizer final : public UnitListener {
   void add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarType gradient_dtype, int rank);
   void make_optimizer(ZeroGroup& g, const ZeroOptions& options, const ClientOptimizerFactory& client, int rank,
                       Communicator* tensor);
-  void order_reductions_by_unit();
 
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();

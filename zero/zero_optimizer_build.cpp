@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "parallel/parallel_context.h"
+#include "zero/bucket_order.h"
 #include "zero/partitioned_init.h"
 #include "zero/units.h"
 
@@ -132,38 +133,6 @@ BufferPlanInput plan_input(const ZeroOptions& options, const std::vector<GroupSp
   }
   if (seen.empty()) throw std::invalid_argument("tessera: the model description has no parameters");
   return input;
-}
-
-// The (group, bucket)s each unit's forward reads: its own parameters' and the shared ones'.
-std::vector<std::vector<std::pair<int, int>>> buckets_by_unit(const std::vector<std::unique_ptr<ZeroGroup>>& groups,
-                                                              const UnitTracker& units) {
-  std::unordered_map<const void*, std::pair<int, int>> where;
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    for (size_t i = 0; i < groups[gi]->params.size(); ++i)
-      where[groups[gi]->params[i].unsafeGetTensorImpl()] = {static_cast<int>(gi), groups[gi]->layout.params[i].bucket};
-  std::vector<std::vector<std::pair<int, int>>> out(units.size());
-  for (int u = 0; u < units.size(); ++u) {
-    std::set<std::pair<int, int>> buckets;
-    for (const void* p : units.params_used(u))
-      if (auto it = where.find(p); it != where.end()) buckets.insert(it->second);
-    out[u].assign(buckets.begin(), buckets.end());
-  }
-  return out;
-}
-
-// The order the next forward reads every bucket: unit by unit, then the buckets no unit lists
-// (without units, each group's last bucket first: the layout reverses registration order).
-std::vector<std::pair<int, int>> forward_order(const std::vector<std::unique_ptr<ZeroGroup>>& groups,
-                                               const std::vector<std::vector<std::pair<int, int>>>& unit_buckets) {
-  std::vector<std::pair<int, int>> order;
-  std::set<std::pair<int, int>> ordered;
-  for (const auto& buckets : unit_buckets)
-    for (const auto& gb : buckets)
-      if (ordered.insert(gb).second) order.push_back(gb);
-  for (size_t gi = 0; gi < groups.size(); ++gi)
-    for (int b = static_cast<int>(groups[gi]->layout.buckets.size()) - 1; b >= 0; --b)
-      if (ordered.insert({static_cast<int>(gi), b}).second) order.emplace_back(static_cast<int>(gi), b);
-  return order;
 }
 
 // LAMB's per-parameter norms: the pieces of a parameter on other ranks (the group's communicator),
@@ -295,8 +264,9 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     units_->add_listener(this);
   }
   gather_order_ = forward_order(groups_, unit_buckets_);
+  launch_order_ = reduction_order(groups_, /*by_unit=*/options.stage == 3);
+  for (const auto& [gi, b] : launch_order_) grad_parts_.push_back(gradient_part(*groups_[gi], groups_[gi]->segments[b].grads));
   if (options.stage == 3) {
-    order_reductions_by_unit();
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
     if (units_)
@@ -362,8 +332,8 @@ void ZeroOptimizer::adopt_parameters(ZeroGroup& g, const std::vector<at::Tensor>
   }
 }
 
-// The gradient buffer (allocated once the model's own tensors are gone), this rank's chunk of each
-// bucket as views built once (the buffers never move), and the bucket's place in the reduction order.
+// The gradient buffer (allocated once the model's own tensors are gone) and this rank's chunk of
+// each bucket as views built once (the buffers never move).
 void ZeroOptimizer::add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarType gradient_dtype, int rank) {
   const FlatLayout& L = g.layout;
   g.grads = at::zeros({grad_numel}, data_.options(gradient_dtype));
@@ -373,7 +343,6 @@ void ZeroOptimizer::add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarTyp
   for (size_t b = 0; b < L.buckets.size(); ++b) {
     const FlatBucket& k = L.buckets[b];
     g.pending[b] = static_cast<int>(k.params.size());
-    launch_order_.emplace_back(g.index, static_cast<int>(b));
     ShardSegment s;
     // The compute copy of this rank's chunk: in the whole buffer, or (stage 3) the shard itself.
     const int64_t flat = g.partitioned ? k.shard_offset : L.flat_of_local(rank, static_cast<int>(b));
@@ -382,7 +351,6 @@ void ZeroOptimizer::add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarTyp
     s.local_offset = k.shard_offset;
     if (g.mixed()) s.compute_copy = g.compute.narrow(0, flat, k.shard);
     g.segments.push_back(s);
-    grad_parts_.push_back(gradient_part(g, s.grads));
   }
 }
 
@@ -406,21 +374,6 @@ void ZeroOptimizer::make_optimizer(ZeroGroup& g, const ZeroOptions& options, con
     throw std::invalid_argument(std::string("tessera: NVMe optimizer offload streams the state tile by tile, which ") +
                                 g.optimizer->name() + " cannot do (its trust ratios need whole parameters): use "
                                 "Adam, AdamW or SGD, or offload_optimizer.device \"none\"");
-}
-
-// Stage 3: reductions unit by unit as backward finishes them (the last unit first), across groups;
-// the persistent groups' buckets (no unit key) after them.
-void ZeroOptimizer::order_reductions_by_unit() {
-  auto key = [&](const std::pair<int, int>& gb) {
-    const ZeroGroup& g = *groups_[gb.first];
-    return g.partitioned ? g.layout.buckets[gb.second].key : -1;
-  };
-  std::stable_sort(launch_order_.begin(), launch_order_.end(), [&](const auto& a, const auto& b) { return key(a) > key(b); });
-  grad_parts_.clear();
-  for (const auto& [gi, b] : launch_order_) {
-    const ZeroGroup& g = *groups_[gi];
-    grad_parts_.push_back(gradient_part(g, g.segments[b].grads));
-  }
 }
 
 // Fills bucket b of the compute buffer (or its gathered buffer at stage 3) and the fp32 master
