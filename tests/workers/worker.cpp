@@ -8,6 +8,8 @@
 //                                              same MLP in one process (worker_pipeline.cpp)
 //   tessera_test_worker compressed-allreduce  the 1-bit allreduce against a plain simulation of it
 //                                              (worker_compressed.cpp)
+//   tessera_test_worker tensor-parallel --tp T   the tensor-parallel regions and layers against the
+//                                              whole computation (worker_tensor_parallel.cpp)
 //   tessera_test_worker dead-peer              the last rank exits; the others call all_reduce
 //   tessera_test_worker grad-norm [--tp N] [--pp N]   the global gradient norm (optim/grad_norm.h)
 //                                              over parts flagged data-/tensor-sharded, against
@@ -35,6 +37,7 @@
 #include "parallel/parallel_context.h"
 #include "tests/workers/worker_compressed.h"
 #include "tests/workers/worker_pipeline.h"
+#include "tests/workers/worker_tensor_parallel.h"
 
 using namespace tessera;
 
@@ -232,6 +235,10 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
   }
   if (mode == "compressed-allreduce") {
     check_compressed_allreduce(*ctx);
+    return 0;
+  }
+  if (mode == "tensor-parallel") {
+    check_tensor_parallel(*ctx);
     return 0;
   }
   if (mode == "dead-peer") {
