@@ -17,6 +17,7 @@
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
 #include "engine/progress.h"
+#include "engine/runnable.h"
 #include "engine/zero_options.h"
 #include "optim/flat_optimizer.h"
 #include "optim/grad_norm.h"
@@ -40,40 +41,6 @@ std::unordered_map<const void*, std::string> parameter_names(const ModelDescript
   return names;
 }
 
-// The 1-bit family (optim/onebit.h) runs at ZeRO stage 0 on the data group's own backend.
-void check_onebit(const Config& c, ParallelContext& parallel, const ModelDescription& model) {
-  const std::string& type = c.optimizer->type;
-  const std::string& backend = c.optimizer->params.comm_backend_name;
-  const bool gpu = parallel.backend() == BackendKind::Nccl;
-  if (backend == "mpi" || backend == "hccl")
-    throw ConfigError("tessera: optimizer.params.comm_backend_name: \"" + backend + "\" is not available: tessera's "
-                      "compressed allreduce runs on the data-parallel group's own backend (" +
-                      std::string(gpu ? "NCCL on these GPU ranks" : "Gloo on these CPU ranks") +
-                      "); expected \"" + (gpu ? "nccl" : "gloo") + "\" (or \"compressed\")");
-  const int stage = c.zero_optimization.stage;
-  if (stage == 0) return;
-  // Why not ZeRO: the exchange averages the whole momentum on every rank (whole error buffers
-  // too), so only the variance could be partitioned, while the updated parameters would have to be
-  // all-gathered every step: far more bytes than the compression saves.
-  int64_t numel = 0;
-  for (const ParamGroup& g : model.groups)
-    for (const at::Tensor& p : g.params) numel += p.defined() ? p.numel() : 0;
-  const int ranks = parallel.data().size();
-  const double share = ranks > 1 ? double(ranks - 1) / ranks : 0.5;  // what a rank sends of a gathered buffer
-  const double param_bytes = (c.bf16.enabled || c.fp16.enabled) ? 2 : 4;
-  const double gather = share * param_bytes * numel, compressed = 2 * share * numel / 8.0;
-  char numbers[512];
-  std::snprintf(numbers, sizeof(numbers),
-                "for this model (%lld parameters on this rank, %d data-parallel ranks) a step would send %.2f MB "
-                "for the parameter all-gather plus %.2f MB of compressed momentum, against %.2f MB at stage 0 "
-                "(%.1fx the traffic), to partition only the variance (%.2f MB per rank)",
-                (long long)numel, ranks, gather / 1e6, compressed / 2e6, compressed / 1e6,
-                (gather + compressed / 2) / compressed, 4.0 * numel * share / 1e6);
-  throw ConfigError("tessera: optimizer.type " + type + " runs with zero_optimization.stage 0 only (found " +
-                    std::to_string(stage) + "). Its compressed exchange averages the whole momentum on every rank, "
-                    "so ZeRO would partition little and add an all-gather of the updated parameters each step: " +
-                    numbers + ". Use stage 0 with " + type + ", or Adam with ZeRO (docs/onebit.md)");
-}
 }  // namespace
 
 // ---- units ---------------------------------------------------------------------------------------
@@ -114,61 +81,24 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
   if (grid.tensor != config_.tensor_parallel.tp_size || grid.pipe != config_.pipeline.stages)
     throw std::invalid_argument("tessera: the parallel context (" + grid.str() +
                                 ") does not match the config's tensor_parallel.tp_size and pipeline.stages");
-  if (role == EngineRole::WholeModel && grid.pipe > 1)
-    throw ConfigError("tessera: pipeline.stages is " + std::to_string(grid.pipe) +
-                      ": a model cut into stages trains through tessera::PipelineEngine (engine/pipeline_engine.h, "
-                      "C++ only so far; docs/pipeline.md); the Engine alone trains a whole model");
-  if (role == EngineRole::PipelineStage && config_.zero_optimization.stage == 3)
-    throw ConfigError("tessera: zero_optimization.stage: 3 under pipeline parallelism (pipeline.stages = " +
-                      std::to_string(grid.pipe) + ") is not supported yet; expected 0, 1 or 2");
-  // Keys the engine does not act on yet (engine/config/config_support.h): errors refuse the
-  // config, the rest are named once on rank 0.
-  std::string refused, ignored;
-  for (const ConfigIssue& issue : engine_support_issues(config_))
-    (issue.severity == ConfigIssue::Severity::Error ? refused : ignored) += "  " + issue.str() + "\n";
-  if (!refused.empty()) throw ConfigError("tessera: the engine cannot run this config:\n" + refused);
-  const bool printer = parallel_.rank() == 0;
-  if (printer && !ignored.empty()) std::printf("[tessera] config keys the engine ignores:\n%s", ignored.c_str());
-  // The model applies tensor parallelism (parallel/tensor_parallel/); one that marked no slice
-  // trains a whole copy on every tensor rank: correct, but nothing is split.
-  if (grid.tensor > 1) {
-    bool sliced = false;
-    for (const ParamGroup& g : model.groups)
-      for (bool s : g.tensor_sharded) sliced = sliced || s;
-    if (printer && !sliced)
-      std::printf("[tessera] warning: tensor_parallel.tp_size is %d but no parameter is marked tensor-sharded "
-                  "(ParamGroup::tensor_sharded): every tensor rank trains a whole copy of the model\n",
-                  grid.tensor);
+  RunContext run;
+  run.grid = grid;
+  run.device = parallel_.data().device();
+  run.nccl = parallel_.backend() == BackendKind::Nccl;
+  run.pipeline_stage = role == EngineRole::PipelineStage;
+  for (const ParamGroup& g : model.groups) {
+    for (const at::Tensor& p : g.params) run.parameters += p.defined() ? p.numel() : 0;
+    for (bool sharded : g.tensor_sharded) run.tensor_sliced = run.tensor_sliced || sharded;
   }
-  // bf16 on a CPU without bf16 arithmetic: every matmul converts through fp32, ~11x slower.
-  if (printer && config_.bf16.enabled && parallel_.data().device().is_cpu() && !cpu_has_fast_bf16())
-    std::printf("[tessera] note: bf16 is enabled but this CPU has %s: PyTorch emulates bf16 matmuls "
-                "through fp32, about 11x slower than fp32 here. Disable bf16 on this machine for speed "
-                "(fp32 uses more memory for parameters and activations).\n",
-                cpu_bf16_missing().c_str());
-  if (printer) std::fflush(stdout);
+  const std::vector<std::string> notes = check_runnable(config_, run);  // engine/runnable.h
+  if (parallel_.rank() == 0) {
+    for (const std::string& note : notes) std::printf("[tessera] %s\n", note.c_str());
+    std::fflush(stdout);
+  }
   gradient_accumulation_steps_ = *config_.gradient_accumulation_steps;
   // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
   // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
   if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();
-  // On GPU ranks the optimizer offloads to pinned host memory, and with "nvme" its state on to
-  // files (ZeroOptions::host_optimizer); the parameter shards to host memory, where that optimizer
-  // steps them (host_parameters); parameter shards in files on CPU ranks only so far.
-  const std::string& offload_param = config_.zero_optimization.offload_param.device;
-  if (offload_param != "none" && !parallel_.data().device().is_cpu()) {
-    if (offload_param != "cpu")
-      throw ConfigError("tessera: zero_optimization.offload_param.device: \"" + offload_param + "\" runs on CPU ranks "
-                        "only so far, not on " + parallel_.data().device().str() + "; use \"cpu\" or \"none\" there");
-    if (config_.zero_optimization.offload_optimizer.device == "none")
-      throw ConfigError("tessera: zero_optimization.offload_param.device: \"cpu\" on " + parallel_.data().device().str() +
-                        " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the optimizer steps "
-                        "the shards where they are, in host memory)");
-  }
-  if (printer && config_.zero_optimization.offload_optimizer.ratio < 1.0 && !parallel_.data().device().is_cpu())
-    std::printf("[tessera] warning: zero_optimization.offload_optimizer.ratio %g: on GPU ranks the whole optimizer step "
-                "runs on the host (ratio 1); the training is the same, the GPU holds less\n",
-                config_.zero_optimization.offload_optimizer.ratio);
-  if (is_onebit_optimizer(config_.optimizer->type)) check_onebit(config_, parallel_, model);
   if (config_.optimizer->client != static_cast<bool>(model.client_optimizer))
     throw std::invalid_argument(config_.optimizer->client
                                     ? "tessera: the config's optimizer is a client optimizer (" + config_.optimizer->type +

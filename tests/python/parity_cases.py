@@ -42,6 +42,7 @@ def write_cases(folder, cases):
 
 GPT = dict(model="gpt", micro=2, clip=0.05)
 # The GPT's parameters drift from torch's by ~3e-6 after 6 steps at every stage (0 and 2 alike: Adam
-# turns last-bit differences of tiny gradients into lr-sized moves), so it is held to 1e-5 against
-# torch and to 1e-6 against the same GPT at ZeRO-2.
-GPT_PARAM_TOL = 1e-5
+# turns last-bit differences of tiny gradients into lr-sized moves), and by 1.05e-5 on 4 ranks with
+# ATen's AVX2 kernels (another summation order), so it is held to 2e-5 against torch — a step of a
+# wrong gradient moves parameters by ~lr = 1e-2 — and to 1e-6 against the same GPT at ZeRO-2.
+GPT_PARAM_TOL = 2e-5

@@ -1,0 +1,103 @@
+#include "engine/runnable.h"
+
+#include <cstdio>
+
+#include "csrc/cpu_features.h"
+#include "engine/config/config_io.h"
+#include "engine/config/config_support.h"
+#include "optim/flat_optimizer.h"
+
+namespace tessera {
+namespace {
+
+// The 1-bit family (optim/onebit.h) runs at ZeRO stage 0 on the data group's own backend.
+void check_onebit(const Config& c, const RunContext& run) {
+  const std::string& type = c.optimizer->type;
+  const std::string& backend = c.optimizer->params.comm_backend_name;
+  if (backend == "mpi" || backend == "hccl")
+    throw ConfigError("tessera: optimizer.params.comm_backend_name: \"" + backend + "\" is not available: tessera's "
+                      "compressed allreduce runs on the data-parallel group's own backend (" +
+                      std::string(run.nccl ? "NCCL on these GPU ranks" : "Gloo on these CPU ranks") +
+                      "); expected \"" + (run.nccl ? "nccl" : "gloo") + "\" (or \"compressed\")");
+  const int stage = c.zero_optimization.stage;
+  if (stage == 0) return;
+  // Why not ZeRO: the exchange averages the whole momentum on every rank (whole error buffers
+  // too), so only the variance could be partitioned, while the updated parameters would have to be
+  // all-gathered every step: far more bytes than the compression saves.
+  const int64_t numel = run.parameters;
+  const int ranks = run.grid.data;
+  const double share = ranks > 1 ? double(ranks - 1) / ranks : 0.5;  // what a rank sends of a gathered buffer
+  const double param_bytes = (c.bf16.enabled || c.fp16.enabled) ? 2 : 4;
+  const double gather = share * param_bytes * numel, compressed = 2 * share * numel / 8.0;
+  char numbers[512];
+  std::snprintf(numbers, sizeof(numbers),
+                "for this model (%lld parameters on this rank, %d data-parallel ranks) a step would send %.2f MB "
+                "for the parameter all-gather plus %.2f MB of compressed momentum, against %.2f MB at stage 0 "
+                "(%.1fx the traffic), to partition only the variance (%.2f MB per rank)",
+                (long long)numel, ranks, gather / 1e6, compressed / 2e6, compressed / 1e6,
+                (gather + compressed / 2) / compressed, 4.0 * numel * share / 1e6);
+  throw ConfigError("tessera: optimizer.type " + type + " runs with zero_optimization.stage 0 only (found " +
+                    std::to_string(stage) + "). Its compressed exchange averages the whole momentum on every rank, "
+                    "so ZeRO would partition little and add an all-gather of the updated parameters each step: " +
+                    numbers + ". Use stage 0 with " + type + ", or Adam with ZeRO (docs/onebit.md)");
+}
+
+// ZeRO-3's parameter offload on GPU ranks: the shards in host memory, stepped there by the host
+// optimizer (ZeroOptions::host_parameters); shards in files on CPU ranks only so far.
+void check_offload(const Config& c, const RunContext& run, std::vector<std::string>& notes) {
+  const bool gpu = !run.device.is_cpu();
+  const std::string& offload_param = c.zero_optimization.offload_param.device;
+  if (offload_param != "none" && gpu) {
+    if (offload_param != "cpu")
+      throw ConfigError("tessera: zero_optimization.offload_param.device: \"" + offload_param + "\" runs on CPU ranks "
+                        "only so far, not on " + run.device.str() + "; use \"cpu\" or \"none\" there");
+    if (c.zero_optimization.offload_optimizer.device == "none")
+      throw ConfigError("tessera: zero_optimization.offload_param.device: \"cpu\" on " + run.device.str() +
+                        " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the optimizer steps "
+                        "the shards where they are, in host memory)");
+  }
+  if (c.zero_optimization.offload_optimizer.ratio < 1.0 && gpu) {
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "warning: zero_optimization.offload_optimizer.ratio %g: on GPU ranks the whole optimizer step runs "
+                  "on the host (ratio 1); the training is the same, the GPU holds less",
+                  c.zero_optimization.offload_optimizer.ratio);
+    notes.push_back(line);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> check_runnable(const Config& c, const RunContext& run) {
+  std::vector<std::string> notes;
+  if (!run.pipeline_stage && run.grid.pipe > 1)
+    throw ConfigError("tessera: pipeline.stages is " + std::to_string(run.grid.pipe) +
+                      ": a model cut into stages trains through tessera::PipelineEngine (engine/pipeline_engine.h, "
+                      "C++ only so far; docs/pipeline.md); the Engine alone trains a whole model");
+  if (run.pipeline_stage && c.zero_optimization.stage == 3)
+    throw ConfigError("tessera: zero_optimization.stage: 3 under pipeline parallelism (pipeline.stages = " +
+                      std::to_string(run.grid.pipe) + ") is not supported yet; expected 0, 1 or 2");
+  // Keys the engine does not act on yet (engine/config/config_support.h): errors refuse the
+  // config, the rest are named once.
+  std::string refused, ignored;
+  for (const ConfigIssue& issue : engine_support_issues(c))
+    (issue.severity == ConfigIssue::Severity::Error ? refused : ignored) += "  " + issue.str() + "\n";
+  if (!refused.empty()) throw ConfigError("tessera: the engine cannot run this config:\n" + refused);
+  if (!ignored.empty()) notes.push_back("config keys the engine ignores:\n" + ignored.substr(0, ignored.size() - 1));
+  check_offload(c, run, notes);
+  if (c.optimizer && is_onebit_optimizer(c.optimizer->type)) check_onebit(c, run);
+  // The model applies tensor parallelism (parallel/tensor_parallel/); one that marked no slice
+  // trains a whole copy on every tensor rank: correct, but nothing is split.
+  if (run.grid.tensor > 1 && !run.tensor_sliced)
+    notes.push_back("warning: tensor_parallel.tp_size is " + std::to_string(run.grid.tensor) +
+                    " but no parameter is marked tensor-sharded (ParamGroup::tensor_sharded): every tensor rank "
+                    "trains a whole copy of the model");
+  // bf16 on a CPU without bf16 arithmetic: every matmul converts through fp32, ~11x slower.
+  if (c.bf16.enabled && run.device.is_cpu() && !cpu_has_fast_bf16())
+    notes.push_back("note: bf16 is enabled but this CPU has " + cpu_bf16_missing() +
+                    ": PyTorch emulates bf16 matmuls through fp32, about 11x slower than fp32 here. Disable bf16 on "
+                    "this machine for speed (fp32 uses more memory for parameters and activations).");
+  return notes;
+}
+
+}  // namespace tessera
