@@ -72,16 +72,18 @@ def estimate(**request):
 # so (a module-level __getattr__ only runs for names the module lacks).
 _DEEPSPEED_MODULE_NAMES = frozenset({
     "init_inference", "InferenceEngine", "DeepSpeedEngine", "DeepSpeedConfig", "DeepSpeedOptimizer",
-    "DeepSpeedHybridEngine", "DeepSpeedTransformerLayer", "DeepSpeedTransformerConfig", "ops", "moe", "runtime",
-    "utils", "accelerator", "profiling", "compression", "inference", "autotuning", "elasticity", "launcher",
+    "DeepSpeedHybridEngine", "DeepSpeedTransformerLayer", "DeepSpeedTransformerConfig", "ops", "moe",
+    "profiling", "compression", "inference", "autotuning", "elasticity", "launcher",
     "module_inject", "sequence", "env_report", "git_version_info", "is_compile_supported", "tp_model_init",
     "add_tuning_arguments", "default_inference_config", "replace_transformer_layer", "revert_transformer_layer",
 })
-_SUBMODULES = frozenset({"pipe", "monitor", "plot"})
+# Imported on first use: pipe pulls in more than most scripts need; accelerator, utils and runtime
+# are DeepSpeed's helpers under their DeepSpeed names (deepspeed.utils.RepeatingLoader, ...).
+_SUBMODULES = frozenset({"pipe", "monitor", "plot", "accelerator", "utils", "runtime"})
 
 
 def __getattr__(name):
-    if name in _SUBMODULES:  # imported on first use (pipe pulls in more than most scripts need)
+    if name in _SUBMODULES:
         import importlib
         return importlib.import_module("." + name, __name__)
     if name in _DEEPSPEED_MODULE_NAMES:

@@ -170,3 +170,25 @@ def test_parameters_offloaded_to_host_memory_match_plain_pytorch(dtype, optimize
         args += ["--nvme-path", tmp_path / "swap"]
     got, _ = run_worker(*args)
     check_offloaded_run(got, 3, dtype, moved_per_param=12 if dtype == "fp32" else 14)
+
+
+def test_the_accelerator_answers_for_the_gpu():
+    """tessera.accelerator on a GPU machine: CUDA's names, NCCL, torch.cuda's figures."""
+    from tessera.accelerator import get_accelerator
+    acc = get_accelerator()
+    assert acc.device_name() == "cuda" and acc.device_name(0) == "cuda:0"
+    assert acc.communication_backend_name() == "nccl" and not acc.is_synchronized_device()
+    assert acc.device_count() == torch.cuda.device_count() and acc.is_available()
+    acc.set_device(0)
+    assert acc.current_device() == 0 and acc.current_device_name() == "cuda:0"
+    assert acc.is_bf16_supported() == torch.cuda.is_bf16_supported() and acc.is_fp16_supported()
+    x = acc.FloatTensor([1.0, 2.0])
+    assert x.is_cuda and acc.on_accelerator(x)
+    acc.reset_peak_memory_stats()
+    held = torch.empty(1 << 22, device="cuda")  # 16 MiB
+    acc.synchronize()
+    assert acc.max_memory_allocated() >= 16 << 20 and acc.memory_allocated() >= 16 << 20
+    del held
+    acc.empty_cache()
+    assert 0 < acc.available_memory() <= acc.total_memory()
+    assert acc.pin_memory(torch.ones(4)).is_pinned()
