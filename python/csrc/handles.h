@@ -24,13 +24,16 @@ struct ConfigHandle {
 };
 
 // A parameter group as Python passes it: (params, lr, weight_decay, name, names, tensor_sharded).
+// (params, lr, weight_decay, name, param names, tensor-sharded flags, communicator: "" is the data group)
 using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
-                              std::vector<std::string>, std::vector<bool>>;
+                              std::vector<std::string>, std::vector<bool>, std::string>;
 
 inline ModelDescription description_of(const std::vector<GroupTuple>& groups) {
   ModelDescription model;
-  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded] : groups)
+  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded, communicator] : groups) {
     model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+    model.groups.back().communicator = communicator;
+  }
   return model;
 }
 

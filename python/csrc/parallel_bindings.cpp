@@ -30,7 +30,7 @@ Communicator& group_of(ParallelContext& c, const std::string& name) {
   if (name == "tensor") return c.tensor();
   if (name == "pipe") return c.pipe();
   if (name == "model") return c.model();
-  throw std::invalid_argument("tessera: unknown group '" + name + "' (expected world, data, tensor, pipe or model)");
+  return c.group_over(name);  // a factor split_axis made, or a product of axes ("data*tensor")
 }
 
 // A tensor handed to a collective must not be the Python tensor itself: c10d's work object keeps
@@ -84,6 +84,14 @@ void bind_parallel(py::module& m) {
             c.make_axis_groups(tensor, pipe, device);
           },
           py::arg("tensor"), py::arg("pipe"), py::arg("device") = "")
+      .def(
+          "split_axis",
+          [](ParallelContext& c, const std::string& axis, const std::vector<std::pair<std::string, int>>& factors) {
+            c.split_axis(axis, factors);
+          },
+          py::arg("axis"), py::arg("factors"),
+          "Splits a grid axis into named factors, outer to inner: split_axis(\"data\", [(\"expert_data\", 2), "
+          "(\"expert\", 2)]). Every rank, after the axis groups exist; the factors' groups are made on first use.")
       .def_property_readonly("axis_groups_made", &ParallelContext::axis_groups_made)
       .def_property_readonly("rank", &ParallelContext::rank)
       .def_property_readonly("world_size", &ParallelContext::world_size)

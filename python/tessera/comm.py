@@ -27,6 +27,8 @@ _context = None  # _C.ParallelContext, one per process
 _info = None     # the environment's rendezvous info, read once
 
 _GROUPS = ("world", "data", "tensor", "pipe", "model")
+_splits = []  # split_axis calls made before the axis groups existed, applied when they are made
+_named = set()  # the factors split_axis named
 _OPS = ("sum", "avg", "max", "min")
 
 
@@ -129,6 +131,8 @@ def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, tim
         wanted = "" if device is None else str(device)
         if make_axes and not _context.axis_groups_made:
             _while_sigint_kills(lambda: _context.make_axis_groups(int(tensor or 1), int(pipe or 1), wanted))
+            for axis, factors in _splits:
+                _context.split_axis(axis, factors)
         elif make_axes and wanted and _context.device != _same_device(wanted, _context):
             raise ValueError(
                 "tessera.comm: the process groups take tensors on %s, the model is on %s; one process trains on one "
@@ -194,9 +198,33 @@ def _while_sigint_kills(fn):
 
 
 def _group(group):
-    if group not in _GROUPS:
-        raise ValueError("tessera.comm: unknown group %r (expected one of %s)" % (group, ", ".join(_GROUPS)))
+    if group not in _GROUPS and not (isinstance(group, str) and set(group.split("*")) <= set(_GROUPS) | _named):
+        raise ValueError("tessera.comm: unknown group %r (expected one of %s, a factor split_axis named, or a "
+                         "product such as 'data*tensor')" % (group, ", ".join(_GROUPS)))
     return group
+
+
+def split_axis(axis, factors):
+    """Splits a grid axis into named factors, outer to inner, which collectives and parameter groups
+    can then name as their group (a param group's "communicator"):
+
+        tessera.comm.split_axis("data", [("expert_data", 2), ("expert", 2)])
+
+    on 4 data-parallel ranks makes ranks {0, 1} and {2, 3} the "expert" groups and {0, 2}, {1, 3} the
+    "expert_data" groups: parameters that differ across "expert" (each rank's own experts) are
+    averaged over "expert_data". The factors' product must be the axis's size. Every rank calls it,
+    in the same order; before tessera.initialize it is applied when the axis groups are made (the
+    config fixes the tensor and pipe degrees, and so the data axis's size)."""
+    if not isinstance(axis, str):
+        raise TypeError("tessera.comm.split_axis: axis must be a str ('data', 'tensor' or 'pipe'), got %s"
+                        % type(axis).__name__)
+    factors = [(str(name), int(size)) for name, size in factors]
+    with _lock:
+        if _context is not None and _context.axis_groups_made:
+            _context.split_axis(axis, factors)
+        else:
+            _splits.append((axis, factors))
+        _named.update(name for name, _ in factors)
 
 
 def barrier(group="world"):

@@ -16,7 +16,7 @@ from .engine import Engine
 
 __all__ = ["initialize"]
 
-_GROUP_KEYS = {"params", "lr", "weight_decay", "name"}
+_GROUP_KEYS = {"params", "lr", "weight_decay", "name", "communicator"}
 
 
 def _tensor_list(params, where):
@@ -41,11 +41,13 @@ def _number(value, where):
 
 
 def _param_groups(model, model_parameters):
-    """[(params, lr, weight_decay, name)] from None (every trainable parameter of the model), an
-    iterable of tensors (one group) or an iterable of dicts with "params" and optionally "lr",
-    "weight_decay" and "name" (torch.optim's param groups)."""
+    """[(params, lr, weight_decay, name, communicator)] from None (every trainable parameter of the
+    model), an iterable of tensors (one group) or an iterable of dicts with "params" and optionally
+    "lr", "weight_decay", "name" (torch.optim's param groups) and "communicator": the group its
+    gradients are averaged over and its shards partitioned over ("" or "data": the data group; a
+    factor tessera.comm.split_axis named, such as "expert_data")."""
     if model_parameters is None:
-        return [([p for p in model.parameters() if p.requires_grad], None, None, "all")]
+        return [([p for p in model.parameters() if p.requires_grad], None, None, "all", "")]
     if isinstance(model_parameters, (torch.Tensor, str, bytes, collections.abc.Mapping)) or \
             not isinstance(model_parameters, collections.abc.Iterable):
         raise TypeError("tessera.initialize: model_parameters must be None, an iterable of tensors or an iterable of "
@@ -57,20 +59,27 @@ def _param_groups(model, model_parameters):
             unknown = sorted(set(g) - _GROUP_KEYS)
             if unknown:
                 raise ValueError("tessera.initialize: model_parameters[%d] has key(s) %s; a param group may set only "
-                                 "params, lr, weight_decay and name (the other optimizer settings come from the config)"
+                                 "params, lr, weight_decay, name and communicator (the other optimizer settings come "
+                                 "from the config)"
                                  % (i, ", ".join(repr(k) for k in unknown)))
             if "params" not in g:
                 raise ValueError("tessera.initialize: model_parameters[%d] has no 'params'" % i)
             name = g.get("name", "group%d" % i)
             if not isinstance(name, str):
                 raise TypeError("tessera.initialize: model_parameters[%d]['name'] must be a str, got %s" % (i, _type_name(name)))
+            communicator = g.get("communicator", "")
+            if not isinstance(communicator, str):
+                raise TypeError("tessera.initialize: model_parameters[%d]['communicator'] must be a str (a group name "
+                                "such as 'data' or a factor tessera.comm.split_axis named), got %s"
+                                % (i, _type_name(communicator)))
             groups.append((_tensor_list(g["params"], "model_parameters[%d]['params']" % i),
                            _number(g.get("lr"), "model_parameters[%d]['lr']" % i),
-                           _number(g.get("weight_decay"), "model_parameters[%d]['weight_decay']" % i), name))
+                           _number(g.get("weight_decay"), "model_parameters[%d]['weight_decay']" % i), name,
+                           communicator))
         return groups
     if any(isinstance(x, collections.abc.Mapping) for x in items):
         raise TypeError("tessera.initialize: model_parameters mixes tensors and param-group dicts")
-    return [(_tensor_list(items, "model_parameters"), None, None, "all")]
+    return [(_tensor_list(items, "model_parameters"), None, None, "all", "")]
 
 
 def _default_unit_modules(model):
@@ -226,8 +235,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)
-    cgroups = [g + ([names.get(id(p), "") for p in g[0]], [hasattr(p, "_tessera_tensor_parallel") for p in g[0]])
-               for g in groups]
+    cgroups = [(params, lr, weight_decay, name, [names.get(id(p), "") for p in params],
+                [hasattr(p, "_tessera_tensor_parallel") for p in params], communicator)
+               for params, lr, weight_decay, name, communicator in groups]
     # A model built under tessera.zero.Init: the engine builds its buffers from the chunks.
     inits = {}
     for name, p in model.named_parameters():

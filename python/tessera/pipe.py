@@ -285,9 +285,9 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
 
     def sliced(params):  # tensor-parallel slices (tessera.tensor_parallel.parallelize on the stage's layers)
         return [hasattr(p, "_tessera_tensor_parallel") for p in params]
-    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], sliced(own))] if own else []
+    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], sliced(own), "")] if own else []
     tied_spec = []
     for key, params, stages in tied:
         tied_spec.append((len(groups), stages))
-        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], sliced(params)))
+        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], sliced(params), ""))
     return PipelineEngine(module, cfg, module._context, groups, tied_spec)
