@@ -83,6 +83,9 @@ _SUBMODULES = frozenset({"pipe", "monitor", "plot", "accelerator", "utils", "run
 
 
 def __getattr__(name):
+    if name == "get_accelerator":  # `from deepspeed import get_accelerator`
+        from .accelerator import get_accelerator
+        return get_accelerator
     if name in _SUBMODULES:
         import importlib
         return importlib.import_module("." + name, __name__)

@@ -22,11 +22,11 @@ _DEEPSPEED_ENGINE_NAMES = frozenset({
     "dump_state", "dynamic_loss_scale", "eigenvalue_enabled", "elasticity_enabled", "flops_profiler_enabled",
     "get_mom", "get_pld_theta", "get_sequence_parallel_group", "get_type", "is_map_style_dataset",
     "load_moe_state_dict", "memory_breakdown", "module_state_dict", "load_module_state_dict", "moe_enabled",
-    "offload_states", "reload_states", "optimizer_name", "pld_enabled", "quantize_training", "random_ltd_enabled",
+    "offload_states", "reload_states", "pld_enabled", "quantize_training", "random_ltd_enabled",
     "set_data_post_process_func", "set_custom_curriculum_learning_schedule", "set_train_batch_size",
-    "sparse_gradients_enabled", "steps_per_print", "tput_timer", "wall_clock_breakdown_enabled", "zero_cpu_offload",
+    "sparse_gradients_enabled", "tput_timer", "wall_clock_breakdown_enabled", "zero_cpu_offload",
     "zero_optimization_partition_gradients", "zero_optimization_partition_weights", "is_compiled",
-    "no_sync", "set_gradient_accumulation_boundary", "get_data_types", "destroy", "empty_partition_cache",
+    "no_sync", "set_gradient_accumulation_boundary", "get_data_types", "empty_partition_cache",
 })
 
 
@@ -436,6 +436,15 @@ class Engine(CheckpointCalls):
     def train_batch_size(self):
         return self.config["train_batch_size"]
 
+    def optimizer_name(self):
+        """The config's optimizer type as DeepSpeed names it (lower case: "adam", "onebitlamb"), or
+        the client optimizer's class name."""
+        section = self.config.get("optimizer") or {}
+        return str(section.get("type", type(self.optimizer).__name__)).lower()
+
+    def steps_per_print(self):
+        return self.config["steps_per_print"]
+
     def wall_clock_breakdown(self):
         """Seconds this rank spent in each part of the step since the engine was built, summed:
         forward_s (the caller's code between backward calls: data and forward), backward_s
@@ -457,6 +466,10 @@ class Engine(CheckpointCalls):
         self._c.wait_for_parameters()
         if self.monitor is not None:
             self.monitor.close()
+
+    def destroy(self):
+        """DeepSpeed's engine.destroy(): close(); the buffers go with the engine object."""
+        self.close()
 
     def __repr__(self):
         return "tessera.Engine(%s, %s, global_steps=%d)" % (type(self._module).__name__, self._c.context.describe(),

@@ -1,2 +1,3 @@
-"""deepspeed.runtime's names that training scripts import, under the same paths (tessera.runtime.utils)."""
-from . import utils  # noqa: F401  (tessera.runtime.utils.set_random_seed without importing it first)
+"""deepspeed.runtime's names that training scripts import, under the same paths (tessera.runtime.utils,
+tessera.runtime.config)."""
+from . import config, utils  # noqa: F401  (reachable without importing them first)

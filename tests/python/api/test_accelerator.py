@@ -133,6 +133,21 @@ def test_the_deepspeed_spellings_work_with_tessera():
               "      tessera.accelerator.get_accelerator().device_name())\n"
               "from tessera.accelerator import get_accelerator\n"
               "from tessera.utils import RepeatingLoader, logger, log_dist\n"
-              "from tessera.runtime.utils import set_random_seed\n")
+              "from tessera.runtime.utils import set_random_seed\n"
+              "from tessera import get_accelerator\n"
+              "from tessera.utils.logging import logger\n"
+              "from tessera.runtime.config import LAMB_OPTIMIZER, ONEBIT_LAMB_OPTIMIZER\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[:2] == ["RepeatingLoader", "set_random_seed"], r.stdout
+
+
+def test_the_engine_answers_what_deepspeed_scripts_ask():
+    """optimizer_name() (compared with deepspeed.runtime.config's names), steps_per_print(), destroy()."""
+    from tessera.runtime.config import LAMB_OPTIMIZER
+    model = torch.nn.Linear(4, 2)
+    engine, _, _, _ = tessera.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 2, "steps_per_print": 7,
+        "optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})
+    assert engine.optimizer_name() == LAMB_OPTIMIZER
+    assert engine.steps_per_print() == 7
+    engine.destroy()

@@ -19,7 +19,7 @@ if not logger.handlers:  # one handler, as DeepSpeed's logger has: "[date] [LEVE
 def _rank():
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
-    from . import comm
+    from .. import comm
     return comm.get_rank()
 
 
