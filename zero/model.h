@@ -66,6 +66,10 @@ struct ModelDescription {
   std::vector<ParamGroup> groups;
   std::vector<ModelUnit> units;  // in forward order; empty: one unit holding every parameter
   ClientOptimizerFactory client_optimizer;  // empty: the config's optimizer section
+  // The model enters every unit it names in each forward (Engine::unit; the Python binding's hooks
+  // do): at ZeRO-3 a model built whole then starts released, as one built under zero.Init does.
+  // Left false, a model built whole stays whole until it first reports a unit.
+  bool enters_units = false;
 };
 
 // Per-rank bytes held by the engine's own buffers (not activations), measured from the buffers.

@@ -6,11 +6,13 @@
 #include "zero/zero_optimizer.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -211,12 +213,12 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   std::unordered_map<const void*, at::Tensor> chunks = take_init_chunks(model);
   if (!chunks.empty() && options.stage == 3 && !units)
     throw std::invalid_argument("tessera: a model built under zero.Init needs its units reported (zero/model.h)");
-  // Stage 3 of a model that names its units (it enters them: Engine::unit, the Python binding's
-  // hooks): every bucket's gathered buffer goes once it is filled, so a model built whole is never
-  // held twice (its tensors and the buffers, then beside the gradients and optimizer state) and
-  // starts released, as one built under zero.Init does; the first forward gathers what it uses.
-  // A model that names none stays whole until it reports one.
-  const bool start_released = options.stage == 3 && units && (!model.units.empty() || !chunks.empty());
+  // Stage 3 of a model that enters its units (ModelDescription::enters_units; the Python binding's
+  // hooks) or was built partitioned: every bucket's gathered buffer goes once it is filled, so a
+  // model built whole is never held twice (its tensors and the buffers, then beside the gradients
+  // and optimizer state) and starts released; the first forward gathers what it uses. Any other
+  // model stays whole until it reports a unit.
+  const bool start_released = options.stage == 3 && units && (model.enters_units || !chunks.empty());
   std::vector<int64_t> pools;
   for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
   reductions_.set_staging_pools(std::move(pools));
@@ -254,6 +256,14 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     params_->attach(groups_);         // NVMe: the partitioned shards to theirs
     for (const auto& g : groups_) g->check();
   } catch (...) {
+    // The model's partitioned tensors were re-pointed at buffers that are gone: they read as NaN,
+    // as released parameters do, rather than as storage without bytes (a failed initialize consumes
+    // the model, as one built under zero.Init; build it again).
+    if (start_released)
+      for (const auto& g : groups_)
+        if (g->partitioned)
+          for (at::Tensor& p : g->params)
+            if (p.defined()) p.set_data(at::full({1}, NAN, p.options().requires_grad(false)).expand(p.sizes()));
     remove_grad_hooks();
     throw;
   }

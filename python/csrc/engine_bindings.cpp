@@ -42,6 +42,7 @@ void bind_engine(py::module& m) {
              ModelDescription model = description_of(groups);
              if (!client_optimizer.is_none()) model.client_optimizer = client_optimizer_factory(client_optimizer);
              for (const auto& [name, params] : units) model.units.push_back(ModelUnit{name, params});
+             model.enters_units = true;  // tessera/engine.py's hooks enter every unit, the root's included
              // The tensors, for the hooks: copied before the chunks go in, so that the engine's
              // construction frees each chunk once its bucket is built (a copy holding them kept the
              // whole shard allocated until the engine had already trimmed the heap).

@@ -23,8 +23,8 @@ struct ConfigHandle {
   ResolvedLayout layout;
 };
 
-// A parameter group as Python passes it: (params, lr, weight_decay, name, names, tensor_sharded).
-// (params, lr, weight_decay, name, param names, tensor-sharded flags, communicator: "" is the data group)
+// A parameter group as Python passes it: (params, lr, weight_decay, name, param names, tensor-sharded
+// flags, communicator: "" is the data group).
 using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
                               std::vector<std::string>, std::vector<bool>, std::string>;
 

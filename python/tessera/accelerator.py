@@ -346,7 +346,8 @@ class CudaAccelerator(_Accelerator):
         return torch.cuda.memory_stats(device_index)
 
     def total_memory(self, device_index=None):
-        return torch.cuda.get_device_properties(device_index or 0).total_memory
+        return torch.cuda.get_device_properties(torch.cuda.current_device() if device_index is None
+                                                else device_index).total_memory
 
     def available_memory(self, device_index=None):
         return torch.cuda.mem_get_info(device_index)[0]

@@ -86,7 +86,8 @@ class ShardOptimizer:
         the engine's schedule and progress line)."""
         out = []
         for i, g in enumerate(self.optimizer.param_groups):
-            group = {"params": list(g["params"]), "name": g.get("name", "group%d" % i)}
+            group = {"params": list(g["params"]), "name": g.get("name", "group%d" % i),
+                     "communicator": g.get("communicator", "")}  # a group reduced over its own ranks
             lr = g.get("lr")
             if isinstance(lr, torch.Tensor):
                 lr = lr.item()

@@ -19,7 +19,7 @@ from . import _C
 
 __all__ = [
     "get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "is_initialized",
-    "init_distributed", "barrier", "all_reduce", "broadcast", "describe",
+    "init_distributed", "barrier", "all_reduce", "broadcast", "describe", "split_axis",
 ]
 
 _lock = threading.Lock()
@@ -198,7 +198,7 @@ def _while_sigint_kills(fn):
 
 
 def _group(group):
-    if group not in _GROUPS and not (isinstance(group, str) and set(group.split("*")) <= set(_GROUPS) | _named):
+    if group not in _GROUPS and not (isinstance(group, str) and set(group.split("*")) <= set(_GROUPS[1:]) | _named):
         raise ValueError("tessera.comm: unknown group %r (expected one of %s, a factor split_axis named, or a "
                          "product such as 'data*tensor')" % (group, ", ".join(_GROUPS)))
     return group

@@ -148,6 +148,7 @@ ModelDescription engine_worker::describe(Mlp& model, bool units) {
     d.units = {{"layer1", {model.params[0], model.params[1]}}, {"layer2", {model.params[2], model.params[3]}},
                {"head", {model.params[4]}}};
     if (model.params.size() > 5) d.units[2].params.push_back(model.params[5]);
+    d.enters_units = true;  // the MLP's forward enters each unit (ZeRO-3 then starts released)
   }
   d.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights",
                       {"layer1.weight", "layer2.weight", "layer3.weight"}});

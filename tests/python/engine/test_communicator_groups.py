@@ -15,6 +15,11 @@ def test_a_group_on_its_own_communicator_matches_the_reference(stage):
     assert "ok stage %d" % stage in result.stdout, result.stdout + result.stderr
 
 
+def test_a_client_optimizers_param_group_keeps_its_communicator():
+    result = check(launch(4, ["tests/python/workers/communicator_groups_worker.py", "1", "client"]))
+    assert "ok stage 1" in result.stdout, result.stdout + result.stderr
+
+
 def test_a_param_group_communicator_must_be_a_str():
     import torch
     import tessera

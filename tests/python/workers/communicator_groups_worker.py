@@ -3,7 +3,8 @@ test_communicator_groups.py): tessera.comm.split_axis("data", [("expert_data", 2
 before initialize; the model's "dense" group is averaged over the 4 data ranks, its "experts" group
 (each expert-rank's own weights: ranks r and r+2 hold the same ones) over its 2 expert_data ranks.
 Against a reference computed here for every rank (the same seed and batches): SGD without momentum,
-no clipping, 3 steps, ZeRO stage from argv. Prints "ok" on rank 0."""
+no clipping, 3 steps, ZeRO stage from argv; with "client" after it, the groups (and their
+"communicator") are a script's torch.optim.SGD's param groups. Prints "ok" on rank 0."""
 import sys
 
 import torch
@@ -58,7 +59,11 @@ def main():
               "optimizer": {"type": "SGD", "params": {"lr": LR}}, "zero_optimization": {"stage": stage}}
     groups = [{"params": list(model.dense.parameters()), "name": "dense"},
               {"params": [model.expert.weight], "name": "experts", "communicator": "expert_data"}]
-    engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups)
+    if len(sys.argv) > 2 and sys.argv[2] == "client":  # the groups on a script's torch.optim.SGD
+        del config["optimizer"]
+        engine, _, _, _ = tessera.initialize(model=model, config=config, optimizer=torch.optim.SGD(groups, lr=LR))
+    else:
+        engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups)
     assert tessera.comm.parallel_context().group_size("expert_data") == 2
     assert tessera.comm.parallel_context().group_rank("expert_data") == rank // 2
     steps = 3
