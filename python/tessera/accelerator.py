@@ -52,6 +52,19 @@ class _Accelerator:
 
     _name = None
     _communication_backend_name = None
+    _synchronized = True  # a device whose work is done when the call returns (the CPU), or not (CUDA)
+
+    def is_synchronized_device(self):
+        return self._synchronized
+
+    def use_host_timers(self):
+        return self._synchronized
+
+    def resolves_data_dependency(self):
+        return self._synchronized
+
+    def handles_memory_backpressure(self):
+        return self._synchronized
 
     # -- RNG (torch's generators: the CPU's also seeds CUDA's through manual_seed_all) --
     def random(self):
@@ -111,17 +124,7 @@ class CpuAccelerator(_Accelerator):
     _name = "cpu"
     _communication_backend_name = "gloo"
 
-    def is_synchronized_device(self):
-        return True
-
-    def use_host_timers(self):
-        return True
-
-    def resolves_data_dependency(self):
-        return True
-
-    def handles_memory_backpressure(self):
-        return True
+    _synchronized = True
 
     def device_name(self, device_index=None):
         return "cpu"
@@ -252,17 +255,7 @@ class CudaAccelerator(_Accelerator):
     _name = "cuda"
     _communication_backend_name = "nccl"
 
-    def is_synchronized_device(self):
-        return False
-
-    def use_host_timers(self):
-        return False
-
-    def resolves_data_dependency(self):
-        return False
-
-    def handles_memory_backpressure(self):
-        return False
+    _synchronized = False
 
     def device_name(self, device_index=None):
         return "cuda" if device_index is None else "cuda:%d" % device_index
