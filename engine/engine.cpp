@@ -13,13 +13,9 @@
 #include <unordered_map>
 
 #include "csrc/cpu_block_cache.h"
-#include "csrc/cpu_features.h"
-#include "engine/config/config_io.h"
-#include "engine/config/config_support.h"
 #include "engine/progress.h"
 #include "engine/runnable.h"
 #include "engine/zero_options.h"
-#include "optim/flat_optimizer.h"
 #include "optim/grad_norm.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"

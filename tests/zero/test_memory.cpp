@@ -11,18 +11,12 @@
 // differ by rank and run). Measured within 4–9 MiB of the accounting on every rank.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <cstring>
-#include <map>
 #include <regex>
 #include <vector>
 
-#include "csrc/heap_trim.h"
 #include "tests/subprocess.h"
 #include "zero/buffer_plan.h"
 
-using tessera::testing::contains;
-using tessera::resident_set_bytes;
 
 namespace {
 

@@ -273,12 +273,17 @@ def _rss_kib(field):
     raise RuntimeError(field)
 
 
-def _construction_peak_mib(build):
-    """(the model, how far building it raised the process's peak RSS above its RSS before, MiB)."""
+def _restart_peak():
+    """Restarts the process's peak RSS (VmHWM) at its RSS now; returns that RSS, KiB."""
     tessera._C.cpu_block_cache_release()  # blocks cached from earlier work would hide new ones
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak (VmHWM) to the current RSS
-    before = _rss_kib("VmRSS")
+    return _rss_kib("VmRSS")
+
+
+def _construction_peak_mib(build):
+    """(the model, how far building it raised the process's peak RSS above its RSS before, MiB)."""
+    before = _restart_peak()
     model = build()
     return model, (_rss_kib("VmHWM") - before) / 1024.0
 
@@ -322,10 +327,7 @@ PEAK_LAYERS, PEAK_WIDTH = 32, 1024  # 128 MiB of fp32 weights
 
 def _training_peak(stage, under_init):
     """A user's plain script; returns the rise of the process's peak RSS over the whole run, MiB."""
-    tessera._C.cpu_block_cache_release()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the peak (VmHWM) restarts at the current RSS
-    before = _rss_kib("VmRSS")
+    before = _restart_peak()
     layer = PEAK_WIDTH * PEAK_WIDTH
     cfg = config(stage=stage, reduce_bucket_size=layer, allgather_bucket_size=layer,
                  stage3_max_live_parameters=2 * layer, stage3_prefetch_bucket_size=layer,
