@@ -36,9 +36,25 @@ die() { echo "scripts/cluster.sh: $*" >&2; exit 1; }
 
 hosts_made() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}[0-9]*$" | sort -V || true; }
 
+# Waits (up to 5 s) until none of the given pids is alive: a signalled process still runs for a
+# moment, and one that writes on its way out (munged saves its seed file) would race `rm -rf`.
+wait_gone() {
+  local pid
+  for _ in $(seq 1 50); do
+    local alive=0
+    for pid in "$@"; do [ -d "/proc/$pid" ] && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.1
+  done
+}
+
 down() {
+  local pids=""
   for ns in $(hosts_made); do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    local in_ns
+    in_ns=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -n "$in_ns" ] && kill -9 $in_ns 2>/dev/null || true
+    pids="$pids $in_ns"
     ip netns del "$ns"
   done
   # host-side veth ends go with their namespace's peer; a half-made one may be left
@@ -47,8 +63,14 @@ down() {
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   # munged runs outside the hosts (its socket is a file every host reaches); the rest went with them
-  [ -f "$STATE/slurm/munged.pid" ] && kill "$(cat "$STATE/slurm/munged.pid")" 2>/dev/null || true
-  rm -rf "$STATE"
+  if [ -f "$STATE/slurm/munged.pid" ]; then
+    local munged
+    munged=$(cat "$STATE/slurm/munged.pid" 2>/dev/null || true)
+    [ -n "$munged" ] && kill "$munged" 2>/dev/null && pids="$pids $munged"
+  fi
+  # shellcheck disable=SC2086
+  wait_gone $pids
+  rm -rf "$STATE" 2>/dev/null || { sleep 0.5; rm -rf "$STATE"; }
 }
 
 # SLURM on the hosts: slurmctld on host 1 (its address is the controller's), slurmd on every host

@@ -41,7 +41,8 @@ def cluster():
         pytest.skip("emulated cluster unavailable: %s" % _WHY_NOT)
     subprocess.run([CLUSTER, "up", "2"], check=True, capture_output=True, text=True, timeout=60)
     yield ["10.213.0.1", "10.213.0.2"]
-    subprocess.run([CLUSTER, "down"], check=True, capture_output=True, text=True, timeout=60)
+    down = subprocess.run([CLUSTER, "down"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, "scripts/cluster.sh down failed: %s" % (down.stdout + down.stderr)
 
 
 @pytest.fixture(scope="module")
