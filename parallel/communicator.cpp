@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
@@ -376,6 +377,37 @@ CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& o
     std::vector<int64_t> equal;  // empty split lists mean equal splits
     return backend_->alltoall_base(out, in, equal, equal);
   });
+}
+
+CommHandle Communicator::all_to_all_async(const at::Tensor& input, at::Tensor& output,
+                                          const std::vector<int64_t>& input_splits,
+                                          const std::vector<int64_t>& output_splits) {
+  check_tensor(input, "all_to_all");
+  check_tensor(output, "all_to_all");
+  const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t(0)); };
+  TORCH_CHECK(static_cast<int>(input_splits.size()) == size() && static_cast<int>(output_splits.size()) == size(),
+              "tessera: all_to_all on ", describe(), " needs one split per rank, got ", input_splits.size(), " and ",
+              output_splits.size());
+  TORCH_CHECK(sum(input_splits) == input.numel() && sum(output_splits) == output.numel(), "tessera: all_to_all on ",
+              describe(), ": the splits (", sum(input_splits), " in, ", sum(output_splits),
+              " out) do not add up to the tensors (", input.numel(), ", ", output.numel(), ")");
+  if (staged(input) || staged(output)) {
+    at::Tensor in = host_copy(input), out = host_empty(output);
+    CommHandle handle = all_to_all_async(in, out, input_splits, output_splits);
+    handle.then(copy_back(output, out));
+    return handle;
+  }
+  const int64_t own = input_splits[rank()] * static_cast<int64_t>(input.element_size());
+  return issue("all_to_all", input.nbytes(), static_cast<int64_t>(input.nbytes()) - own, label("all_to_all", input), [&] {
+    at::Tensor in = input.view({-1}), out = output.view({-1});
+    std::vector<int64_t> in_splits = input_splits, out_splits = output_splits;
+    return backend_->alltoall_base(out, in, out_splits, in_splits);
+  });
+}
+
+void Communicator::all_to_all(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& input_splits,
+                              const std::vector<int64_t>& output_splits) {
+  all_to_all_async(input, output, input_splits, output_splits).wait();
 }
 
 CommHandle Communicator::send_async(at::Tensor& tensor, int peer, int tag) {

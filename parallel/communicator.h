@@ -170,6 +170,16 @@ class Communicator {
   void all_to_all(const at::Tensor& input, at::Tensor& output);
   [[nodiscard]] CommHandle all_to_all_async(const at::Tensor& input, at::Tensor& output);
 
+  // Uneven splits (MPI's alltoallv): `input` and `output` are flat; input_splits[j] elements go to
+  // group rank j (in order), output_splits[i] elements arrive from rank i. Both lists have one entry
+  // per rank and sum to the tensors' sizes; each rank's output_splits[i] must be rank i's
+  // input_splits[this rank] (a mismatch is the backend's error, or a hang: exchange counts first).
+  void all_to_all(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& input_splits,
+                  const std::vector<int64_t>& output_splits);
+  [[nodiscard]] CommHandle all_to_all_async(const at::Tensor& input, at::Tensor& output,
+                                            const std::vector<int64_t>& input_splits,
+                                            const std::vector<int64_t>& output_splits);
+
   void send(at::Tensor& tensor, int peer, int tag = 0);  // peer is a group rank
   [[nodiscard]] CommHandle send_async(at::Tensor& tensor, int peer, int tag = 0);
   void recv(at::Tensor& tensor, int peer, int tag = 0);

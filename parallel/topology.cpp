@@ -78,9 +78,22 @@ std::string NamedAxes::names() const {
 
 void NamedAxes::split(const std::string& axis_name, const std::vector<std::pair<std::string, int>>& factors) {
   const AxisSpan whole = axis(axis_name);
+  std::vector<std::pair<std::string, int>> sized = factors;  // a size of -1: what the others leave
+  int known = 1, rest = -1;
+  for (size_t i = 0; i < sized.size(); ++i) {
+    if (sized[i].second == -1 && rest < 0) rest = static_cast<int>(i);
+    else if (sized[i].second >= 1) known *= sized[i].second;
+  }
+  if (rest >= 0) {
+    if (whole.size % known != 0)
+      throw std::invalid_argument("tessera: the " + axis_name + " axis has " + std::to_string(whole.size) +
+                                  " ranks, which the other factors of '" + sized[rest].first + "' (" +
+                                  std::to_string(known) + " ranks) do not divide");
+    sized[rest].second = whole.size / known;
+  }
   std::vector<AxisSpan> made;
   int stride = whole.stride, product = 1;
-  for (auto it = factors.rbegin(); it != factors.rend(); ++it) {  // the innermost first
+  for (auto it = sized.rbegin(); it != sized.rend(); ++it) {  // the innermost first
     const auto& [name, size] = *it;
     if (size < 1) throw std::invalid_argument("tessera: factor '" + name + "' of the " + axis_name + " axis has size " + std::to_string(size));
     made.push_back({name, size, stride});
@@ -89,7 +102,7 @@ void NamedAxes::split(const std::string& axis_name, const std::vector<std::pair<
   }
   if (product != whole.size) {
     std::string sizes;
-    for (const auto& [name, size] : factors) sizes += (sizes.empty() ? "" : " x ") + name + " " + std::to_string(size);
+    for (const auto& [name, size] : sized) sizes += (sizes.empty() ? "" : " x ") + name + " " + std::to_string(size);
     throw std::invalid_argument("tessera: the " + axis_name + " axis has " + std::to_string(whole.size) +
                                 " ranks, which " + sizes + " (" + std::to_string(product) + ") does not split");
   }

@@ -45,7 +45,8 @@ class NamedAxes {
   NamedAxes() : NamedAxes(GridShape{}) {}
   explicit NamedAxes(const GridShape& grid);
   // Splits `axis` into `factors`, outer to inner (the last varies fastest); their sizes multiply
-  // to the axis's. The same split again is a no-op; another one under a used name is an error.
+  // to the axis's; one factor may be -1, the size the others leave. The same split again is a
+  // no-op; another one under a used name is an error.
   void split(const std::string& axis, const std::vector<std::pair<std::string, int>>& factors);
   const AxisSpan& axis(const std::string& name) const;  // throws std::invalid_argument listing the names
   // The ranks of `rank`'s group over `spec` ("data", "tensor*data", "expert_data*expert"), in

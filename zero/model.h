@@ -41,6 +41,12 @@ struct ParamGroup {
   // default), a factor of a split data axis ("expert_data": parameters that differ across the other
   // factor, as experts do), or a product of axes ("data*context"). Not the tensor or pipe axes.
   std::string communicator;
+  // Multiplies the group's averaged gradients (before the norm, clipping and the step). An MoE
+  // layer's experts take 1/ep_size: the all-to-all brought them the tokens of the ep ranks, so each
+  // rank's expert gradient already sums ep ranks' losses, and the average over the expert-data
+  // group (dp/ep ranks) is then ep times the average over the data group that the dense
+  // parameters get (parallel/moe/dispatch.h).
+  double gradient_scale = 1.0;
 };
 
 // How errors and unit listings name parameter i of a group: its given name, else its place.

@@ -46,6 +46,7 @@ struct ZeroGroup {
   std::vector<ShardSegment> segments;
   std::unique_ptr<FlatOptimizer> optimizer;
   double lr_scale = 1;
+  double gradient_scale = 1;  // ParamGroup::gradient_scale
   double weight_decay = 0;
   bool mixed() const { return mixed_precision; }
   // The invariants every residence keeps (sizes of the buffers against the layout); throws

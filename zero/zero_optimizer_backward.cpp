@@ -66,7 +66,13 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   std::function<void()> done;
   // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
   // and the next bucket's reduction is in flight.
-  if (boundary_) done = [this, launch_index] { gradient_final(launch_index); };
+  if (boundary_) {
+    done = [this, launch_index, group, bucket] {
+      ZeroGroup& g = *groups_[group];
+      if (g.gradient_scale != 1.0) stage_->gradient_chunk(g, bucket).mul_(g.gradient_scale);
+      gradient_final(launch_index);
+    };
+  }
   stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
 }
 

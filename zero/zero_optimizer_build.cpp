@@ -236,6 +236,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       g.comm = comms[gi];
       g.comm_name = spec.source->communicator.empty() ? "data" : spec.source->communicator;
       g.lr_scale = spec.source->lr ? *spec.source->lr / options.hyper.lr : 1.0;
+      g.gradient_scale = spec.source->gradient_scale;
       g.weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
       allocate_group(g, plan_.groups[gi], options, parallel);
       const int rank = stage_->shard_rank(g);

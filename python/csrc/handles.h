@@ -24,15 +24,16 @@ struct ConfigHandle {
 };
 
 // A parameter group as Python passes it: (params, lr, weight_decay, name, param names, tensor-sharded
-// flags, communicator: "" is the data group).
+// flags, communicator: "" is the data group, gradient scale: ParamGroup::gradient_scale).
 using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
-                              std::vector<std::string>, std::vector<bool>, std::string>;
+                              std::vector<std::string>, std::vector<bool>, std::string, double>;
 
 inline ModelDescription description_of(const std::vector<GroupTuple>& groups) {
   ModelDescription model;
-  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded, communicator] : groups) {
+  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded, communicator, scale] : groups) {
     model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
     model.groups.back().communicator = communicator;
+    model.groups.back().gradient_scale = scale;
   }
   return model;
 }

@@ -95,7 +95,7 @@ def optimizer_section(optimizer):
         kind = "AdamW" if first.get("decoupled_weight_decay", kind == "AdamW") else "Adam"
     for i, g in enumerate(groups):
         for key, value in g.items():
-            if key == "params" or key in _HOW or key in keys or key in ("name", "communicator"):
+            if key == "params" or key in _HOW or key in keys or key in ("name", "communicator", "moe"):
                 continue
             if key == "decoupled_weight_decay":
                 if bool(value) != (kind == "AdamW"):
@@ -123,7 +123,8 @@ def optimizer_section(optimizer):
     if kind == "Adam":
         params["adam_w_mode"] = False  # torch's Adam adds weight decay to the gradient (L2), not AdamW's
     model_parameters = [{"params": list(g["params"]), "lr": float(g["lr"]), "weight_decay": float(g["weight_decay"]),
-                         "name": g.get("name", "group%d" % i), "communicator": g.get("communicator", "")}
+                         "name": g.get("name", "group%d" % i), "communicator": g.get("communicator", ""),
+                         "moe": bool(g.get("moe", False))}
                         for i, g in enumerate(groups)]
     return {"type": kind, "params": params}, model_parameters
 

@@ -87,7 +87,8 @@ class ShardOptimizer:
         out = []
         for i, g in enumerate(self.optimizer.param_groups):
             group = {"params": list(g["params"]), "name": g.get("name", "group%d" % i),
-                     "communicator": g.get("communicator", "")}  # a group reduced over its own ranks
+                     "communicator": g.get("communicator", ""),  # a group reduced over its own ranks
+                     "moe": bool(g.get("moe", False))}
             lr = g.get("lr")
             if isinstance(lr, torch.Tensor):
                 lr = lr.item()

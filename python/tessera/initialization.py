@@ -10,13 +10,14 @@ import sys
 import torch
 
 from . import _C, checkpointing, client, comm, tensor_parallel
+from .moe import layer as moe_layer, utils as moe_utils
 from ._config import config_dict as _config_dict, config_text as _config_text, type_name as _type_name
 from .client_optimizer import ShardOptimizer
 from .engine import Engine
 
 __all__ = ["initialize"]
 
-_GROUP_KEYS = {"params", "lr", "weight_decay", "name", "communicator"}
+_GROUP_KEYS = {"params", "lr", "weight_decay", "name", "communicator", "moe"}
 
 
 def _tensor_list(params, where):
@@ -41,13 +42,14 @@ def _number(value, where):
 
 
 def _param_groups(model, model_parameters):
-    """[(params, lr, weight_decay, name, communicator)] from None (every trainable parameter of the
+    """[(params, lr, weight_decay, name, communicator, moe)] from None (every trainable parameter of the
     model), an iterable of tensors (one group) or an iterable of dicts with "params" and optionally
     "lr", "weight_decay", "name" (torch.optim's param groups) and "communicator": the group its
     gradients are averaged over and its shards partitioned over ("" or "data": the data group; a
-    factor tessera.comm.split_axis named, such as "expert_data")."""
+    factor tessera.comm.split_axis named, such as "expert_data"); "moe": True marks a group of
+    expert parameters (DeepSpeed's split_params_into_different_moe_groups_for_optimizer)."""
     if model_parameters is None:
-        return [([p for p in model.parameters() if p.requires_grad], None, None, "all", "")]
+        return [([p for p in model.parameters() if p.requires_grad], None, None, "all", "", False)]
     if isinstance(model_parameters, (torch.Tensor, str, bytes, collections.abc.Mapping)) or \
             not isinstance(model_parameters, collections.abc.Iterable):
         raise TypeError("tessera.initialize: model_parameters must be None, an iterable of tensors or an iterable of "
@@ -59,7 +61,7 @@ def _param_groups(model, model_parameters):
             unknown = sorted(set(g) - _GROUP_KEYS)
             if unknown:
                 raise ValueError("tessera.initialize: model_parameters[%d] has key(s) %s; a param group may set only "
-                                 "params, lr, weight_decay, name and communicator (the other optimizer settings come "
+                                 "params, lr, weight_decay, name, communicator and moe (the other optimizer settings come "
                                  "from the config)"
                                  % (i, ", ".join(repr(k) for k in unknown)))
             if "params" not in g:
@@ -75,11 +77,87 @@ def _param_groups(model, model_parameters):
             groups.append((_tensor_list(g["params"], "model_parameters[%d]['params']" % i),
                            _number(g.get("lr"), "model_parameters[%d]['lr']" % i),
                            _number(g.get("weight_decay"), "model_parameters[%d]['weight_decay']" % i), name,
-                           communicator))
+                           communicator, bool(g.get("moe", False))))
         return groups
     if any(isinstance(x, collections.abc.Mapping) for x in items):
         raise TypeError("tessera.initialize: model_parameters mixes tensors and param-group dicts")
-    return [(_tensor_list(items, "model_parameters"), None, None, "all", "")]
+    return [(_tensor_list(items, "model_parameters"), None, None, "all", "", False)]
+
+
+def _expert_communicator(ep_size):
+    return "" if ep_size == 1 else moe_layer.expert_group_name(ep_size) + "_data"
+
+
+def _with_expert_groups(groups, from_client):
+    """[(params, lr, weight_decay, name, communicator, gradient_scale)]: the experts' parameters
+    (tessera.moe) in groups of their own, reduced over their expert-data group and scaled by
+    1/ep_size (zero/model.h, ParamGroup::gradient_scale). A group marked "moe" (or holding only
+    experts) becomes one such group; another that mixes experts into dense parameters is split in
+    two, unless its groups are a client optimizer's, which map one to one to the engine's."""
+    out = []
+    for params, lr, weight_decay, name, communicator, moe in groups:
+        experts = [p for p in params if moe_utils.is_moe_param(p)]
+        if moe and len(experts) != len(params):
+            raise ValueError("tessera.initialize: param group %r is marked moe but %d of its %d parameters are not "
+                             "experts' (tessera.moe.split_params_into_different_moe_groups_for_optimizer makes such "
+                             "groups)" % (name, len(params) - len(experts), len(params)))
+        if not experts:
+            out.append((params, lr, weight_decay, name, communicator, 1.0))
+            continue
+        sizes = sorted({moe_utils.ep_size_of(p) for p in experts})
+        if len(experts) == len(params) and len(sizes) == 1:
+            out.append((params, lr, weight_decay, name, communicator or _expert_communicator(sizes[0]), 1.0 / sizes[0]))
+            continue
+        if from_client:
+            raise ValueError("tessera.initialize: the optimizer's param group %r mixes expert parameters (tessera.moe) "
+                             "with others; build its param groups with tessera.moe."
+                             "split_params_into_different_moe_groups_for_optimizer, as DeepSpeed requires, or give "
+                             "the optimizer in the config" % name)
+        dense = [p for p in params if not moe_utils.is_moe_param(p)]
+        if dense:
+            out.append((dense, lr, weight_decay, name, communicator, 1.0))
+        for ep in sizes:
+            out.append(([p for p in experts if moe_utils.ep_size_of(p) == ep], lr, weight_decay,
+                        "%s.%s" % (name, moe_layer.expert_group_name(ep)), _expert_communicator(ep), 1.0 / ep))
+    return out
+
+
+def _moe_layers(model, world_size, tensor, pipe):
+    """The model's MoE layers [(name, layer)], each ep_size checked to divide the data-parallel size."""
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, moe_layer.MoE)]
+    data = world_size // (tensor * pipe)
+    for n, m in layers:
+        if data % m.ep_size != 0:
+            raise ValueError("tessera.initialize: the MoE layer %r has ep_size %d, which does not divide the "
+                             "data-parallel size %d (world %d / tensor %d / pipe %d)"
+                             % (n, m.ep_size, data, world_size, tensor, pipe))
+    return layers
+
+
+def _make_expert_groups(layers, context):
+    """Every rank has the same MoE layers with the same sizes (their all-to-alls would otherwise hang
+    or mix tensors of other shapes); then each ep_size's groups are made."""
+    if context.world_size > 1:
+        _check_same_moe_layers(layers)
+    for _, m in layers:
+        moe_layer.make_expert_groups(m.ep_size)
+
+
+def _check_same_moe_layers(layers):
+    mine = torch.tensor([len(layers)] + [v for _, m in layers for v in (m.ep_size, m.num_experts)],
+                        dtype=torch.float64)
+    size = torch.tensor([float(mine.numel())], dtype=torch.float64)
+    most = size.clone()
+    comm.all_reduce(most, op="max")
+    padded = torch.full((int(most.item()),), -1.0, dtype=torch.float64)
+    padded[:mine.numel()] = mine
+    low, high = padded.clone(), padded.clone()
+    comm.all_reduce(low, op="min")
+    comm.all_reduce(high, op="max")
+    if not torch.equal(low, high):
+        raise ValueError("tessera.initialize: the ranks' MoE layers differ (count, then ep_size and num_experts of "
+                         "each): this rank has %s; lowest over the ranks %s, highest %s"
+                         % (mine.long().tolist(), low.long().tolist(), high.long().tolist()))
 
 
 def _default_unit_modules(model):
@@ -221,7 +299,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
         # same objects, so model_parameters given by the caller still name them)
         tensor_parallel.parallelize(model, tp_size=cfg.tensor, sequence_parallel=cfg.sequence_parallel)
-    groups = _param_groups(model, model_parameters)
+    groups = _with_expert_groups(_param_groups(model, model_parameters), from_client=client_optimizer is not None)
     if comm.get_rank() == 0:
         for w in warnings:
             print("tessera: warning: %s" % w, file=sys.stderr, flush=True)
@@ -231,13 +309,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # The model's device, so that under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's
     # collectives are staged through host memory; NCCL checks it is this rank's GPU.
     device = next(iter(devices)) if len(devices) == 1 else None
+    moe_layers = _moe_layers(model, comm.get_world_size(), cfg.tensor, cfg.pipe)
     context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
+    _make_expert_groups(moe_layers, context)
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)
     cgroups = [(params, lr, weight_decay, name, [names.get(id(p), "") for p in params],
-                [hasattr(p, "_tessera_tensor_parallel") for p in params], communicator)
-               for params, lr, weight_decay, name, communicator in groups]
+                [hasattr(p, "_tessera_tensor_parallel") for p in params], communicator, gradient_scale)
+               for params, lr, weight_decay, name, communicator, gradient_scale in groups]
     # A model built under tessera.zero.Init: the engine builds its buffers from the chunks.
     inits = {}
     for name, p in model.named_parameters():

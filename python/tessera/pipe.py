@@ -285,7 +285,7 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
 
     def sliced(params):  # tensor-parallel slices (tessera.tensor_parallel.parallelize on the stage's layers)
         return [hasattr(p, "_tessera_tensor_parallel") for p in params]
-    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], sliced(own), "")] if own else []
+    groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], sliced(own), "", 1.0)] if own else []
     tied_spec = []
     for key, params, stages in tied:
         tied_spec.append((len(groups), stages))
