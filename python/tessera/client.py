@@ -190,7 +190,7 @@ def attach(engine, client_optimizer, lr_scheduler, config_has_scheduler, runs_as
     else:
         defaults = dict(engine.config["optimizer"]["params"])
         groups = [{"params": list(p), "lr": lr, "weight_decay": defaults.get("weight_decay", 0.0) if wd is None else wd,
-                   "name": name} for (p, _, wd, name, _), lr in zip(engine._groups, engine.get_lr())]
+                   "name": name} for (p, _, wd, name, _, _), lr in zip(engine._groups, engine.get_lr())]
     optimizer = EngineOptimizer(engine, groups, defaults)
     if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
         lr_scheduler = lr_scheduler(optimizer)

@@ -1,0 +1,136 @@
+"""An MoE model on 4 data-parallel ranks with expert parallelism, against one process training the
+same model on the same global batch (tests/python/moe/test_expert_parallel.py).
+
+    moe_worker.py EP STAGE OPTIMIZER DROP [client]
+
+EP: ep_size (2 or 4); STAGE: ZeRO 0-3; OPTIMIZER: sgd (no momentum, gradient clipping that clips)
+or adamw; DROP: dropless or capacity; "client": the optimizer is the script's torch.optim one over
+DeepSpeed's split_params_into_different_moe_groups_for_optimizer groups. The experts are initialized by their global index (distinct,
+so an expert reached on the wrong rank shows); every rank gets its own micro-batch. The reference
+runs the 4 micro-batches one after the other through one model holding all experts and averages
+the 4 losses (each rank's router balances over its own tokens, as DeepSpeed's does). Checked every
+step: the loss averaged over the ranks and the gradient norm; at the end every parameter (a rank's
+experts against the reference's experts of the same global index). Prints "ok" on rank 0."""
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessera
+from tessera.moe import MoE, split_params_into_different_moe_groups_for_optimizer
+
+RANKS, HIDDEN, EXPERTS, MICRO, SEQ, STEPS = 4, 8, 4, 2, 6, 3
+LR = {"sgd": 0.2, "adamw": 0.01}
+CLIP = 0.3
+
+
+class Expert(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(HIDDEN, 12), nn.Linear(12, HIDDEN)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, ep_size, first_expert, drop_tokens):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(HIDDEN, HIDDEN)
+        self.moe = MoE(HIDDEN, Expert(), num_experts=EXPERTS, ep_size=ep_size, k=2, drop_tokens=drop_tokens,
+                       capacity_factor=1.0, min_capacity=0, top2_2nd_expert_sampling=False)
+        self.out = nn.Linear(HIDDEN, HIDDEN)
+        for i, e in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
+            torch.manual_seed(100 + first_expert + i)
+            for p in e.parameters():
+                nn.init.normal_(p, std=0.4)
+
+    def forward(self, x, y):
+        h = torch.tanh(self.inp(x))
+        m, l_aux, _ = self.moe(h)
+        return ((self.out(h + m) - y) ** 2).mean() + 0.01 * l_aux
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(MICRO, SEQ, HIDDEN, generator=g), torch.randn(MICRO, SEQ, HIDDEN, generator=g)
+
+
+def optimizer_of(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=LR[kind])
+    return torch.optim.AdamW(params, lr=LR[kind], weight_decay=0.01)
+
+
+def reference(kind, drop_tokens):
+    """[(loss, grad norm)] per step and the trained model."""
+    model = Net(1, 0, drop_tokens)
+    opt = optimizer_of(kind, model.parameters())
+    seen = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = sum(model(*batch(step, r)) for r in range(RANKS)) / RANKS
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP if kind == "sgd" else 1e9)
+        opt.step()
+        seen.append((loss.item(), norm.item()))
+    return seen, model
+
+
+def close(a, b, what, rtol=1e-5, atol=1e-6):
+    assert abs(a - b) <= atol + rtol * abs(b), "%s: %r, the reference %r" % (what, a, b)
+
+
+def main():
+    ep, stage, kind, drop = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    drop_tokens = drop == "capacity"
+    rank = tessera.comm.get_rank()
+    local = EXPERTS // ep
+    first = (rank % ep) * local  # expert-parallel rank = data rank mod ep (adjacent ranks)
+    model = Net(ep, first, drop_tokens)
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "steps_per_print": 100,
+              "zero_optimization": {"stage": stage, "reduce_bucket_size": 200}}
+    if kind == "sgd":
+        config["optimizer"] = {"type": "SGD", "params": {"lr": LR[kind]}}
+        config["gradient_clipping"] = CLIP
+    else:
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": LR[kind], "weight_decay": 0.01}}
+    if sys.argv[5:] == ["client"]:
+        del config["optimizer"]
+        groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
+                                                                       "name": "all"})
+        engine, _, _, _ = tessera.initialize(model=model, config=config, optimizer=optimizer_of(kind, groups))
+    else:
+        engine, _, _, _ = tessera.initialize(model=model, config=config)
+    context = tessera.comm.parallel_context()
+    assert context.group_size("ep_size_%d" % ep) == ep and context.group_rank("ep_size_%d" % ep) == rank % ep
+    assert model.moe.global_expert_index(0) == first
+    want, ref = reference(kind, drop_tokens)
+    for step in range(STEPS):
+        loss = engine(*batch(step, rank))
+        engine.backward(loss)
+        engine.step()
+        mean = tessera.comm.all_reduce(loss.detach().clone(), "avg", "world").item()
+        close(mean, want[step][0], "step %d loss" % step)
+        close(engine.get_global_grad_norm(), want[step][1], "step %d gradient norm" % step)
+    ref_params = dict(ref.named_parameters())
+    with engine.gathered_parameters():
+        for n, p in model.named_parameters():
+            if ".deepspeed_experts." in n:  # local expert i is the reference's expert first + i
+                head, tail = n.split(".deepspeed_experts.")
+                i, rest = tail.split(".", 1)
+                n_ref = "%s.deepspeed_experts.%d.%s" % (head, first + int(i), rest)
+            else:
+                n_ref = n
+            q = ref_params[n_ref].detach()
+            diff = (p.detach() - q).abs().max().item()
+            assert diff <= 1e-6 + 1e-5 * q.abs().max().item(), "rank %d, %s: differs from the reference's %s by %g" % (
+                rank, n, n_ref, diff)
+    if rank == 0:
+        print("ok ep %d stage %d %s %s" % (ep, stage, kind, drop), " ".join(sys.argv[5:]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
