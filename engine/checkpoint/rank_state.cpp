@@ -18,19 +18,16 @@ using StateLayout = FlatOptimizer::StateLayout;
 
 RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
   const Coordinates coords = parallel.coordinates();
-  for (const auto& g : zero.groups())
-    if (g->comm != &parallel.data())
-      throw std::invalid_argument("tessera: checkpoint: ZeRO group " + std::to_string(g->index) + " is reduced over '" +
-                                  g->comm_name + "', not the data group; checkpoints of such groups are not "
-                                  "supported yet (their shards are laid out over other ranks)");
   RankState out;
   out.pipeline_stage = coords.pipe;
-  const int shard_rank = zero.shard_rank();
-  // At stage 0 every data-parallel rank holds the same shard: data rank 0 writes it.
-  const bool owns_shard = zero.stage() > 0 || parallel.data().rank() == 0;
   bool first_group = true;
   for (const auto& gp : zero.groups()) {
     const ZeroGroup& g = *gp;
+    // A group is laid out over its own communicator (the data group, or an MoE layer's expert-data
+    // group, whose parameters are named by their global expert so that every expert is saved once).
+    const int shard_rank = zero.shard_rank(g);
+    // At stage 0 every rank of the group holds the same shard: its rank 0 writes it.
+    const bool owns_shard = zero.stage() > 0 || g.comm->rank() == 0;
     const int tensor_rank = g.tensor_sharded ? coords.tensor : -1;
     const bool writes = owns_shard && (g.tensor_sharded || coords.tensor == 0);
     // The optimizer's state by layout.

@@ -313,6 +313,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
     _make_expert_groups(moe_layers, context)
     names = {id(p): n for n, p in model.named_parameters()}
+    for n, m in moe_layers:  # experts by their global index (checkpoints)
+        names.update(m.global_parameter_names(n + "." if n else ""))
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)
     cgroups = [(params, lr, weight_decay, name, [names.get(id(p), "") for p in params],

@@ -187,11 +187,26 @@ class MoE(nn.Module):
             self.mlp = expert
             self.coefficient = nn.Linear(hidden_size, 2)
 
+    def expert_parallel_rank(self):
+        """This rank's place in its expert-parallel group (after tessera.initialize, or once the
+        groups exist): its experts are [rank * num_local_experts, (rank + 1) * num_local_experts)."""
+        return comm.parallel_context().group_rank(self.expert_group_name) if self.ep_size > 1 else 0
+
     def global_expert_index(self, local):
         """The index among all num_experts of this rank's local expert `local` (for initializing
-        experts by their global index, or naming them)."""
-        rank = comm.parallel_context().group_rank(self.expert_group_name) if self.ep_size > 1 else 0
-        return rank * self.num_local_experts + local
+        experts by their global index, or naming them: checkpoints do)."""
+        return self.expert_parallel_rank() * self.num_local_experts + local
+
+    def global_parameter_names(self, prefix=""):
+        """{id(parameter): name} for this rank's experts' parameters, named by their global expert
+        index ("<prefix>deepspeed_moe.experts.deepspeed_experts.<global index>.<name>"): the names
+        checkpoints save them under, so each expert is saved once and loads at any ep_size."""
+        first = self.global_expert_index(0)
+        out = {}
+        for i, expert in enumerate(self.deepspeed_moe.experts.deepspeed_experts):
+            for name, p in expert.named_parameters():
+                out[id(p)] = "%sdeepspeed_moe.experts.deepspeed_experts.%d.%s" % (prefix, first + i, name)
+        return out
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
         """DeepSpeed creates its process groups here; tessera's exist from the constructor on."""

@@ -1,11 +1,14 @@
 """An MoE model on 4 data-parallel ranks with expert parallelism, against one process training the
 same model on the same global batch (tests/python/moe/test_expert_parallel.py).
 
-    moe_worker.py EP STAGE OPTIMIZER DROP [client]
+    moe_worker.py EP STAGE OPTIMIZER DROP [client | save DIR | load DIR]
 
 EP: ep_size (2 or 4); STAGE: ZeRO 0-3; OPTIMIZER: sgd (no momentum, gradient clipping that clips)
 or adamw; DROP: dropless or capacity; "client": the optimizer is the script's torch.optim one over
-DeepSpeed's split_params_into_different_moe_groups_for_optimizer groups. The experts are initialized by their global index (distinct,
+DeepSpeed's split_params_into_different_moe_groups_for_optimizer groups; "save DIR": a checkpoint
+after 2 of the 3 steps; "load DIR": starts from it (on 4 ranks or 2, at this EP and STAGE) and
+trains the last step. On 2 ranks each takes 2 micro-batches a step (gradient accumulation), so the
+global batch is the same. The experts are initialized by their global index (distinct,
 so an expert reached on the wrong rank shows); every rank gets its own micro-batch. The reference
 runs the 4 micro-batches one after the other through one model holding all experts and averages
 the 4 losses (each rank's router balances over its own tokens, as DeepSpeed's does). Checked every
@@ -64,12 +67,12 @@ def optimizer_of(kind, params):
     return torch.optim.AdamW(params, lr=LR[kind], weight_decay=0.01)
 
 
-def reference(kind, drop_tokens):
-    """[(loss, grad norm)] per step and the trained model."""
+def reference(kind, drop_tokens, steps=STEPS):
+    """[(loss, grad norm)] per step and the model trained `steps` steps."""
     model = Net(1, 0, drop_tokens)
     opt = optimizer_of(kind, model.parameters())
     seen = []
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
         loss = sum(model(*batch(step, r)) for r in range(RANKS)) / RANKS
         loss.backward()
@@ -83,21 +86,44 @@ def close(a, b, what, rtol=1e-5, atol=1e-6):
     assert abs(a - b) <= atol + rtol * abs(b), "%s: %r, the reference %r" % (what, a, b)
 
 
+def check_parameters(engine, model, ref, first, when):
+    """Every parameter against the reference's (a local expert i against its expert first + i)."""
+    rank = tessera.comm.get_rank()
+    ref_params = dict(ref.named_parameters())
+    with engine.gathered_parameters():
+        for n, p in model.named_parameters():
+            if ".deepspeed_experts." in n:
+                head, tail = n.split(".deepspeed_experts.")
+                i, rest = tail.split(".", 1)
+                n_ref = "%s.deepspeed_experts.%d.%s" % (head, first + int(i), rest)
+            else:
+                n_ref = n
+            q = ref_params[n_ref].detach()
+            diff = (p.detach() - q).abs().max().item()
+            assert diff <= 1e-6 + 1e-5 * q.abs().max().item(), "rank %d %s, %s: differs from the reference's %s by %g" % (
+                rank, when, n, n_ref, diff)
+
+
+SAVED_AT = 2  # save and load: the checkpoint after this many steps
+
+
 def main():
     ep, stage, kind, drop = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    more = sys.argv[5:]
     drop_tokens = drop == "capacity"
-    rank = tessera.comm.get_rank()
+    rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
     local = EXPERTS // ep
     first = (rank % ep) * local  # expert-parallel rank = data rank mod ep (adjacent ranks)
     model = Net(ep, first, drop_tokens)
-    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "steps_per_print": 100,
-              "zero_optimization": {"stage": stage, "reduce_bucket_size": 200}}
+    accumulation = RANKS // world  # the same 4 micro-batches a step on 2 ranks
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": accumulation,
+              "steps_per_print": 100, "zero_optimization": {"stage": stage, "reduce_bucket_size": 200}}
     if kind == "sgd":
         config["optimizer"] = {"type": "SGD", "params": {"lr": LR[kind]}}
         config["gradient_clipping"] = CLIP
     else:
         config["optimizer"] = {"type": "AdamW", "params": {"lr": LR[kind], "weight_decay": 0.01}}
-    if sys.argv[5:] == ["client"]:
+    if more == ["client"]:
         del config["optimizer"]
         groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
                                                                        "name": "all"})
@@ -108,28 +134,27 @@ def main():
     assert context.group_size("ep_size_%d" % ep) == ep and context.group_rank("ep_size_%d" % ep) == rank % ep
     assert model.moe.global_expert_index(0) == first
     want, ref = reference(kind, drop_tokens)
-    for step in range(STEPS):
-        loss = engine(*batch(step, rank))
-        engine.backward(loss)
-        engine.step()
-        mean = tessera.comm.all_reduce(loss.detach().clone(), "avg", "world").item()
+    start = 0
+    if more[:1] == ["load"]:
+        engine.load_checkpoint(more[1])
+        start = SAVED_AT
+        check_parameters(engine, model, reference(kind, drop_tokens, SAVED_AT)[1], first, "after the load")
+    for step in range(start, STEPS):
+        losses = []
+        for a in range(accumulation):
+            loss = engine(*batch(step, a * world + rank))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        mean = tessera.comm.all_reduce(torch.tensor([sum(losses) / len(losses)], dtype=torch.float64), "avg",
+                                       "world").item()
         close(mean, want[step][0], "step %d loss" % step)
         close(engine.get_global_grad_norm(), want[step][1], "step %d gradient norm" % step)
-    ref_params = dict(ref.named_parameters())
-    with engine.gathered_parameters():
-        for n, p in model.named_parameters():
-            if ".deepspeed_experts." in n:  # local expert i is the reference's expert first + i
-                head, tail = n.split(".deepspeed_experts.")
-                i, rest = tail.split(".", 1)
-                n_ref = "%s.deepspeed_experts.%d.%s" % (head, first + int(i), rest)
-            else:
-                n_ref = n
-            q = ref_params[n_ref].detach()
-            diff = (p.detach() - q).abs().max().item()
-            assert diff <= 1e-6 + 1e-5 * q.abs().max().item(), "rank %d, %s: differs from the reference's %s by %g" % (
-                rank, n, n_ref, diff)
+        if more[:1] == ["save"] and step + 1 == SAVED_AT:
+            engine.save_checkpoint(more[1])
+    check_parameters(engine, model, ref, first, "at the end")
     if rank == 0:
-        print("ok ep %d stage %d %s %s" % (ep, stage, kind, drop), " ".join(sys.argv[5:]), flush=True)
+        print("ok ep %d stage %d %s %s" % (ep, stage, kind, drop), " ".join(more[:1]), flush=True)
 
 
 if __name__ == "__main__":
