@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
@@ -270,6 +271,13 @@ const StepTimes& Engine::wall_clock_breakdown() const { return progress_->totals
 
 void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samples(samples, tokens); }
 
+void Engine::record_moe(double aux_loss, int64_t routed, int64_t dropped) {
+  moe_aux_sum_ += aux_loss;
+  moe_routed_ += static_cast<double>(routed);
+  moe_dropped_ += static_cast<double>(dropped);
+  ++moe_records_;
+}
+
 // ---- step ----------------------------------------------------------------------------------------
 
 void Engine::step() {
@@ -373,8 +381,21 @@ void Engine::print_progress() {
   if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
   interval_loss_sum_ = at::Tensor();
   interval_losses_ = 0;
-  // The 1-bit family: the phase of the last step and what this rank sent per step on the data group.
   std::string extra;
+  if (moe_records_ > 0) {  // the MoE layers' auxiliary loss and share of choices dropped, over the data group
+    at::Tensor moe = at::tensor({moe_aux_sum_ / double(moe_records_), moe_routed_, moe_dropped_}, at::kDouble)
+                         .to(parallel_.data().device());
+    if (parallel_.data().size() > 1) parallel_.data().all_reduce(moe, ReduceOp::Avg);
+    moe = moe.cpu();
+    const double routed = moe[1].item<double>();
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), " | moe aux %.4f | dropped %.2f%%", moe[0].item<double>(),
+                  routed > 0 ? 100.0 * moe[2].item<double>() / routed : 0.0);
+    extra += buf;
+    moe_aux_sum_ = moe_routed_ = moe_dropped_ = 0;
+    moe_records_ = 0;
+  }
+  // The 1-bit family: the phase of the last step and what this rank sent per step on the data group.
   const std::string phase = zero_->optimizer_phase();
   if (!phase.empty()) {
     int64_t sent = 0;
@@ -383,7 +404,7 @@ void Engine::print_progress() {
     char buf[128];
     std::snprintf(buf, sizeof(buf), " | %s | sent %.1f KB/step", phase.c_str(),
                   steps > 0 ? double(sent - sent_at_last_print_) / steps / 1e3 : 0.0);
-    extra = buf;
+    extra += buf;
     sent_at_last_print_ = sent;
   }
   steps_at_last_print_ = steps_.global_step;

@@ -148,6 +148,11 @@ class Engine {
 
   // Tells the progress line how many samples (and tokens) the last micro-batch had on this rank.
   void record_batch(int64_t samples, int64_t tokens = 0);
+  // Tells the progress line what the last micro-batch's MoE layers did on this rank: their
+  // auxiliary losses (summed over the layers) and how many expert choices they routed and dropped.
+  // The line then shows the interval's mean auxiliary loss and the share dropped, over the data
+  // group ("moe aux 0.0123 | dropped 1.2%"). Every data-parallel rank records alike, or none does.
+  void record_moe(double aux_loss, int64_t routed, int64_t dropped);
 
   int64_t global_step() const { return steps_.global_step; }
   int64_t micro_step() const { return steps_.micro_step; }
@@ -210,6 +215,8 @@ class Engine {
   at::Tensor interval_loss_sum_;  // losses since the last progress line, on the data group's device
   int64_t interval_losses_ = 0;
   int64_t steps_at_last_print_ = 0, sent_at_last_print_ = 0;  // the progress line's bytes per step
+  double moe_aux_sum_ = 0, moe_routed_ = 0, moe_dropped_ = 0;  // record_moe since the last progress line
+  int64_t moe_records_ = 0;
   bool warned_no_units_ = false;
   bool norm_over_world_ = false;  // some rank's ZeRO groups are on communicators of their own
   EngineEnvironment environment_ = EngineEnvironment::read();  // engine/environment.h: read once

@@ -65,6 +65,35 @@ double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext
   return data_parallel_mean(ctx, sum / kEvalBatches);
 }
 
+// The config's "moe" section as the model's MoE blocks; the expert-parallel groups carved out of
+// the data axis: adjacent data ranks exchange tokens ("ep_size_N"), ranks ep_size apart hold the
+// same experts and average their gradients ("ep_size_N_data"), as tessera.moe makes them.
+GptMoe moe_of(const Config& config, ParallelContext& ctx) {
+  GptMoe moe;
+  if (!config.moe) return moe;
+  const MoeConfig& m = *config.moe;
+  if (ctx.pipe().size() > 1)
+    throw std::invalid_argument("train_gpt: moe with pipeline.stages > 1 is not supported yet (Python models can "
+                                "put tessera.moe.MoE layers in a data- and tensor-parallel run)");
+  moe.num_experts = m.num_experts;
+  moe.every = m.every;
+  moe.k = m.k;
+  moe.ep_size = m.ep_size;
+  moe.min_capacity = m.min_capacity;
+  moe.capacity_factor = m.capacity_factor;
+  moe.aux_loss_coef = m.aux_loss_coef;
+  moe.router_z_loss_coef = m.router_z_loss_coef;
+  moe.drop_tokens = m.drop_tokens;
+  moe.use_rts = m.use_rts;
+  if (m.ep_size > 1) {
+    const std::string name = "ep_size_" + std::to_string(m.ep_size);
+    ctx.split_axis("data", {{name + "_data", -1}, {name, static_cast<int>(m.ep_size)}});
+    moe.expert_parallel = &ctx.group_over(name);
+    moe.expert_data = name + "_data";
+  }
+  return moe;
+}
+
 int run(int argc, char** argv) {
   const TrainArgs args = parse_train_args(argc, argv, kUsage);
 
@@ -99,7 +128,7 @@ int run(int argc, char** argv) {
   if (args.n_layer) sizes.n_layer = args.n_layer;
   if (args.n_head) sizes.n_head = args.n_head;
   if (args.n_embd) sizes.n_embd = args.n_embd;
-  Gpt model(sizes, args.seed, init ? &*init : nullptr, tp);
+  Gpt model(sizes, args.seed, init ? &*init : nullptr, tp, moe_of(config, *ctx));
   if (args.checkpoint_activations) {
     // partition_activations splits the kept inputs over the tensor group, unless sequence
     // parallelism split them already (they then differ by tensor rank).
@@ -148,6 +177,7 @@ int run(int argc, char** argv) {
       const Batch mine = rows(global, (m * dp + rank) * micro, micro);
       at::Tensor loss = model.loss(mine.inputs, mine.targets);
       engine.record_batch(micro, micro * seq_len);
+      if (config.moe) engine.record_moe(model.last_aux_loss(), model.last_routed(), model.last_dropped());
       engine.backward(loss);
       engine.step();
       step_loss += loss.item<double>();

@@ -271,6 +271,36 @@ struct PipelineConfig {
   }
 };
 
+// tessera's section for a model's Mixture-of-Experts blocks (docs/moe.md): the example GPT and the
+// estimator read it; a Python model builds tessera.moe.MoE layers itself and needs none. Block l
+// (from 0) is an MoE block when (l + 1) % every == 0: every other block with the default.
+struct MoeConfig {
+  int64_t num_experts = 8;
+  int64_t every = 2;
+  int64_t ep_size = 1;  // divides num_experts and the data-parallel size (checked where the grid is)
+  int64_t k = 2;
+  double capacity_factor = 1.0;
+  double eval_capacity_factor = 1.0;
+  int64_t min_capacity = 4;
+  bool drop_tokens = false;  // dropless, as Megatron-Core and torchtitan run by default
+  bool use_rts = true;
+  double aux_loss_coef = 0.01;
+  double router_z_loss_coef = 0.0;
+  template <class V> void fields(V& v) {
+    v("num_experts", num_experts, at_least<int64_t>(1));
+    v("every", every, at_least<int64_t>(1));
+    v("ep_size", ep_size, at_least<int64_t>(1));
+    v("k", k, at_least<int64_t>(1));
+    v("capacity_factor", capacity_factor, greater_than(0.0));
+    v("eval_capacity_factor", eval_capacity_factor, greater_than(0.0));
+    v("min_capacity", min_capacity, at_least<int64_t>(0));
+    v("drop_tokens", drop_tokens);
+    v("use_rts", use_rts);
+    v("aux_loss_coef", aux_loss_coef, at_least(0.0));
+    v("router_z_loss_coef", router_z_loss_coef, at_least(0.0));
+  }
+};
+
 struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool contiguous_memory_optimization = false;
@@ -365,6 +395,7 @@ struct Config {
   // checkpoint() calls from it (python/tessera/checkpointing.py), as deepspeed.initialize does.
   std::optional<ActivationCheckpointingConfig> activation_checkpointing;
   CheckpointConfig checkpoint;
+  std::optional<MoeConfig> moe;  // absent unless the config has the section
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
   CommsLoggerConfig comms_logger;
@@ -401,6 +432,7 @@ struct Config {
     v("pipeline", pipeline);
     v("activation_checkpointing", activation_checkpointing);
     v("checkpoint", checkpoint);
+    v("moe", moe);
     v("csv_monitor", csv_monitor);
     v("tensorboard", tensorboard);
     v("comms_logger", comms_logger);

@@ -90,6 +90,20 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
     }
   }
 
+  if (c.moe && !unparsed({"moe.num_experts", "moe.ep_size", "moe.k"})) {
+    const MoeConfig& m = *c.moe;
+    if (m.num_experts % m.ep_size != 0)
+      report.error("moe.ep_size", "ep_size " + s(m.ep_size) + " does not divide num_experts " + s(m.num_experts) +
+                                      ": each of the ep_size ranks holds num_experts / ep_size experts");
+    else if (grid_error.empty() && layout.data % m.ep_size != 0)
+      report.error("moe.ep_size", "ep_size " + s(m.ep_size) + " does not divide the data-parallel size " +
+                                      s(layout.data) + " (world " + s(world_size) + " / tensor " + s(layout.tensor) +
+                                      " / pipe " + s(layout.pipe) + "): the expert-parallel group is carved out of "
+                                      "the data-parallel ranks");
+    if (m.k > m.num_experts)
+      report.error("moe.k", "k " + s(m.k) + " exceeds num_experts " + s(m.num_experts));
+  }
+
   // Pipeline micro-batches are the gradient-accumulation steps of one pipeline batch.
   if (c.pipeline.micro_batches && c.gradient_accumulation_steps &&
       *c.pipeline.micro_batches != *c.gradient_accumulation_steps &&

@@ -20,6 +20,8 @@
 
 #include "parallel/activation_checkpointing.h"
 #include "parallel/communicator.h"
+#include "parallel/moe/dispatch.h"
+#include "parallel/moe/gating.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/layers.h"
 #include "parallel/tensor_parallel/regions.h"
@@ -46,6 +48,7 @@ int64_t Gpt::add(const std::string& name, at::Tensor value, TensorSplit split) {
   params_.push_back(std::move(value));
   names_.push_back(name);
   splits_.push_back(split);
+  expert_.push_back(false);
   return static_cast<int64_t>(params_.size()) - 1;
 }
 
@@ -55,7 +58,8 @@ at::Tensor Gpt::replicated(const at::Tensor& w) const {
   return tp_.sequence_parallel && tp_ranks() > 1 ? copy_to_tensor_region(w, *tp_.tensor) : w;
 }
 
-Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParallel tp) : config_(config), tp_(tp) {
+Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParallel tp, GptMoe moe)
+    : config_(config), tp_(tp), moe_(moe) {
   const GptConfig& c = config_;
   if (c.vocab < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1)
     throw std::invalid_argument("GptConfig: every size must be >= 1");
@@ -63,6 +67,14 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
     throw std::invalid_argument("GptConfig: n_embd (" + std::to_string(c.n_embd) + ") must be a multiple of n_head (" +
                                 std::to_string(c.n_head) + ")");
 
+  if (moe_.num_experts > 0) {
+    const int64_t ep = moe_.expert_parallel ? moe_.expert_parallel->size() : 1;
+    if (ep != moe_.ep_size || moe_.num_experts % ep != 0 || moe_.every < 1 || moe_.k < 1 || moe_.k > moe_.num_experts)
+      throw std::invalid_argument("GptMoe: num_experts " + std::to_string(moe_.num_experts) + " over an expert-parallel group of " +
+                                  std::to_string(ep) + " ranks (ep_size " + std::to_string(moe_.ep_size) + "), k " +
+                                  std::to_string(moe_.k) + ", every " + std::to_string(moe_.every) +
+                                  ": ep_size must be the group's size and divide num_experts, 1 <= k <= num_experts");
+  }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_dev = 0.02;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
@@ -79,8 +91,11 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
   wpe_ = add("transformer.wpe.weight", normal({c.block_size, C}, std_dev));
   // Under PartitionedInit each piece is partitioned once drawn (the draws stay in the same order).
   size_t built = 0;
-  auto partition_new = [&] {
-    if (init) init->partition(std::vector<at::Tensor>(params_.begin() + built, params_.end()));
+  auto partition_new = [&] {  // experts are partitioned over their expert-data group by the engine
+    std::vector<at::Tensor> fresh;
+    for (size_t i = built; i < params_.size(); ++i)
+      if (!expert_[i]) fresh.push_back(params_[i]);
+    if (init) init->partition(fresh);
     built = params_.size();
   };
   partition_new();
@@ -94,10 +109,14 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
     add(p + "attn.c_proj.bias", zeros({C}));
     add(p + "ln_2.weight", ones({C}));
     add(p + "ln_2.bias", zeros({C}));
-    add(p + "mlp.c_fc.weight", normal({4 * C, C}, std_dev), {0});
-    add(p + "mlp.c_fc.bias", zeros({4 * C}), {0});
-    add(p + "mlp.c_proj.weight", normal({C, 4 * C}, residual_std), {1});
-    add(p + "mlp.c_proj.bias", zeros({C}));
+    if (is_moe_block(l)) {
+      add_moe_parameters(p, normal, residual_std);
+    } else {
+      add(p + "mlp.c_fc.weight", normal({4 * C, C}, std_dev), {0});
+      add(p + "mlp.c_fc.bias", zeros({4 * C}), {0});
+      add(p + "mlp.c_proj.weight", normal({C, 4 * C}, residual_std), {1});
+      add(p + "mlp.c_proj.bias", zeros({C}));
+    }
     partition_new();
   }
   ln_f_ = add("transformer.ln_f.weight", ones({C}));
@@ -105,9 +124,48 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
   partition_new();
 }
 
+void Gpt::add_moe_parameters(const std::string& prefix,
+                             const std::function<at::Tensor(std::vector<int64_t>, double)>& normal, double residual_std) {
+  const int64_t C = config_.n_embd, E = moe_.num_experts;
+  const int64_t local = E / moe_.ep_size;
+  const int64_t first = (moe_.expert_parallel ? moe_.expert_parallel->rank() : 0) * local;
+  add(prefix + "mlp.router.weight", normal({E, C}, 0.02));
+  for (int64_t e = 0; e < E; ++e) {  // every expert drawn, in order; this rank keeps its own
+    const std::string name = prefix + "mlp.experts." + std::to_string(e) + ".";
+    at::Tensor fc = normal({4 * C, C}, 0.02), proj = normal({C, 4 * C}, residual_std);
+    if (e < first || e >= first + local) continue;
+    for (auto& [what, value] : std::vector<std::pair<std::string, at::Tensor>>{
+             {"c_fc.weight", fc}, {"c_fc.bias", at::zeros({4 * C})}, {"c_proj.weight", proj}, {"c_proj.bias", at::zeros({C})}}) {
+      add(name + what, value);
+      expert_.back() = true;
+    }
+  }
+}
+
 std::vector<at::Tensor> Gpt::full_parameters() const {
   std::vector<at::Tensor> whole;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (expert_[i]) {
+      // A block's experts: every rank's gathered over the expert-parallel group, in global order.
+      if (expert_[i - 1]) continue;  // emitted with the block's first expert parameter
+      const int64_t local = moe_.num_experts / moe_.ep_size, ep = moe_.ep_size;
+      std::vector<at::Tensor> all;  // [local expert e][its 4] -> [ep, ...] each
+      for (int64_t j = 0; j < 4 * local; ++j) {
+        at::Tensor mine = params_[i + j].detach().contiguous();
+        if (ep == 1) {
+          all.push_back(mine.unsqueeze(0));
+          continue;
+        }
+        at::Tensor gathered = at::empty({ep * mine.numel()}, mine.options());
+        moe_.expert_parallel->all_gather(mine.view(-1), gathered);
+        std::vector<int64_t> shape{ep};
+        for (int64_t d : mine.sizes()) shape.push_back(d);
+        all.push_back(gathered.view(shape));
+      }
+      for (int64_t e = 0; e < moe_.num_experts; ++e)
+        for (int64_t j = 0; j < 4; ++j) whole.push_back(all[(e % local) * 4 + j][e / local]);
+      continue;
+    }
     if (params_[i].is_meta())  // another pipeline stage's: its shape, for that stage to fill in
       whole.push_back(at::empty(whole_shape(i), params_[i].options().device(at::kCPU)));
     else if (splits_[i].dim >= 0)
@@ -128,6 +186,10 @@ at::Tensor Gpt::forward(const at::Tensor& idx) { return forward_layers(idx, 0, n
 
 at::Tensor Gpt::forward_layers(const at::Tensor& input, int64_t begin, int64_t end) {
   const GptConfig& c = config_;
+  if (begin == 0) {  // a new forward: the MoE blocks' losses and counts start afresh
+    aux_ = at::Tensor();
+    routed_ = dropped_ = 0;
+  }
   const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
   if (begin < 0 || end > num_layers() || begin >= end)
     throw std::invalid_argument("Gpt::forward_layers: layers [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -200,11 +262,44 @@ at::Tensor Gpt::block(int64_t l, const at::Tensor& x) const {
   y = y.transpose(1, 2).reshape({B, T, C / t});
   at::Tensor out = x.add(row(y, w[kAttnProjW], w[kAttnProjB]));
   h = at::layer_norm(out, {C}, replicated(w[kLn2W]), replicated(w[kLn2B]), kLayerNormEps);
+  if (is_moe_block(l)) return out.add(moe_mlp(l, h));
   h = at::gelu(column(h, w[kFcW], w[kFcB]), "tanh");
   return out.add(row(h, w[kMlpProjW], w[kMlpProjB]));
 }
 
-at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) { return loss_of_logits(forward(idx), targets); }
+at::Tensor Gpt::moe_mlp(int64_t l, const at::Tensor& h) const {
+  const int64_t C = config_.n_embd;
+  const at::Tensor* w = &params_[block_[l] + kFcW];  // the router, then each local expert's 4
+  at::Tensor tokens = h.reshape({-1, C});
+  // The router in fp32 whatever the compute dtype (as DeepSpeed's TopKGate).
+  at::Tensor logits = at::linear(tokens.to(at::kFloat), replicated(w[0]).to(at::kFloat));
+  GateOptions gate;
+  gate.k = moe_.k;
+  gate.capacity_factor = moe_.capacity_factor;
+  gate.min_capacity = moe_.min_capacity;
+  gate.drop_tokens = moe_.drop_tokens;
+  gate.use_rts = moe_.use_rts;
+  gate.second_expert_sampling = false;  // deterministic routing: the one-rank run routes alike
+  gate.z_loss_coef = moe_.router_z_loss_coef;
+  const Routing routing = route(logits, gate, /*training=*/true);
+  const Dispatch dispatch(tokens, routing, moe_.expert_parallel);
+  std::vector<at::Tensor> outputs;
+  for (int64_t e = 0; e < dispatch.local_experts(); ++e) {
+    const at::Tensor* x = w + 1 + 4 * e;
+    at::Tensor hidden = at::gelu(at::linear(dispatch.expert_inputs()[e], replicated(x[0]), replicated(x[1])), "tanh");
+    outputs.push_back(at::linear(hidden, replicated(x[2]), replicated(x[3])));
+  }
+  at::Tensor aux = routing.l_aux.mul(moe_.aux_loss_coef);
+  aux_ = aux_.defined() ? aux_.add(aux) : aux;
+  routed_ += routing.tokens * routing.k;
+  dropped_ += routing.dropped;
+  return dispatch.combine(outputs).view(h.sizes());
+}
+
+at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  at::Tensor loss = loss_of_logits(forward(idx), targets);
+  return aux_.defined() ? loss.add(aux_) : loss;  // the MoE blocks' load-balancing losses
+}
 
 at::Tensor Gpt::loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const {
   if (tp_ranks() > 1) return vocab_parallel_cross_entropy(logits, targets, *tp_.tensor);
@@ -216,7 +311,8 @@ std::vector<int64_t> Gpt::layer_parameters(int64_t layer) const {
   if (layer == 0) return {wte_, wpe_};
   if (layer == num_layers() - 1) return {ln_f_, ln_f_ + 1, wte_};
   std::vector<int64_t> out;
-  for (int64_t i = 0; i < kPerBlock; ++i) out.push_back(block_[layer - 1] + i);
+  const int64_t end = layer < config_.n_layer ? block_[layer] : ln_f_;  // the next block's first
+  for (int64_t i = block_[layer - 1]; i < end; ++i) out.push_back(i);
   return out;
 }
 
@@ -231,13 +327,25 @@ std::vector<pipeline::LayerInfo> Gpt::layer_infos() const {
 }
 
 ModelDescription Gpt::groups_of(const std::vector<int64_t>& indices, double weight_decay) const {
-  std::vector<at::Tensor> params;
-  for (int64_t i : indices) params.push_back(params_[i]);
+  std::vector<at::Tensor> params, experts;
+  std::vector<std::string> expert_names;
+  for (int64_t i : indices) (expert_[i] ? experts : params).push_back(params_[i]);
   ModelDescription model = decay_groups(params, weight_decay);
   // Which ones are tensor-parallel slices (their norm is summed over the group), in each group's
   // order: decay_groups keeps the order within "decay" (dim >= 2) and "no_decay".
   for (int64_t i : indices)
-    model.groups[params_[i].dim() >= 2 ? 0 : 1].tensor_sharded.push_back(splits_[i].dim >= 0);
+    if (!expert_[i]) model.groups[params_[i].dim() >= 2 ? 0 : 1].tensor_sharded.push_back(splits_[i].dim >= 0);
+  if (!experts.empty()) {
+    // The experts: reduced and partitioned over their expert-data group, their averaged gradients
+    // scaled by 1/ep_size (zero/model.h, ParamGroup::gradient_scale).
+    ModelDescription e = decay_groups(experts, weight_decay);
+    for (ParamGroup& g : e.groups) {
+      g.name = "experts." + g.name;
+      g.communicator = moe_.expert_data;
+      g.gradient_scale = 1.0 / static_cast<double>(moe_.ep_size);
+      model.groups.push_back(std::move(g));
+    }
+  }
   return model;
 }
 
@@ -281,7 +389,7 @@ ModelDescription Gpt::param_groups(double weight_decay) const {
   model.units.push_back({"embedding", {params_[wte_], params_[wpe_]}});
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     ModelUnit block{"h." + std::to_string(l), {}};
-    for (int64_t i = 0; i < kPerBlock; ++i) block.params.push_back(params_[block_[l] + i]);
+    for (int64_t i : layer_parameters(l + 1)) block.params.push_back(params_[i]);
     model.units.push_back(std::move(block));
   }
   model.units.push_back({"head", {params_[ln_f_], params_[ln_f_ + 1], params_[wte_]}});

@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,6 +51,22 @@ struct GptTensorParallel {
   bool sequence_parallel = false;
 };
 
+// Mixture-of-Experts blocks (engine/config's MoeConfig; parallel/moe/): block l is one when
+// num_experts > 0 and (l + 1) % every == 0; its MLP becomes a router ("mlp.router.weight", E × C)
+// and E experts, each the dense MLP's shape ("mlp.experts.<e>.c_fc.weight", ...), spread over the
+// `expert_parallel` group (ep_size ranks; this rank holds num_experts / ep_size of them). Every rank
+// draws every expert's initial values in the same order and keeps its own, so the model equals the
+// one-rank model at any ep_size. The experts are replicated over the tensor group (under sequence
+// parallelism their gradients are summed over it, as a LayerNorm's).
+struct GptMoe {
+  int64_t num_experts = 0;  // 0: a dense model
+  int64_t every = 2, k = 2, ep_size = 1, min_capacity = 4;
+  double capacity_factor = 1.0, aux_loss_coef = 0.01, router_z_loss_coef = 0.0;
+  bool drop_tokens = false, use_rts = true;
+  Communicator* expert_parallel = nullptr;  // the ep_size ranks that exchange tokens (null: ep_size 1)
+  std::string expert_data;  // the experts' ParamGroup::communicator ("" with ep_size 1: the data group)
+};
+
 // How a parameter is cut over the tensor group: tensor_parallel_slice's dim (-1: replicated) and fused.
 struct TensorSplit {
   int64_t dim = -1;
@@ -65,7 +82,7 @@ class Gpt {
   // partitioned as soon as they are drawn: no rank holds the whole model (the same values).
   // With tensor parallelism each rank holds its slices of the same draws: the model equals the
   // single-device one split (n_head, 4·n_embd and vocab must divide by the degree).
-  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr, GptTensorParallel tp = {});
+  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr, GptTensorParallel tp = {}, GptMoe moe = {});
 
   const GptConfig& config() const { return config_; }
   // The parameters, in a fixed order; leaf tensors with requires_grad. The engine may replace them.
@@ -79,6 +96,13 @@ class Gpt {
   // gathered_parameters() scope, so that each rank's slices are whole first). Another pipeline
   // stage's parameters (keep_only_layers) come back uninitialized, in their whole shape.
   std::vector<at::Tensor> full_parameters() const;
+
+  bool is_moe_block(int64_t l) const { return moe_.num_experts > 0 && (l + 1) % moe_.every == 0; }
+  // The MoE blocks of the last forward: their auxiliary losses (aux_loss_coef times l_aux, summed
+  // over the blocks; loss() includes it), and the choices routed and dropped by the capacity.
+  double last_aux_loss() const { return aux_.defined() ? aux_.item<double>() : 0.0; }
+  int64_t last_routed() const { return routed_; }
+  int64_t last_dropped() const { return dropped_; }
 
   // Each block's activations recomputed in backward (parallel/activation_checkpointing.h), or not.
   void set_activation_checkpointing(std::optional<CheckpointOptions> options) { checkpointing_ = options; }
@@ -123,6 +147,9 @@ class Gpt {
   int64_t tp_ranks() const;
   at::Tensor replicated(const at::Tensor& w) const;  // under sequence parallelism: its gradient summed over the group
   at::Tensor block(int64_t l, const at::Tensor& x) const;  // block l's forward
+  at::Tensor moe_mlp(int64_t l, const at::Tensor& h) const;  // an MoE block's MLP
+  void add_moe_parameters(const std::string& prefix, const std::function<at::Tensor(std::vector<int64_t>, double)>& normal,
+                          double residual_std);
   std::vector<int64_t> layer_parameters(int64_t layer) const;  // indices into params_
   ModelDescription groups_of(const std::vector<int64_t>& indices, double weight_decay) const;
   std::optional<CheckpointOptions> checkpointing_;
@@ -135,6 +162,12 @@ class Gpt {
   std::vector<std::string> names_;
   int64_t wte_ = -1, wpe_ = -1, ln_f_ = -1;
   std::vector<int64_t> block_;  // index of each block's first parameter (ln_1.weight); 12 per block
+  // MoE blocks: the 8 attention and norm parameters, then the router and each local expert's 4
+  // (c_fc weight and bias, c_proj weight and bias) where a dense block has its MLP's 4.
+  GptMoe moe_;
+  std::vector<bool> expert_;  // per parameter: an expert's (partitioned and reduced over expert_data)
+  mutable at::Tensor aux_;    // the last forward's auxiliary losses, with their graph
+  mutable int64_t routed_ = 0, dropped_ = 0;
 };
 
 }  // namespace tessera::examples

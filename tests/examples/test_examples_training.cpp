@@ -235,3 +235,67 @@ TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
   CHECK(final_loss(r.output) > 0);
   CHECK(final_loss(r.output) < 1.5);  // from ln(10) = 2.30
 }
+
+// Mixture-of-Experts blocks (the config's "moe" section; parallel/moe/): 4 experts in every other
+// block, top-2, against one rank running the same 16 sequences a step as 4 micro-batches of 4 (the
+// router balances each micro-batch's tokens, so each rank's batch must be one of the reference's
+// micro-batches). Dropless: dp 4 with ep 2 at ZeRO 0-3 and with ep 4, and tp 2 x dp 2 with ep 2
+// (the experts replicated over the tensor group); with a capacity that drops tokens: dp 4 with
+// ep 2 against its own one-rank run.
+namespace {
+
+std::string moe_config(int micro, int accumulation, int stage, int ep, const std::string& more = "") {
+  return with_sections(gpt_config(micro, stage, accumulation),
+                       R"("moe": {"num_experts": 4, "every": 2, "k": 2, "ep_size": )" + std::to_string(ep) + more + "}");
+}
+
+struct MoeReference {
+  double loss;
+  std::vector<double> grad_norms;
+  std::vector<float> parameters;
+  std::string output;
+};
+
+MoeReference moe_reference(const std::string& more) {
+  tessera::testing::TempDir dir;
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, moe_config(4, 4, 1, 1, more), 10, tessera::testing::free_port(),
+                         {"--save-parameters", dir.file("one.bin")});
+  INFO(one.output);
+  REQUIRE(one.status == 0);
+  return {final_loss(one.output), grad_norms(one.output), read_parameters(dir.file("one.bin")), one.output};
+}
+
+std::string check_moe(const MoeReference& ref, int ranks, const std::string& config, const std::string& what) {
+  tessera::testing::TempDir dir;
+  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(),
+                         {"--save-parameters", dir.file("parameters.bin")});
+  INFO(what << "\n" << run.output);
+  REQUIRE(run.status == 0);
+  CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
+  CHECK(same_norms(grad_norms(run.output), ref.grad_norms));
+  CHECK(max_difference(read_parameters(dir.file("parameters.bin")), ref.parameters) < kParameterTolerance);
+  return run.output;
+}
+
+}  // namespace
+
+TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-3 - ep 4 - tp 2 x ep 2 - with "
+          "dropped tokens) reach the 1-rank loss and parameters") {
+  const MoeReference dropless = moe_reference("");
+  INFO(dropless.output);
+  CHECK(contains(dropless.output, "| moe aux "));
+  CHECK(contains(dropless.output, "| dropped 0.00%"));
+  for (int stage : {0, 1, 2, 3})
+    check_moe(dropless, 4, moe_config(4, 1, stage, 2), "dp 4 ep 2 ZeRO " + std::to_string(stage));
+  check_moe(dropless, 4, moe_config(4, 1, 2, 4), "dp 4 ep 4 ZeRO 2");
+  // 2 micro-batches of 4 a step on each of the 2 data ranks: each one of the reference's.
+  check_moe(dropless, 4, with_sections(moe_config(4, 2, 1, 2), R"("tensor_parallel": {"tp_size": 2})"),
+            "tp 2 x dp 2 ep 2 ZeRO 1");
+
+  const std::string capacity = R"(, "drop_tokens": true, "capacity_factor": 0.5, "use_rts": false)";
+  const MoeReference dropping = moe_reference(capacity);
+  const std::string output = check_moe(dropping, 4, moe_config(4, 1, 1, 2, capacity), "dp 4 ep 2 with a capacity");
+  std::smatch m;
+  REQUIRE(std::regex_search(output, m, std::regex("dropped ([0-9.]+)%")));
+  CHECK(std::stod(m[1]) > 1.0);  // the capacity drops some choices
+}
