@@ -149,7 +149,8 @@ class Engine {
   // Tells the progress line how many samples (and tokens) the last micro-batch had on this rank.
   void record_batch(int64_t samples, int64_t tokens = 0);
   // Tells the progress line what the last micro-batch's MoE layers did on this rank: their
-  // auxiliary losses (summed over the layers) and how many expert choices they routed and dropped.
+  // load-balancing losses l_aux (summed over the layers, before the script's coefficient) and how
+  // many expert choices they routed and dropped.
   // The line then shows the interval's mean auxiliary loss and the share dropped, over the data
   // group ("moe aux 0.0123 | dropped 1.2%"). Every data-parallel rank records alike, or none does.
   void record_moe(double aux_loss, int64_t routed, int64_t dropped);

@@ -187,7 +187,7 @@ at::Tensor Gpt::forward(const at::Tensor& idx) { return forward_layers(idx, 0, n
 at::Tensor Gpt::forward_layers(const at::Tensor& input, int64_t begin, int64_t end) {
   const GptConfig& c = config_;
   if (begin == 0) {  // a new forward: the MoE blocks' losses and counts start afresh
-    aux_ = at::Tensor();
+    aux_ = l_aux_ = at::Tensor();
     routed_ = dropped_ = 0;
   }
   const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
@@ -291,6 +291,7 @@ at::Tensor Gpt::moe_mlp(int64_t l, const at::Tensor& h) const {
   }
   at::Tensor aux = routing.l_aux.mul(moe_.aux_loss_coef);
   aux_ = aux_.defined() ? aux_.add(aux) : aux;
+  l_aux_ = l_aux_.defined() ? l_aux_.add(routing.l_aux.detach()) : routing.l_aux.detach();
   routed_ += routing.tokens * routing.k;
   dropped_ += routing.dropped;
   return dispatch.combine(outputs).view(h.sizes());

@@ -98,9 +98,9 @@ class Gpt {
   std::vector<at::Tensor> full_parameters() const;
 
   bool is_moe_block(int64_t l) const { return moe_.num_experts > 0 && (l + 1) % moe_.every == 0; }
-  // The MoE blocks of the last forward: their auxiliary losses (aux_loss_coef times l_aux, summed
-  // over the blocks; loss() includes it), and the choices routed and dropped by the capacity.
-  double last_aux_loss() const { return aux_.defined() ? aux_.item<double>() : 0.0; }
+  // The MoE blocks of the last forward: their load-balancing losses l_aux summed over the blocks
+  // (loss() includes aux_loss_coef times it), and the choices routed and dropped by the capacity.
+  double last_aux_loss() const { return l_aux_.defined() ? l_aux_.item<double>() : 0.0; }
   int64_t last_routed() const { return routed_; }
   int64_t last_dropped() const { return dropped_; }
 
@@ -166,7 +166,8 @@ class Gpt {
   // (c_fc weight and bias, c_proj weight and bias) where a dense block has its MLP's 4.
   GptMoe moe_;
   std::vector<bool> expert_;  // per parameter: an expert's (partitioned and reduced over expert_data)
-  mutable at::Tensor aux_;    // the last forward's auxiliary losses, with their graph
+  mutable at::Tensor aux_;    // the last forward's auxiliary losses times their coefficient, with their graph
+  mutable at::Tensor l_aux_;  // ... their sum alone, without a graph (for the progress line)
   mutable int64_t routed_ = 0, dropped_ = 0;
 };
 

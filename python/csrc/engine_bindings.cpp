@@ -117,6 +117,9 @@ void bind_engine(py::module& m) {
       .def("step",
            [](EngineHandle& e) { blocking([&] { e.engine->step(); }); })
       .def("zero_grad", [](EngineHandle& e) { e.engine->zero_grad(); })
+      .def("record_moe", [](EngineHandle& e, double aux_loss, int64_t routed, int64_t dropped) {
+        e.engine->record_moe(aux_loss, routed, dropped);
+      })
       .def("record_batch", [](EngineHandle& e, int64_t samples, int64_t tokens) { e.engine->record_batch(samples, tokens); },
            py::arg("samples"), py::arg("tokens") = 0)
       .def("is_gradient_accumulation_boundary",

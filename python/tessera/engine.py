@@ -130,6 +130,9 @@ class Engine(CheckpointCalls):
         self.device = first.device
         self.compute_dtype = first.dtype  # after the engine took the parameters over: bf16/fp16/fp32
         self._micro = self.config["train_micro_batch_size_per_gpu"]
+        from .moe.layer import MOELayer  # the layers whose auxiliary loss and drops the progress line shows
+        self._moe_layers = [m for m in module.modules() if isinstance(m, MOELayer)]
+        self._step_moe = [0.0, 0, 0, 0]  # this step's l_aux sum, choices routed and dropped, forwards
         self._recorded = False  # record_batch() called since the last backward
         self._backward_called = False  # engine.backward() in this micro-step (else the script's loss.backward())
         self._step_losses = []  # this step's micro-batch losses, as tensors: read from the device only when needed
@@ -176,11 +179,25 @@ class Engine(CheckpointCalls):
         out = self._module(*args, **kwargs)
         if self._zero3:
             self._c.end_of_forward()  # without grad (evaluation), nothing it gathered stays
+        if self._moe_layers and torch.is_grad_enabled() and self._module.training:
+            self._record_moe()
         if torch.is_grad_enabled():  # a loss.backward() of the script's own begins the engine's backward
             for t in _tensors_of(out):
                 if t.requires_grad:
                     self._c.watch_model_output(t)
         return out
+
+    def _record_moe(self):
+        """The progress line's MoE figures: the layers' auxiliary losses and the choices they
+        routed and dropped in this forward (tessera.moe.MOELayer keeps them)."""
+        aux, routed, dropped = 0.0, 0, 0
+        for layer in self._moe_layers:
+            if layer.l_aux is not None:
+                aux += float(layer.l_aux.detach())
+                routed += layer.tokens_routed
+                dropped += layer.tokens_dropped
+        self._c.record_moe(aux, routed, dropped)
+        self._step_moe = [a + b for a, b in zip(self._step_moe, (aux, routed, dropped, 1))]
 
     def gathered_parameters(self, modifier_rank=None):
         """ZeRO-3: a context in which every parameter is whole (tessera.zero.GatheredParameters)."""
@@ -334,15 +351,22 @@ class Engine(CheckpointCalls):
         self._step_losses, self._step_samples, self._step_tokens = [], 0, 0
         self._step_start = now
         self._last_step_loss = torch.stack(losses).double().mean() if losses else None
+        moe, self._step_moe = self._step_moe, [0.0, 0, 0, 0]
         if self.monitor is None:
             return
+        # The MoE layers' mean l_aux and share of choices dropped (every rank runs the same layers).
+        moe = torch.tensor([moe[0] / max(moe[3], 1), moe[1], moe[2]], dtype=torch.float64) if self._moe_layers else None
         if self._last_step_loss is None:  # the script's loss.backward(): no loss was given to the engine
             loss = None
         elif self.dp_world_size > 1:  # every rank joins: the step's loss averaged over the data-parallel ranks,
             # on the device the data group's collectives take (CPU for Gloo, this rank's GPU for NCCL)
             t = self._last_step_loss.reshape(1).to(self._c.context.device)
+            if moe is not None:
+                t = torch.cat([t, moe.to(t.device)])
             self._c.context.all_reduce(t, "avg", "data")
-            loss = t.item()
+            loss = t[0].item()
+            if moe is not None:
+                moe = t[1:].cpu()
         else:
             loss = self.last_step_loss
         record = {
@@ -355,6 +379,9 @@ class Engine(CheckpointCalls):
         }
         if tokens:
             record["tokens_per_s"] = tokens * self.dp_world_size / seconds
+        if moe is not None:
+            record["moe_aux_loss"] = moe[0].item()
+            record["moe_dropped_fraction"] = moe[2].item() / moe[1].item() if moe[1].item() > 0 else 0.0
         record["step_ms"] = 1000 * seconds
         record["skipped_steps"] = self._c.skipped_steps
         record["time_s"] = now - self._start

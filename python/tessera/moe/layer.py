@@ -105,7 +105,7 @@ class MOELayer(nn.Module):
         self.gate, self.experts = gate, experts
         self.ep_group_name, self.ep_size, self.num_local_experts = ep_group_name, ep_size, num_local_experts
         self.l_aux = self.exp_counts = None
-        self.tokens_dropped = 0
+        self.tokens_dropped = self.tokens_routed = 0  # choices, in the last forward
         self._groups_made = False
 
     def forward(self, hidden_states, used_token=None):

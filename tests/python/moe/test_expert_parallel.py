@@ -50,3 +50,21 @@ def test_a_checkpoint_resumes_exactly_and_loads_at_another_data_parallel_size_an
     run(2, 2, "adamw", "dropless", "load", tmp_path)
     run(2, 1, "adamw", "dropless", "load", tmp_path, ranks=2)
     run(4, 3, "adamw", "dropless", "load", tmp_path)
+
+
+DIFFERING = """
+import torch, tessera
+from tessera.moe import MoE
+rank = tessera.comm.get_rank()
+model = MoE(4, torch.nn.Linear(4, 4), num_experts=4, ep_size=2 if rank == 0 else 1)
+try:
+    tessera.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD"}})
+except ValueError as e:
+    print("rank %d: %s" % (rank, e), flush=True)
+"""
+
+
+def test_moe_layers_that_differ_between_ranks_are_refused_on_every_rank():
+    result = check(launch(2, ["-c", DIFFERING]))
+    for rank in (0, 1):
+        assert "rank %d: tessera.initialize: the ranks' MoE layers differ" % rank in result.stdout, result.stdout + result.stderr

@@ -197,3 +197,32 @@ def test_an_ep_size_that_does_not_divide_the_data_parallel_size_is_refused():
     moe = MoE(HIDDEN, Expert(), num_experts=2, ep_size=2)
     with pytest.raises(ValueError, match=r"ep_size 2, which does not divide the data-parallel size 1"):
         tessera.initialize(model=moe, config={"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD"}})
+
+
+def test_the_progress_line_and_the_monitor_show_the_auxiliary_loss_and_the_share_dropped(tmp_path, capfd):
+    import json
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moe = layer(1, True, capacity_factor=0.5)
+
+        def forward(self, x):
+            y, l_aux, _ = self.moe(x)
+            return y.pow(2).mean() + 0.01 * l_aux
+
+    net = Net()
+    engine, _, _, _ = tessera.initialize(model=net, config={
+        "train_micro_batch_size_per_gpu": 16, "steps_per_print": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "csv_monitor": {"enabled": True, "output_path": str(tmp_path), "job_name": "moe"}})
+    dropped = []
+    for step in range(2):
+        engine.backward(engine(torch.randn(16, HIDDEN, generator=torch.Generator().manual_seed(step))))
+        engine.step()
+        dropped.append(net.moe.deepspeed_moe.tokens_dropped / net.moe.deepspeed_moe.tokens_routed)
+    engine.close()
+    out = capfd.readouterr().out
+    line = [l for l in out.splitlines() if l.startswith("step 2 |")][0]
+    assert "| moe aux " in line and "| dropped %.2f%%" % (100 * sum(dropped) / 2) in line, line
+    records = [json.loads(l) for l in open(tmp_path / "moe" / "metrics.jsonl")]
+    assert abs(records[-1]["moe_dropped_fraction"] - dropped[-1]) < 1e-9 and records[-1]["moe_aux_loss"] > 0
