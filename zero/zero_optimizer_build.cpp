@@ -237,6 +237,11 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       g.comm_name = spec.source->communicator.empty() ? "data" : spec.source->communicator;
       g.lr_scale = spec.source->lr ? *spec.source->lr / options.hyper.lr : 1.0;
       g.gradient_scale = spec.source->gradient_scale;
+      if (g.gradient_scale != 1.0 && is_onebit_optimizer(options.optimizer))
+        throw std::invalid_argument("tessera: " + options.optimizer + " steps each rank's own gradient after its "
+                                    "warm-up, which group '" + spec.source->name + "' (an MoE layer's experts, "
+                                    "gradient scale " + std::to_string(g.gradient_scale) + ") cannot be: use Adam "
+                                    "or AdamW with MoE layers");
       g.weight_decay = spec.source->weight_decay.value_or(options.hyper.weight_decay);
       allocate_group(g, plan_.groups[gi], options, parallel);
       const int rank = stage_->shard_rank(g);

@@ -68,3 +68,21 @@ def test_moe_layers_that_differ_between_ranks_are_refused_on_every_rank():
     result = check(launch(2, ["-c", DIFFERING]))
     for rank in (0, 1):
         assert "rank %d: tessera.initialize: the ranks' MoE layers differ" % rank in result.stdout, result.stdout + result.stderr
+
+
+ONE_BIT = """
+import torch, tessera
+from tessera.moe import MoE
+model = MoE(4, torch.nn.Linear(4, 4), num_experts=2, ep_size=2)
+try:
+    tessera.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1,
+                                            "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}})
+except ValueError as e:
+    print("refused: %s" % e, flush=True)
+"""
+
+
+def test_one_bit_optimizers_refuse_expert_parallel_groups():
+    result = check(launch(2, ["-c", ONE_BIT]))
+    assert "OneBitAdam steps each rank's own gradient" in result.stdout and "use Adam or AdamW with MoE" in result.stdout, \
+        result.stdout + result.stderr

@@ -226,3 +226,4 @@ def test_the_progress_line_and_the_monitor_show_the_auxiliary_loss_and_the_share
     assert "| moe aux " in line and "| dropped %.2f%%" % (100 * sum(dropped) / 2) in line, line
     records = [json.loads(l) for l in open(tmp_path / "moe" / "metrics.jsonl")]
     assert abs(records[-1]["moe_dropped_fraction"] - dropped[-1]) < 1e-9 and records[-1]["moe_aux_loss"] > 0
+
