@@ -465,6 +465,14 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::optimizer_state() const 
 
 MemoryReport Engine::memory() const { return zero_->memory(); }
 
+std::vector<Engine::GroupMemory> Engine::group_memory() const {
+  std::vector<GroupMemory> out;
+  for (const auto& g : zero_->groups())
+    out.push_back({g->names.empty() ? "" : g->names.front(), g->comm_name, g->comm->size(), g->layout.total,
+                   g->layout.shard_numel, g->optimizer ? g->optimizer->state_bytes() : 0});
+  return out;
+}
+
 // ---- checkpoints ---------------------------------------------------------------------------------
 
 TrainingState Engine::training_state() {

@@ -171,6 +171,15 @@ class Engine {
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }
   MemoryReport memory() const;
+  // Each ZeRO group's layout on this rank: which communicator it is reduced and partitioned over,
+  // its elements and this rank's shard of them, and the optimizer state this rank holds for it
+  // (an MoE model's expert groups against its dense ones, for benchmarks and tests).
+  struct GroupMemory {
+    std::string first_parameter, communicator;
+    int ranks = 1;
+    int64_t numel = 0, shard_numel = 0, state_bytes = 0;
+  };
+  std::vector<GroupMemory> group_memory() const;
   // The optimizer's phase ("warm-up", "compressed", "local": the 1-bit family; empty otherwise).
   std::string optimizer_phase() const;
   // The optimizer's state by name, "group.name" (exp_avg, exp_avg_sq, the 1-bit family's error

@@ -206,6 +206,11 @@ int run(int argc, char** argv) {
 
   const double final_loss = data_parallel_mean(*ctx, last_loss);
   if (leader) std::printf("final loss: %.6f\n", final_loss);
+  if (leader) {  // rank 0's engine buffers (the estimator's validation reads them)
+    const MemoryReport m = engine.memory();
+    std::printf("engine memory (bytes): params %lld master %lld grads %lld states %lld\n", (long long)m.parameters,
+                (long long)m.master_parameters, (long long)m.gradients, (long long)m.optimizer_states);
+  }
   if (!args.save.empty()) {
     const std::string path = engine.save_checkpoint({args.save});
     if (leader) std::printf("train_gpt: saved %s\n", path.c_str());

@@ -32,6 +32,9 @@ struct EstimateFlags {
   std::optional<std::string> gpu_mem, cpu_mem, nvme, device, device_overhead, host_overhead;
   std::optional<double> fragmentation;
   std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw;
+  std::optional<int64_t> moe_experts, moe_every, moe_k, ep;
+  std::optional<double> moe_capacity_factor;
+  bool moe_drop_tokens = false;
 };
 
 // "7B", "6.74e9", "131M", "842496" -> a count.
@@ -82,6 +85,9 @@ nlohmann::json request_from(const EstimateFlags& f) {
   put("gpu_mem", f.gpu_mem), put("cpu_mem", f.cpu_mem), put("nvme", f.nvme), put("device", f.device);
   put("device_overhead", f.device_overhead), put("host_overhead", f.host_overhead);
   put("fragmentation", f.fragmentation);
+  put("moe_experts", f.moe_experts), put("moe_every", f.moe_every), put("moe_k", f.moe_k), put("ep", f.ep);
+  put("moe_capacity_factor", f.moe_capacity_factor);
+  if (f.moe_drop_tokens) j["moe_drop_tokens"] = true;
   if (f.no_search) j["search"] = false;
   return j;
 }
@@ -156,6 +162,12 @@ void register_estimate_command(CLI::App& app, int& exit_code) {
   sub->add_option("--pipeline-micro-batches", f->pipeline_micro_batches,
                   "Micro-batches per pipeline batch (= --gas)")->group("Training");
   sub->add_flag("--sequence-parallel", f->sequence_parallel, "Megatron sequence parallelism (with --tp)")->group("Training");
+  sub->add_option("--moe-experts", f->moe_experts, "MoE blocks with this many experts (the config's moe.num_experts)")->group("Training");
+  sub->add_option("--moe-every", f->moe_every, "Every how many blocks is an MoE block (2)")->group("Training");
+  sub->add_option("--moe-k", f->moe_k, "Experts per token (2)")->group("Training");
+  sub->add_option("--ep", f->ep, "Expert-parallel degree (divides the experts and the data-parallel size)")->group("Training");
+  sub->add_option("--moe-capacity-factor", f->moe_capacity_factor, "MoE capacity factor (1.0)")->group("Training");
+  sub->add_flag("--moe-drop-tokens", f->moe_drop_tokens, "MoE with a capacity that drops tokens (default: dropless)")->group("Training");
   f->checkpointing_flag =
       sub->add_option("--activation-checkpointing", f->activation_checkpointing,
                       "none, selective (attention core recomputed) or full; alone: full")

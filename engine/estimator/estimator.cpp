@@ -98,6 +98,8 @@ StageModel stage_model(const Resolved& r, const TrainingSetup& s, int stage) {
     else if (t.layer == -1) here = m.first;
     else if (t.layer == -2) here = m.last;
     else here = t.layer >= first_layer && t.layer < first_layer + count;
+    // An expert is held by the ep rank of its index (the estimate is ep rank 0's: each holds as many).
+    if (t.expert >= 0 && s.moe && t.expert >= s.moe->num_experts / s.moe->ep_size) here = false;
     if (!here) continue;
     ParamTensor local = t;
     if (t.tp_split) local.numel = ceil_div(t.numel, s.tp);
@@ -168,16 +170,26 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
     ad.layers_held = m.layers;
     ad.per_layer_full = a.layer_full;
     ad.formula = a.formula;
+    // The stage's MoE layers store more than a dense one (a.moe_extra each).
+    int64_t moe_layers = 0;
+    if (s.moe) {
+      const auto [first_layer, count] = stage_layers(r.shape->layers, s.pp, stage);
+      for (int64_t l = first_layer; l < first_layer + count; ++l) moe_layers += (l + 1) % s.moe->every == 0;
+      ad.moe_layers = moe_layers;
+      ad.moe_extra = a.moe_extra;
+      ad.moe_all_to_all = moe_layers > 0 ? a.moe_all_to_all : 0;
+      ad.moe_rows = a.moe_rows;
+    }
     int64_t stored;
     if (s.activation_checkpointing == "full") {
       const int64_t interval = std::max(1, s.checkpoint_interval);
       const int64_t checkpoints = ceil_div(m.layers, interval);
       ad.per_layer = a.checkpoint;
       stored = ad.in_flight * checkpoints * a.checkpoint;
-      ad.recompute = std::min<int64_t>(interval, m.layers) * a.layer_full;
+      ad.recompute = std::min<int64_t>(interval, m.layers) * a.layer_full + std::min<int64_t>(interval, moe_layers) * a.moe_extra;
     } else {
       ad.per_layer = a.layer_stored;
-      stored = ad.in_flight * m.layers * a.layer_stored;
+      stored = ad.in_flight * (m.layers * a.layer_stored + moe_layers * a.moe_extra);
     }
     if (s.cpu_checkpointing && s.activation_checkpointing == "full") {
       ad.on_cpu = stored;
@@ -187,7 +199,7 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
     ad.logits = m.last ? a.output : 0;
     // The output layer's backward (logits and their gradient) runs before any layer is
     // recomputed, and its buffers are freed by then: the two peaks do not add.
-    act_device = stored + ad.embedding + std::max(ad.logits, ad.recompute);
+    act_device = stored + ad.embedding + std::max({ad.logits, ad.recompute, ad.moe_all_to_all});
   }
 
   // Per GPU (per rank on a CPU device).
@@ -208,6 +220,10 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
       detail += " + max(output layer " + format_gib(ad.logits) + ", 1 recomputed segment " + format_gib(ad.recompute) + ")";
     else if (ad.recompute) detail += " + 1 recomputed segment " + format_gib(ad.recompute);
     else if (ad.logits) detail += " + output layer " + format_gib(ad.logits);
+    if (ad.moe_layers)
+      detail += "; " + std::to_string(ad.moe_layers) + " MoE layers store " + format_gib(ad.moe_extra) +
+                " more each (" + std::to_string(ad.moe_rows) + " expert rows), their all-to-all buffers " +
+                format_gib(ad.moe_all_to_all) + " (transient: the larger of it and the output layer counts)";
     add_line(g, "activations", act_device, detail);
   }
   g.activations = act_device;
@@ -321,6 +337,7 @@ OptionRow row_of(const Evaluation& ev, const TrainingSetup& s) {
 
 Resolved resolve_model(const EstimateInputs& in) {
   Resolved r;
+  const MoeConfig* moe = in.setup.moe ? &*in.setup.moe : nullptr;
   const ModelSpec& m = in.model;
   r.name = m.name;
   r.shape = m.shape;
@@ -336,9 +353,9 @@ Resolved resolve_model(const EstimateInputs& in) {
   } else if (m.params > 0) {
     r.params = m.params;  // a bare count wins over the shape's (the shape then only sizes activations)
     r.largest = m.largest_layer_params;
-    if (r.shape && r.largest == 0) r.largest = largest_module_params(transformer_tensors(*r.shape));
+    if (r.shape && r.largest == 0) r.largest = largest_module_params(transformer_tensors(*r.shape, moe));
   } else if (r.shape) {
-    r.tensors = transformer_tensors(*r.shape);
+    r.tensors = transformer_tensors(*r.shape, moe);
     r.params = param_count(r.tensors);
     r.largest = m.largest_layer_params > 0 ? m.largest_layer_params : largest_module_params(r.tensors);
   } else {
@@ -445,10 +462,17 @@ EstimateResult estimate(const EstimateInputs& in) {
                                       "(--attention eager: written-out attention)"
                                     : "attention eager: s x s scores, softmax and dropout masks stored per head") +
                     "), not measured; they assume the model stores what a standard transformer layer stores");
+  const MoeConfig* moe = s.moe ? &*s.moe : nullptr;
+  if (moe)
+    notes.push_back("MoE: " + std::to_string(moe->num_experts) + " experts in every " + std::to_string(moe->every) +
+                    "th block, " + std::to_string(moe->num_experts / moe->ep_size) + " on each rank (ep " +
+                    std::to_string(moe->ep_size) + "), their optimizer state over the dp/ep ranks holding the same "
+                    "experts; activations " + (moe->drop_tokens ? "at the capacity" : "at the dropless worst case: "
+                    "every choice of the ep group's ranks routed to this rank's experts (balanced routing needs 1/ep of it)"));
   if (r.shape && in.model.tensors.empty() && in.model.params > 0 &&
-      in.model.params != param_count(transformer_tensors(*r.shape)))
+      in.model.params != param_count(transformer_tensors(*r.shape, moe)))
     notes.push_back("the parameter count given (" + count_str(in.model.params) + ") differs from the shape's (" +
-                    count_str(param_count(transformer_tensors(*r.shape))) +
+                    count_str(param_count(transformer_tensors(*r.shape, moe))) +
                     "): model states use the count, activations the shape");
   if (s.tp > 1)
     notes.push_back("tensor parallelism: linear weights and the vocab-parallel embedding/head split by tp; norms and "

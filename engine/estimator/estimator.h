@@ -75,6 +75,10 @@ struct TrainingSetup : ZeroSizeParams {
   // sub_group_size, stage3_*) are the base ZeroSizeParams's (zero/options.h), with its defaults.
   int optimizer_buffer_count = kOptimizerSwapBufferCount;  // offload_optimizer.buffer_count (NVMe swap buffers)
   double offload_optimizer_ratio = 1.0;                    // offload_optimizer.ratio (ZeRO-3: fraction offloaded)
+  // The model's MoE blocks and their expert parallelism (the config's "moe" section): experts
+  // counted over ep_size, their optimizer state over dp/ep, the all-to-all buffers and the
+  // activations at the capacity (dropless: at the worst case, docs/estimator.md).
+  std::optional<MoeConfig> moe;
   int param_buffer_count = kParameterSwapBufferCount;      // offload_param.buffer_count
   int64_t param_buffer_size = kParameterSwapBufferNumel;   // offload_param.buffer_size (elements)
 };
@@ -147,6 +151,10 @@ struct ActivationDetail {
   int64_t logits = 0;             // last stage: fp32 logits and their gradient
   int64_t recompute = 0;          // one layer rebuilt during the backward (checkpointing)
   int64_t on_cpu = 0;             // cpu_checkpointing: per rank, in host memory
+  int64_t moe_layers = 0;         // MoE layers on the busiest stage (TrainingSetup::moe)
+  int64_t moe_extra = 0;          // what one of them stores beyond a dense layer, per micro-batch
+  int64_t moe_rows = 0;           // rows this rank's experts process per MoE layer
+  int64_t moe_all_to_all = 0;     // one MoE layer's all-to-all send and receive buffers (transient)
   int stage = 0;                  // the pipeline stage with the largest total
   std::string formula;            // the per-layer formula used, in words
 };

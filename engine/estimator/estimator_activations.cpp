@@ -56,6 +56,25 @@ Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s,
   else if (s.activation_checkpointing == "selective") a.layer_stored = round_bytes(replicated + split);
   else a.layer_stored = a.layer_full;
   a.embedding = round_bytes(mask * sbh / (sp ? t : 1));
+  if (s.moe) {
+    // An MoE layer's MLP (parallel/moe/): T tokens (this tensor rank's under sequence
+    // parallelism), k choices each. Its experts process R rows: with a capacity C, E·C (each of
+    // the ep ranks sends every local expert C rows, zeros included); dropless at the worst case,
+    // every choice of the ep ranks routed here, ep·k·T. Stored: the experts' inputs, their two inner
+    // activations (f wide) and their outputs (read by the weighted sum), the k·T rows brought back,
+    // and the router's fp32 logits and probabilities; in place of the dense MLP's inner
+    // activations. The all-to-all's send and receive buffers are transient: the larger way twice.
+    const MoeConfig& m = *s.moe;
+    const double T = S * b / (sp ? t : 1), E = static_cast<double>(m.num_experts), k = static_cast<double>(m.k);
+    const double capacity = std::max<double>(static_cast<double>(m.min_capacity), std::ceil(T / E * m.capacity_factor * k));
+    const double rows = m.drop_tokens ? E * capacity : static_cast<double>(m.ep_size) * k * T;
+    const double inner = (sh.mlp == "swiglu" ? 3 : 2) * e * rows * f;
+    const double moe = e * rows * h * 2 + inner + e * k * T * h + 2 * 4 * T * E;
+    a.moe_rows = round_bytes(rows);
+    a.moe_extra = round_bytes(moe - mlp / t);
+    const double sent = m.drop_tokens ? E * capacity : k * T;
+    a.moe_all_to_all = round_bytes(e * h * (sent + rows));
+  }
   a.output = round_bytes(2 * e * sbh / (sp ? t : 1) + 8.0 * S * b * sh.vocab / t);
 
   // The formula in words, in sbh units (Korthikanti's).

@@ -62,7 +62,7 @@ struct States {
 States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cpu_device = false);
 // Whether the engine runs this setup on these devices (the estimate is then validated against it).
 bool engine_runs(const TrainingSetup& s, bool cpu_device);
-std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s);
+std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s, std::vector<int>* keys = nullptr);
 
 // Activations (engine/estimator/estimator_activations.cpp): Korthikanti et al. 2022.
 struct Activations {
@@ -71,6 +71,10 @@ struct Activations {
   int64_t checkpoint = 0;    // full checkpointing: one checkpointed input
   int64_t embedding = 0;     // per micro-batch on the first stage
   int64_t output = 0;        // the last stage: final norm, head input, fp32 logits and their gradient
+  // An MoE layer (TrainingSetup::moe): what it stores beyond a dense layer (its experts' rows in
+  // place of the MLP's), and its all-to-all's send and receive buffers (transient).
+  int64_t moe_extra = 0, moe_all_to_all = 0;
+  int64_t moe_rows = 0;  // rows this rank's experts process per MoE layer (capacity, or dropless worst case)
   std::string formula;
 };
 Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s, int64_t micro_batch);

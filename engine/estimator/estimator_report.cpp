@@ -114,7 +114,8 @@ json estimate_to_json(const EstimateResult& r) {
                       {"layers_held", a.layers_held}, {"micro_batches_in_flight", a.in_flight},
                       {"embedding_bytes", a.embedding}, {"output_layer_bytes", a.logits},
                       {"recompute_bytes", a.recompute}, {"on_cpu_bytes", a.on_cpu}, {"pipeline_stage", a.stage},
-                      {"formula", a.formula}};
+                      {"formula", a.formula}, {"moe_layers", a.moe_layers}, {"moe_extra_bytes", a.moe_extra},
+                      {"moe_rows", a.moe_rows}, {"moe_all_to_all_bytes", a.moe_all_to_all}};
   j["shortfalls"] = r.shortfalls;
   j["notes"] = r.notes;
   json table = json::array(), options = json::array();

@@ -79,6 +79,7 @@ TrainingSetup setup_from_config(const Config& c) {
   s.offload_optimizer_ratio = z.offload_optimizer.ratio;
   s.param_buffer_count = z.offload_param.buffer_count;
   s.param_buffer_size = z.offload_param.buffer_size;
+  s.moe = c.moe;
   return s;
 }
 
@@ -132,7 +133,8 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
       "tp", "pp", "pipeline_micro_batches", "sequence_parallel", "activation_checkpointing", "checkpoint_interval",
       "param_groups", "reduce_bucket_size", "gpus_per_node", "nodes", "gpu_mem", "cpu_mem", "nvme", "device",
       "fragmentation", "device_overhead", "host_overhead", "max_micro_batch", "search", "attention", "gpu_tflops",
-      "intra_node_bw", "inter_node_bw", "pcie_bw", "host_mem_bw", "nvme_bw"};
+      "intra_node_bw", "inter_node_bw", "pcie_bw", "host_mem_bw", "nvme_bw", "moe_experts", "moe_every", "moe_k", "ep",
+      "moe_capacity_factor", "moe_drop_tokens"};
   for (const auto& [k, v] : req.items()) {
     if (known.count(k)) continue;
     std::string best;
@@ -320,6 +322,18 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
   if (auto v = int_of("pp")) {
     if (!cfg.contains("pipeline") || !cfg["pipeline"].is_object()) cfg["pipeline"] = json::object();
     cfg["pipeline"]["stages"] = *v;
+  }
+  // MoE blocks: the flags into the config's "moe" section (its checks: ep divides the experts and dp).
+  if (get("moe_experts") || get("moe_every") || get("moe_k") || get("ep") || get("moe_capacity_factor") ||
+      get("moe_drop_tokens")) {
+    if (!cfg.contains("moe") || !cfg["moe"].is_object()) cfg["moe"] = json::object();
+    json& m = cfg["moe"];
+    if (auto v = int_of("moe_experts")) m["num_experts"] = *v;
+    if (auto v = int_of("moe_every")) m["every"] = *v;
+    if (auto v = int_of("moe_k")) m["k"] = *v;
+    if (auto v = int_of("ep")) m["ep_size"] = *v;
+    if (const json* v = get("moe_capacity_factor")) m["capacity_factor"] = *v;
+    if (auto v = bool_of("moe_drop_tokens")) m["drop_tokens"] = *v;
   }
   Config config = parse_config(cfg, report);
   if (report.ok()) resolve_config(config, world, report);

@@ -16,13 +16,17 @@ using namespace estimator_detail;
 
 namespace estimator_detail {
 
-// Parameter groups: the engine keeps one flat layout per group.
-std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s) {
+// Parameter groups: the engine keeps one flat layout per group. `keys` (optional): each group's
+// number (2 and 3: an MoE model's experts).
+std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const TrainingSetup& s, std::vector<int>* keys) {
   std::map<int, std::vector<int64_t>> groups;
-  for (const auto& t : m.tensors) groups[s.param_groups == 1 ? 0 : t.group].push_back(t.numel);
+  for (const auto& t : m.tensors) groups[s.param_groups == 1 && t.group < 2 ? 0 : t.group].push_back(t.numel);
   std::vector<std::vector<int64_t>> out;
   for (auto& [g, numels] : groups)
-    if (!numels.empty()) out.push_back(std::move(numels));
+    if (!numels.empty()) {
+      out.push_back(std::move(numels));
+      if (keys) keys->push_back(g);
+    }
   return out;
 }
 
@@ -73,7 +77,10 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
   const bool gpu_host_offload = !cpu_device && off_opt && engine_runs(s, false);
   // ...where offload_param "cpu" puts each partitioned group's shard in host memory.
   const bool shards_on_host = gpu_host_offload && s.offload_param == "cpu";
-  const auto groups = group_numels(m, s);
+  std::vector<int> keys;
+  const auto groups = group_numels(m, s, &keys);
+  // An MoE model's experts (groups 2-3) are partitioned over their expert-data group, dp/ep ranks.
+  const int expert_dp = s.moe ? std::max<int>(1, dp / static_cast<int>(s.moe->ep_size)) : dp;
   const int staging_buffers = std::max<int>(static_cast<int>(groups.size()), s.param_groups);
   const std::string dtype = s.precision;
 
@@ -81,18 +88,21 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
     // The engine's own buffer planner (zero/buffer_plan.h): the figures are what it allocates.
     BufferPlanInput in;
     in.group_numels = groups;
+    for (int key : keys) in.group_partitions.push_back(key >= 2 ? expert_dp : dp);
     if (s.zero_stage == 3) {
       // As the engine splits them: each group's partitioned tensors, then its persistent ones
       // (fewer elements than stage3_param_persistence_threshold), each kind a group of its own.
       in.group_numels.clear();
-      for (const auto& numels : groups)
+      in.group_partitions.clear();
+      for (size_t gi = 0; gi < groups.size(); ++gi)
         for (bool partitioned : {true, false}) {
           std::vector<int64_t> kind;
-          for (auto n : numels)
+          for (auto n : groups[gi])
             if ((n >= s.stage3_param_persistence_threshold) == partitioned) kind.push_back(n);
           if (kind.empty()) continue;
           in.group_numels.push_back(std::move(kind));
           in.group_partitioned.push_back(partitioned);
+          in.group_partitions.push_back(keys[gi] >= 2 ? expert_dp : dp);
         }
     }
     in.stage = s.zero_stage;

@@ -1,5 +1,7 @@
 #include "engine/estimator/model_presets.h"
 
+#include "engine/config/config.h"
+
 #include <algorithm>
 #include <map>
 #include <stdexcept>
@@ -23,7 +25,7 @@ void TransformerShape::validate() const {
   if (norm != "layernorm" && norm != "rmsnorm") bad("norm must be \"layernorm\" or \"rmsnorm\", not \"" + norm + "\"");
 }
 
-std::vector<ParamTensor> transformer_tensors(const TransformerShape& s) {
+std::vector<ParamTensor> transformer_tensors(const TransformerShape& s, const MoeConfig* moe) {
   s.validate();
   const int64_t h = s.hidden, kv = s.kv_dim(), f = s.ffn_dim();
   std::vector<ParamTensor> out;
@@ -68,7 +70,26 @@ std::vector<ParamTensor> transformer_tensors(const TransformerShape& s) {
       linear(p + "attn.o_proj", h, h, L, false);
     }
     norm(p + "ln_2", L);
-    if (s.mlp == "gelu") {
+    if (moe && (l + 1) % moe->every == 0) {
+      add(p + "mlp.router.weight", moe->num_experts * h, true, L, module++, false);
+      for (int64_t e = 0; e < moe->num_experts; ++e) {
+        const size_t first = out.size();
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        if (s.mlp == "gelu") {
+          linear(x + "c_fc", h, f, L, true);
+          linear(x + "c_proj", f, h, L, false);
+        } else {
+          linear(x + "gate_proj", h, f, L, true);
+          linear(x + "up_proj", h, f, L, true);
+          linear(x + "down_proj", f, h, L, false);
+        }
+        for (size_t i = first; i < out.size(); ++i) {
+          out[i].expert = static_cast<int>(e);
+          out[i].group += 2;
+          out[i].tp_split = false;  // experts are replicated over the tensor group
+        }
+      }
+    } else if (s.mlp == "gelu") {
       linear(p + "mlp.c_fc", h, f, L, true);
       linear(p + "mlp.c_proj", f, h, L, false);
     } else {

@@ -49,12 +49,18 @@ struct ParamTensor {
   bool tp_split = false;  // divided by the tensor-parallel degree (column/row-parallel weights, vocab-parallel
                           // embedding); false: replicated on every tensor-parallel rank (norms, row-parallel biases)
   bool tied_copy = false; // the LM head's copy of a tied embedding, held by the last pipeline stage only when pp > 1
+  int expert = -1;        // an MoE layer's expert e (0..E-1): held by the ep rank of e, in groups 2-3 (over dp/ep)
 };
+
+struct MoeConfig;
 
 // The parameters of `shape` in registration order (GPT-2's order for "gelu", Llama's for "swiglu").
 // Group 0: matrices and embeddings (weight decay), group 1: vectors (biases, norms), as
-// tessera's examples and nanoGPT group them. Includes a `tied_copy` LM head when tied.
-std::vector<ParamTensor> transformer_tensors(const TransformerShape& shape);
+// tessera's examples and nanoGPT group them. Includes a `tied_copy` LM head when tied. With `moe`
+// (engine/config's section), layer l with (l + 1) % every == 0 has a router (E × hidden, group 0)
+// and E experts of the MLP's shape in place of the MLP: their matrices in group 2, vectors in 3
+// (the example GPT's "experts.decay" and "experts.no_decay"), replicated over tensor parallelism.
+std::vector<ParamTensor> transformer_tensors(const TransformerShape& shape, const MoeConfig* moe = nullptr);
 
 // Sum of the tensors' sizes, tied copies excluded: the model's parameter count.
 int64_t param_count(const std::vector<ParamTensor>& tensors);

@@ -117,6 +117,20 @@ void bind_engine(py::module& m) {
       .def("step",
            [](EngineHandle& e) { blocking([&] { e.engine->step(); }); })
       .def("zero_grad", [](EngineHandle& e) { e.engine->zero_grad(); })
+      .def("group_memory", [](EngineHandle& e) {
+        py::list out;
+        for (const auto& g : e.engine->group_memory()) {
+          py::dict d;
+          d["first_parameter"] = g.first_parameter;
+          d["communicator"] = g.communicator;
+          d["ranks"] = g.ranks;
+          d["numel"] = g.numel;
+          d["shard_numel"] = g.shard_numel;
+          d["state_bytes"] = g.state_bytes;
+          out.append(d);
+        }
+        return out;
+      })
       .def("record_moe", [](EngineHandle& e, double aux_loss, int64_t routed, int64_t dropped) {
         e.engine->record_moe(aux_loss, routed, dropped);
       })

@@ -487,6 +487,12 @@ class Engine(CheckpointCalls):
         optimizer_states, buckets, total."""
         return self._c.memory()
 
+    def group_memory(self):
+        """Per ZeRO group on this rank: first_parameter, communicator (the group it is reduced and
+        partitioned over: "data", or an MoE layer's "ep_size_N_data"), ranks, numel, shard_numel
+        and state_bytes (the optimizer state this rank holds for it)."""
+        return self._c.group_memory()
+
     def close(self):
         """Finishes the parameters' allgather and closes the metrics file (also done when the engine
         is garbage-collected)."""

@@ -289,5 +289,5 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
     tied_spec = []
     for key, params, stages in tied:
         tied_spec.append((len(groups), stages))
-        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], sliced(params), ""))
+        groups.append((params, None, None, "tied:%s" % key, [names.get(id(p), "") for p in params], sliced(params), "", 1.0))
     return PipelineEngine(module, cfg, module._context, groups, tied_spec)

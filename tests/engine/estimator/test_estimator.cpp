@@ -475,6 +475,38 @@ TEST_CASE("JSON: the documented keys - and requests with the CLI's flags as keys
   CHECK_THROWS(parse_memory_size("lots"));
 }
 
+TEST_CASE("MoE: experts counted over ep - activations at the capacity or the stated dropless worst case - the flags' errors") {
+  // tessera-gpt (4 layers, hidden 128, sequence 128): 8 experts in blocks 1 and 3, micro-batch 4.
+  auto moe = [](json more) {
+    json request = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"gpus_per_node", 4}, {"micro_batch", 4},
+                    {"moe_experts", 8}, {"search", false}};
+    if (more.is_object()) request.update(more);
+    return estimate_json(request);
+  };
+  const json dense = estimate_json({{"preset", "tessera-gpt"}, {"device", "cpu"}, {"gpus_per_node", 4},
+                                    {"micro_batch", 4}, {"search", false}});
+  const int64_t expert = 2 * (128 * 512) + 512 + 128;  // one expert: the MLP's c_fc and c_proj
+  const int64_t router = 8 * 128;
+  const json ep1 = moe({}), ep2 = moe({{"ep", 2}}), ep4 = moe({{"ep", 4}});
+  // Each MoE block: the dense MLP replaced by the router and E/ep experts.
+  CHECK(ep1["model"]["params_per_gpu"].get<int64_t>() == dense["model"]["params_per_gpu"].get<int64_t>() + 2 * (router + 7 * expert));
+  CHECK(ep2["model"]["params_per_gpu"].get<int64_t>() == dense["model"]["params_per_gpu"].get<int64_t>() + 2 * (router + 3 * expert));
+  CHECK(ep4["model"]["params_per_gpu"].get<int64_t>() == dense["model"]["params_per_gpu"].get<int64_t>() + 2 * (router + 1 * expert));
+  CHECK(ep2["activations"]["moe_layers"] == 2);
+  // Dropless: the worst case, every choice of the ep group here: ep · k · T rows (T = 4 · 128).
+  CHECK(ep2["activations"]["moe_rows"] == 2 * 2 * 512);
+  CHECK(ep4["activations"]["moe_rows"] == 4 * 2 * 512);
+  // With a capacity: E · ceil(T / E · cf · k) rows whatever ep is.
+  CHECK(moe({{"ep", 2}, {"moe_drop_tokens", true}})["activations"]["moe_rows"] == 8 * 128);
+  CHECK(moe({{"ep", 2}, {"moe_drop_tokens", true}, {"moe_capacity_factor", 0.5}})["activations"]["moe_rows"] == 8 * 64);
+  bool noted = false;
+  for (const auto& n : ep2["notes"]) noted |= n.get<std::string>().find("dropless worst case") != std::string::npos;
+  CHECK(noted);
+  CHECK_THROWS_WITH(moe({{"ep", 3}}), Catch::Contains("moe.ep_size") && Catch::Contains("does not divide num_experts 8"));
+  CHECK_THROWS_WITH(moe({{"ep", 8}}), Catch::Contains("does not divide the data-parallel size 4"));
+  CHECK_THROWS_WITH(moe({{"moe_k", 9}}), Catch::Contains("moe.k"));
+}
+
 TEST_CASE("every shipped config in configs/ can be estimated - its choices read as the engine reads them") {
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(TESSERA_SOURCE_DIR "/configs")) {

@@ -241,3 +241,46 @@ TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate
       }
     }
 }
+
+// MoE: the example GPT with 4 experts in every other block (the tessera-gpt preset with the config's
+// moe section), on 4 ranks with ep 2: each rank holds 2 experts per MoE block, partitioned over the
+// 2 ranks that hold the same ones. The estimate's lines are rank 0's engine buffers, exactly.
+TEST_CASE("validation: MoE expert parallelism - experts over ep and their state over dp/ep - the estimate is the engine's buffers") {
+  for (int stage : {0, 1, 2}) {
+    const std::string config = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": )" + std::to_string(stage) + R"(},
+        "moe": {"num_experts": 4, "every": 2, "k": 2, "ep_size": 2}})";
+    tessera::testing::TempDir dir;
+    const std::string path = dir.file("moe.json");
+    if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fputs(config.c_str(), f);
+      std::fclose(f);
+    }
+    auto r = tessera::testing::run({TESSERA_CLI_PATH, "launch", "--nproc-per-node", "4", "--master-port",
+                                    std::to_string(tessera::testing::free_port()), "--", TESSERA_TRAIN_GPT_PATH,
+                                    "--config", path, "--steps", "1"},
+                                   {}, 120);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(r.output, m, std::regex("engine memory \\(bytes\\): params (\\d+) master (\\d+) grads (\\d+) states (\\d+)")));
+    EstimateInputs in;
+    in.model.shape = find_preset("tessera-gpt")->shape;
+    in.hardware.device = "cpu";
+    in.hardware.gpus_per_node = 4;
+    in.setup.zero_stage = stage;
+    in.setup.optimizer = "AdamW";
+    in.setup.reduce_bucket_size = 500000000;
+    MoeConfig moe;
+    moe.num_experts = 4;
+    moe.ep_size = 2;
+    in.setup.moe = moe;
+    in.search = false;
+    EstimateResult e = estimate(in);
+    INFO("ZeRO-" << stage);
+    CHECK(e.per_gpu.bytes("parameters") == std::stoll(m[1]));
+    CHECK(e.per_gpu.bytes("gradients") == std::stoll(m[3]));
+    CHECK(e.per_gpu.bytes("optimizer states") == std::stoll(m[4]));
+    CHECK(e.validated);
+  }
+}

@@ -133,6 +133,19 @@ def main():
     context = tessera.comm.parallel_context()
     assert context.group_size("ep_size_%d" % ep) == ep and context.group_rank("ep_size_%d" % ep) == rank % ep
     assert model.moe.global_expert_index(0) == first
+    # The experts' groups are laid out over the ranks that hold the same experts (world / ep of
+    # them), the dense ones over every data rank; with AdamW each rank keeps 2 floats per element
+    # of its shard: its experts' state is 1/(world/ep) of theirs, not whole (DeepSpeed#7156).
+    layouts = engine.group_memory()
+    experts = [g for g in layouts if ".deepspeed_experts." in g["first_parameter"]]
+    assert experts and len(experts) < len(layouts), layouts
+    for g in layouts:
+        want_comm, want_ranks = ("ep_size_%d_data" % ep, world // ep) if g in experts else ("data", world)
+        assert (g["communicator"], g["ranks"]) == (want_comm, want_ranks), g
+        partitions = want_ranks if stage > 0 else 1
+        assert g["shard_numel"] * partitions == g["numel"], g
+        if kind == "adamw":
+            assert g["state_bytes"] == 8 * g["shard_numel"], g
     want, ref = reference(kind, drop_tokens)
     start = 0
     if more[:1] == ["load"]:
