@@ -241,7 +241,7 @@ TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
 // router balances each micro-batch's tokens, so each rank's batch must be one of the reference's
 // micro-batches). Dropless: dp 4 with ep 2 at ZeRO 0-3 and with ep 4, and tp 2 x dp 2 with ep 2
 // (the experts replicated over the tensor group); with a capacity that drops tokens: dp 4 with
-// ep 2 against its own one-rank run.
+// ep 2 against its own one-rank run, in fp32 and in bf16.
 namespace {
 
 std::string moe_config(int micro, int accumulation, int stage, int ep, const std::string& more = "") {
@@ -280,7 +280,7 @@ std::string check_moe(const MoeReference& ref, int ranks, const std::string& con
 }  // namespace
 
 TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-3 - ep 4 - tp 2 x ep 2 - with "
-          "dropped tokens) reach the 1-rank loss and parameters") {
+          "dropped tokens - bf16) reach the 1-rank loss and parameters") {
   const MoeReference dropless = moe_reference("");
   INFO(dropless.output);
   CHECK(contains(dropless.output, "| moe aux "));
@@ -298,4 +298,19 @@ TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-
   std::smatch m;
   REQUIRE(std::regex_search(output, m, std::regex("dropped ([0-9.]+)%")));
   CHECK(std::stod(m[1]) > 1.0);  // the capacity drops some choices
+
+  // bf16 with dropping: the router's fp32 logits come from bf16 activations, so a few choices near
+  // a tie route otherwise than on one rank; the loss stays within bf16's reach of the one-rank run.
+  const std::string bf16 = R"(, "drop_tokens": true, "capacity_factor": 0.75, "use_rts": false)";
+  auto bf16_config = [&](int accumulation, int ep) {
+    return with_sections(moe_config(4, accumulation, 2, ep, bf16), R"("bf16": {"enabled": true})");
+  };
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, bf16_config(4, 1), 10, tessera::testing::free_port());
+  auto four = run_example(TESSERA_TRAIN_GPT_PATH, 4, bf16_config(1, 2), 10, tessera::testing::free_port());
+  INFO(one.output << "\n" << four.output);
+  REQUIRE(one.status == 0);
+  REQUIRE(four.status == 0);
+  CHECK(std::abs(final_loss(four.output) - final_loss(one.output)) < 5e-3);
+  REQUIRE(std::regex_search(four.output, m, std::regex("dropped ([0-9.]+)%")));
+  CHECK(std::stod(m[1]) > 10.0);
 }
