@@ -290,13 +290,19 @@ def auto_plan(module):
     q/k/v, fused qkv and up projections column-wise, output and down projections row-wise, the
     norms "sequence"; the first block scatters its input and the first norm after the blocks gathers
     its output (used only with sequence parallelism)."""
-    lists = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    # An MoE layer's experts (tessera.moe: replicated over the tensor group) are never the blocks.
+    experts = [n for n, m in module.named_modules() if type(m).__name__ == "Experts" and hasattr(m, "deepspeed_experts")]
+    lists = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0 and
+             not any(n == e or n.startswith(e + ".") for e in experts)]
     if not lists:
         raise ValueError("tessera.tensor_parallel.auto_plan: the model has no nn.ModuleList of blocks; give a plan "
                          "(module-name pattern -> 'colwise' / 'rowwise' / ...)")
     blocks_name, blocks = max(lists, key=lambda nm: len(nm[1]))
     plan = {}
+    inside_experts = [n[len(blocks_name) + 3:] for n in experts if n.startswith(blocks_name + ".0.")]
     for name, m in blocks[0].named_modules():
+        if any(name == e or name.startswith(e + ".") for e in inside_experts):
+            continue  # an MoE layer's experts stay whole on every tensor rank
         leaf = name.rsplit(".", 1)[-1]
         pattern = "%s.*.%s" % (blocks_name, name)
         if isinstance(m, nn.Linear):

@@ -28,6 +28,11 @@ def test_with_a_capacity_ep2_adamw_matches_one_process(stage):
     run(2, stage, "adamw", "capacity")
 
 
+@pytest.mark.parametrize("stage, optimizer", [(1, "sgd"), (2, "adamw")])
+def test_tensor_parallel_2_by_expert_parallel_2_matches_one_process(stage, optimizer):
+    run(2, stage, optimizer, "dropless", "tp")
+
+
 def test_a_client_optimizer_over_deepspeeds_moe_param_groups_matches_one_process():
     run(2, 2, "sgd", "dropless", "client")
 

@@ -227,3 +227,24 @@ def test_the_progress_line_and_the_monitor_show_the_auxiliary_loss_and_the_share
     records = [json.loads(l) for l in open(tmp_path / "moe" / "metrics.jsonl")]
     assert abs(records[-1]["moe_dropped_fraction"] - dropped[-1]) < 1e-9 and records[-1]["moe_aux_loss"] > 0
 
+
+
+def test_the_automatic_tensor_parallel_plan_leaves_the_experts_whole():
+    """AutoTP picks the blocks (not the experts' ModuleList, even when it is longer) and splits the
+    dense MLP's layers, never an expert's: experts are replicated over the tensor group."""
+    class Block(nn.Module):
+        def __init__(self, moe):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(HIDDEN)
+            self.c_fc, self.c_proj = nn.Linear(HIDDEN, 2 * HIDDEN), nn.Linear(2 * HIDDEN, HIDDEN)
+            self.moe = MoE(HIDDEN, Expert(), num_experts=8) if moe else None
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = nn.ModuleList([Block(True), Block(False)])
+            self.ln_f = nn.LayerNorm(HIDDEN)
+
+    plan = tessera.tensor_parallel.auto_plan(Net())
+    assert plan["h.*.c_fc"] == "colwise" and plan["h.*.c_proj"] == "rowwise", plan
+    assert not any("experts" in k for k in plan), plan

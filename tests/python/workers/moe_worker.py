@@ -1,11 +1,13 @@
 """An MoE model on 4 data-parallel ranks with expert parallelism, against one process training the
 same model on the same global batch (tests/python/moe/test_expert_parallel.py).
 
-    moe_worker.py EP STAGE OPTIMIZER DROP [client | save DIR | load DIR]
+    moe_worker.py EP STAGE OPTIMIZER DROP [client | tp | save DIR | load DIR]
 
 EP: ep_size (2 or 4); STAGE: ZeRO 0-3; OPTIMIZER: sgd (no momentum, gradient clipping that clips)
 or adamw; DROP: dropless or capacity; "client": the optimizer is the script's torch.optim one over
-DeepSpeed's split_params_into_different_moe_groups_for_optimizer groups; "save DIR": a checkpoint
+DeepSpeed's split_params_into_different_moe_groups_for_optimizer groups; "tp": tensor parallelism 2
+(the dense MLP split by a plan, the MoE layer whole on each tensor rank), so dp 2 with EP over it
+and two micro-batches a step per data rank; "save DIR": a checkpoint
 after 2 of the 3 steps; "load DIR": starts from it (on 4 ranks or 2, at this EP and STAGE) and
 trains the last step. On 2 ranks each takes 2 micro-batches a step (gradient accumulation), so the
 global batch is the same. The experts are initialized by their global index (distinct,
@@ -42,6 +44,7 @@ class Net(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.inp = nn.Linear(HIDDEN, HIDDEN)
+        self.up, self.down = nn.Linear(HIDDEN, 2 * HIDDEN), nn.Linear(2 * HIDDEN, HIDDEN)  # split under "tp"
         self.moe = MoE(HIDDEN, Expert(), num_experts=EXPERTS, ep_size=ep_size, k=2, drop_tokens=drop_tokens,
                        capacity_factor=1.0, min_capacity=0, top2_2nd_expert_sampling=False)
         self.out = nn.Linear(HIDDEN, HIDDEN)
@@ -52,6 +55,7 @@ class Net(nn.Module):
 
     def forward(self, x, y):
         h = torch.tanh(self.inp(x))
+        h = h + self.down(F.gelu(self.up(h)))
         m, l_aux, _ = self.moe(h)
         return ((self.out(h + m) - y) ** 2).mean() + 0.01 * l_aux
 
@@ -92,6 +96,7 @@ def check_parameters(engine, model, ref, first, when):
     ref_params = dict(ref.named_parameters())
     with engine.gathered_parameters():
         for n, p in model.named_parameters():
+            p = tessera.tensor_parallel.full_tensor(p)  # a tensor-parallel slice made whole
             if ".deepspeed_experts." in n:
                 head, tail = n.split(".deepspeed_experts.")
                 i, rest = tail.split(".", 1)
@@ -112,10 +117,14 @@ def main():
     more = sys.argv[5:]
     drop_tokens = drop == "capacity"
     rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
+    tp = 2 if more == ["tp"] else 1
+    data_rank, dp = rank // tp, world // tp  # the grid's tensor axis is innermost
     local = EXPERTS // ep
-    first = (rank % ep) * local  # expert-parallel rank = data rank mod ep (adjacent ranks)
+    first = (data_rank % ep) * local  # expert-parallel rank = data rank mod ep (adjacent data ranks)
     model = Net(ep, first, drop_tokens)
-    accumulation = RANKS // world  # the same 4 micro-batches a step on 2 ranks
+    if tp > 1:  # the dense MLP split over the tensor group; the MoE layer stays whole on each tensor rank
+        tessera.tensor_parallel.parallelize(model, {"up": "colwise", "down": "rowwise"}, tp_size=tp)
+    accumulation = RANKS // dp  # the same 4 micro-batches a step on fewer data ranks
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": accumulation,
               "steps_per_print": 100, "zero_optimization": {"stage": stage, "reduce_bucket_size": 200}}
     if kind == "sgd":
@@ -123,6 +132,8 @@ def main():
         config["gradient_clipping"] = CLIP
     else:
         config["optimizer"] = {"type": "AdamW", "params": {"lr": LR[kind], "weight_decay": 0.01}}
+    if tp > 1:
+        config["tensor_parallel"] = {"tp_size": tp}
     if more == ["client"]:
         del config["optimizer"]
         groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
@@ -131,7 +142,8 @@ def main():
     else:
         engine, _, _, _ = tessera.initialize(model=model, config=config)
     context = tessera.comm.parallel_context()
-    assert context.group_size("ep_size_%d" % ep) == ep and context.group_rank("ep_size_%d" % ep) == rank % ep
+    assert engine.dp_rank == data_rank and engine.dp_world_size == dp
+    assert context.group_size("ep_size_%d" % ep) == ep and context.group_rank("ep_size_%d" % ep) == data_rank % ep
     assert model.moe.global_expert_index(0) == first
     # The experts' groups are laid out over the ranks that hold the same experts (world / ep of
     # them), the dense ones over every data rank; with AdamW each rank keeps 2 floats per element
@@ -140,7 +152,7 @@ def main():
     experts = [g for g in layouts if ".deepspeed_experts." in g["first_parameter"]]
     assert experts and len(experts) < len(layouts), layouts
     for g in layouts:
-        want_comm, want_ranks = ("ep_size_%d_data" % ep, world // ep) if g in experts else ("data", world)
+        want_comm, want_ranks = ("ep_size_%d_data" % ep, dp // ep) if g in experts else ("data", dp)
         assert (g["communicator"], g["ranks"]) == (want_comm, want_ranks), g
         partitions = want_ranks if stage > 0 else 1
         assert g["shard_numel"] * partitions == g["numel"], g
@@ -155,7 +167,7 @@ def main():
     for step in range(start, STEPS):
         losses = []
         for a in range(accumulation):
-            loss = engine(*batch(step, a * world + rank))
+            loss = engine(*batch(step, a * dp + data_rank))
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
