@@ -138,22 +138,24 @@ def _make_expert_groups(layers, context):
     """Every rank has the same MoE layers with the same sizes (their all-to-alls would otherwise hang
     or mix tensors of other shapes); then each ep_size's groups are made."""
     if context.world_size > 1:
-        _check_same_moe_layers(layers)
+        _check_same_moe_layers(layers, context.device)
     for _, m in layers:
         moe_layer.make_expert_groups(m.ep_size)
 
 
-def _check_same_moe_layers(layers):
+def _check_same_moe_layers(layers, device):
+    """Every rank's (count, then ep_size and num_experts of each layer), compared by a min and a max
+    over the world (on the collectives' device: NCCL takes CUDA tensors only)."""
     mine = torch.tensor([len(layers)] + [v for _, m in layers for v in (m.ep_size, m.num_experts)],
                         dtype=torch.float64)
-    size = torch.tensor([float(mine.numel())], dtype=torch.float64)
-    most = size.clone()
+    most = torch.tensor([float(mine.numel())], dtype=torch.float64, device=device)
     comm.all_reduce(most, op="max")
     padded = torch.full((int(most.item()),), -1.0, dtype=torch.float64)
     padded[:mine.numel()] = mine
-    low, high = padded.clone(), padded.clone()
+    low, high = padded.to(device, copy=True), padded.to(device, copy=True)
     comm.all_reduce(low, op="min")
     comm.all_reduce(high, op="max")
+    low, high = low.cpu(), high.cpu()
     if not torch.equal(low, high):
         raise ValueError("tessera.initialize: the ranks' MoE layers differ (count, then ep_size and num_experts of "
                          "each): this rank has %s; lowest over the ranks %s, highest %s"
