@@ -297,6 +297,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if cfg.pipe > 1:
         raise ValueError("tessera.initialize: pipeline.stages is %d; cut the model into stages with "
                          "tessera.pipe.PipelineModule (docs/pipeline.md)" % cfg.pipe)
+    moe_layers = _moe_layers(model, comm.get_world_size(), cfg.tensor, cfg.pipe)
+    if moe_layers and cfg.tensor > 1 and cfg.sequence_parallel:
+        raise ValueError("tessera.initialize: the MoE layer %r under tensor_parallel.sequence_parallel is not supported "
+                         "from Python yet: each tensor rank would route its own part of the sequence, and the layer's "
+                         "gradients would need summing over the tensor group (train_gpt's MoE blocks do it; "
+                         "docs/moe.md)" % moe_layers[0][0])
     if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
         # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
         # same objects, so model_parameters given by the caller still name them)
@@ -311,7 +317,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # The model's device, so that under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's
     # collectives are staged through host memory; NCCL checks it is this rank's GPU.
     device = next(iter(devices)) if len(devices) == 1 else None
-    moe_layers = _moe_layers(model, comm.get_world_size(), cfg.tensor, cfg.pipe)
     context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
     _make_expert_groups(moe_layers, context)
     names = {id(p): n for n, p in model.named_parameters()}

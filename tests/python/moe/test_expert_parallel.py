@@ -91,3 +91,21 @@ def test_one_bit_optimizers_refuse_expert_parallel_groups():
     result = check(launch(2, ["-c", ONE_BIT]))
     assert "OneBitAdam steps each rank's own gradient" in result.stdout and "use Adam or AdamW with MoE" in result.stdout, \
         result.stdout + result.stderr
+
+
+SEQUENCE_PARALLEL = """
+import torch, tessera
+from tessera.moe import MoE
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), MoE(4, torch.nn.Linear(4, 4), num_experts=2))
+try:
+    tessera.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD"},
+                                            "tensor_parallel": {"tp_size": 2, "sequence_parallel": True}})
+except ValueError as e:
+    print("refused: %s" % e, flush=True)
+"""
+
+
+def test_a_python_moe_layer_under_sequence_parallelism_is_refused():
+    result = check(launch(2, ["-c", SEQUENCE_PARALLEL]))
+    assert "refused: tessera.initialize: the MoE layer '1' under tensor_parallel.sequence_parallel" in result.stdout, \
+        result.stdout + result.stderr
