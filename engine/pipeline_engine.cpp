@@ -1,5 +1,7 @@
 #include "engine/pipeline_engine.h"
 
+#include <map>
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
@@ -29,18 +31,27 @@ class PipelineEngine::Stage final : public pipeline::PipelineStage {
     if (last()) labels_ = batch.labels;
   }
 
-  at::Tensor forward(int, const at::Tensor& input) override {
+  at::Tensor forward(int micro_batch, const at::Tensor& input) override {
     at::Tensor out = owner_.model_.forward(first() ? input_ : input);
+    if (at::Tensor aux = owner_.model_.take_auxiliary_loss(); aux.defined()) auxiliary_[micro_batch] = aux;
     return last() ? owner_.model_.loss(out, labels_) : out;
   }
 
-  void backward(int, const at::Tensor& output, const at::Tensor& grad) override {
+  void backward(int micro_batch, const at::Tensor& output, const at::Tensor& grad) override {
     Engine& engine = *owner_.engine_;
     const int m = owner_.executor_->schedule().micro_batches;
     // The last stage scales its loss as Engine::backward(loss) does (1/m, and the fp16 scale);
-    // the others back-propagate the gradient they received, scaled already.
-    if (last()) engine.backward({output}, {at::full_like(output, engine.loss_scale() / double(m))});
-    else engine.backward({output}, {grad});
+    // the others back-propagate the gradient they received, scaled already. A stage's auxiliary
+    // loss goes back with its output at the loss's scale.
+    const double loss_scale = engine.loss_scale() / double(m);
+    std::vector<at::Tensor> outputs{output};
+    std::vector<at::Tensor> grads{last() ? at::full_like(output, loss_scale) : grad};
+    if (auto it = auxiliary_.find(micro_batch); it != auxiliary_.end()) {
+      outputs.push_back(it->second);
+      grads.push_back(at::full_like(it->second, loss_scale));
+      auxiliary_.erase(it);
+    }
+    engine.backward(outputs, grads);
     engine.record_batch(owner_.micro_batch_size_);
     // Engine::step() counts micro-steps; the last one (the optimizer's) waits for OptimizerStep,
     // after the tied weights' gradients are summed.
@@ -58,6 +69,7 @@ class PipelineEngine::Stage final : public pipeline::PipelineStage {
  private:
   bool first() const { return owner_.stage() == 0; }
   bool last() const { return owner_.stage() == owner_.stages() - 1; }
+  std::map<int, at::Tensor> auxiliary_;  // per micro-batch in flight: its auxiliary loss
   PipelineEngine& owner_;
   const MicroBatchSource& data_;
   at::Tensor input_, labels_;

@@ -34,6 +34,10 @@ class PipelineStageModel {
   virtual at::Tensor forward(const at::Tensor& input) = 0;
   // The last stage: the micro-batch's mean loss from its output and the labels.
   virtual at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) = 0;
+  // Losses the forward just run added inside the stage (an MoE block's load-balancing loss), with
+  // their graph, or undefined: back-propagated with the micro-batch's output at the loss's scale,
+  // as if the last stage's loss included them (the model then leaves them out of loss()).
+  virtual at::Tensor take_auxiliary_loss() { return {}; }
 };
 
 struct MicroBatch {

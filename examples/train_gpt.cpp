@@ -72,9 +72,6 @@ GptMoe moe_of(const Config& config, ParallelContext& ctx) {
   GptMoe moe;
   if (!config.moe) return moe;
   const MoeConfig& m = *config.moe;
-  if (ctx.pipe().size() > 1)
-    throw std::invalid_argument("train_gpt: moe with pipeline.stages > 1 is not supported yet (Python models can "
-                                "put tessera.moe.MoE layers in a data- and tensor-parallel run)");
   moe.num_experts = m.num_experts;
   moe.every = m.every;
   moe.k = m.k;
@@ -337,7 +334,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
     // Each stage's trained parameters, from its ranks to every stage (one flat broadcast per stage).
     std::vector<at::Tensor> whole = model.full_parameters();
     for (int s = 0; s < stages; ++s) {
-      const std::vector<int64_t> owned = model.parameters_of_layers(bounds[s], bounds[s + 1]);
+      const std::vector<int64_t> owned = model.full_parameters_of_layers(bounds[s], bounds[s + 1]);
       std::vector<at::Tensor> parts;
       for (int64_t i : owned) parts.push_back(whole[i].reshape({-1}).to(at::kFloat));
       at::Tensor flat = at::cat(parts).contiguous();

@@ -149,6 +149,11 @@ std::vector<at::Tensor> Gpt::full_parameters() const {
       // A block's experts: every rank's gathered over the expert-parallel group, in global order.
       if (expert_[i - 1]) continue;  // emitted with the block's first expert parameter
       const int64_t local = moe_.num_experts / moe_.ep_size, ep = moe_.ep_size;
+      if (params_[i].is_meta()) {  // another pipeline stage's block: the shapes, for that stage to fill in
+        for (int64_t e = 0; e < moe_.num_experts; ++e)
+          for (int64_t j = 0; j < 4; ++j) whole.push_back(at::empty(params_[i + j].sizes(), params_[i + j].options().device(at::kCPU)));
+        continue;
+      }
       std::vector<at::Tensor> all;  // [local expert e][its 4] -> [ep, ...] each
       for (int64_t j = 0; j < 4 * local; ++j) {
         at::Tensor mine = params_[i + j].detach().contiguous();
@@ -186,10 +191,9 @@ at::Tensor Gpt::forward(const at::Tensor& idx) { return forward_layers(idx, 0, n
 
 at::Tensor Gpt::forward_layers(const at::Tensor& input, int64_t begin, int64_t end) {
   const GptConfig& c = config_;
-  if (begin == 0) {  // a new forward: the MoE blocks' losses and counts start afresh
-    aux_ = l_aux_ = at::Tensor();
-    routed_ = dropped_ = 0;
-  }
+  // A new forward (or a stage's): the MoE blocks' losses and counts start afresh.
+  aux_ = l_aux_ = at::Tensor();
+  routed_ = dropped_ = 0;
   const std::vector<at::Tensor>& p = params_;  // read at every call: the engine may have replaced them
   if (begin < 0 || end > num_layers() || begin >= end)
     throw std::invalid_argument("Gpt::forward_layers: layers [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -356,6 +360,25 @@ std::vector<int64_t> Gpt::parameters_of_layers(int64_t begin, int64_t end) const
     for (int64_t i : layer_parameters(layer))
       if (std::find(indices.begin(), indices.end(), i) == indices.end()) indices.push_back(i);
   return indices;
+}
+
+std::vector<int64_t> Gpt::full_parameters_of_layers(int64_t begin, int64_t end) const {
+  // Where each parameter starts in full_parameters(): a block's experts take 4·E places at its
+  // first expert parameter (the others none).
+  std::vector<int64_t> first(params_.size());
+  int64_t at = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    first[i] = at;
+    if (!expert_[i]) ++at;
+    else if (!expert_[i - 1]) at += 4 * moe_.num_experts;
+  }
+  std::vector<int64_t> out;
+  for (int64_t i : parameters_of_layers(begin, end)) {
+    if (!expert_[i]) out.push_back(first[i]);
+    else if (!expert_[i - 1])
+      for (int64_t k = 0; k < 4 * moe_.num_experts; ++k) out.push_back(first[i] + k);
+  }
+  return out;
 }
 
 void Gpt::keep_only_layers(int64_t begin, int64_t end) {

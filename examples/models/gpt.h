@@ -21,6 +21,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"  // ModelDescription
@@ -102,6 +103,9 @@ class Gpt {
   // (loss() includes aux_loss_coef times it), and the choices routed and dropped by the capacity.
   double last_aux_loss() const { return l_aux_.defined() ? l_aux_.item<double>() : 0.0; }
   int64_t last_routed() const { return routed_; }
+  // A pipeline stage: the MoE blocks' losses of the forward just run (aux_loss_coef times l_aux),
+  // with their graph, taken (undefined when the stage has no MoE block); its loss() leaves them out.
+  at::Tensor take_aux_loss() { return std::exchange(aux_, at::Tensor()); }
   int64_t last_dropped() const { return dropped_; }
 
   // Each block's activations recomputed in backward (parallel/activation_checkpointing.h), or not.
@@ -127,6 +131,8 @@ class Gpt {
   std::vector<pipeline::LayerInfo> layer_infos() const;
   // The indices in parameters() of layers [begin, end)'s parameters, each once.
   std::vector<int64_t> parameters_of_layers(int64_t begin, int64_t end) const;
+  // The same layers' indices in full_parameters() (every expert of their MoE blocks included).
+  std::vector<int64_t> full_parameters_of_layers(int64_t begin, int64_t end) const;
   // A pipeline stage: every parameter outside layers [begin, end) becomes a meta tensor (its shape,
   // no memory), so a rank holds only its stage. whole_shape(i) is parameter i's single-device shape.
   void keep_only_layers(int64_t begin, int64_t end);

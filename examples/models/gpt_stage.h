@@ -14,6 +14,8 @@ class GptStage final : public PipelineStageModel {
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
     return gpt_.loss_of_logits(logits, targets);
   }
+  // The stage's MoE blocks' load-balancing losses go back with its output (engine/pipeline_engine.h).
+  at::Tensor take_auxiliary_loss() override { return gpt_.take_aux_loss(); }
 
  private:
   Gpt& gpt_;
