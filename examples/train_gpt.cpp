@@ -70,18 +70,9 @@ double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext
 // same experts and average their gradients ("ep_size_N_data"), as tessera.moe makes them.
 GptMoe moe_of(const Config& config, ParallelContext& ctx) {
   GptMoe moe;
-  if (!config.moe) return moe;
-  const MoeConfig& m = *config.moe;
-  moe.num_experts = m.num_experts;
-  moe.every = m.every;
-  moe.k = m.k;
-  moe.ep_size = m.ep_size;
-  moe.min_capacity = m.min_capacity;
-  moe.capacity_factor = m.capacity_factor;
-  moe.aux_loss_coef = m.aux_loss_coef;
-  moe.router_z_loss_coef = m.router_z_loss_coef;
-  moe.drop_tokens = m.drop_tokens;
-  moe.use_rts = m.use_rts;
+  moe.config = config.moe;
+  if (!moe.config) return moe;
+  const MoeConfig& m = *moe.config;
   if (m.ep_size > 1) {
     const std::string name = "ep_size_" + std::to_string(m.ep_size);
     ctx.split_axis("data", {{name + "_data", -1}, {name, static_cast<int>(m.ep_size)}});

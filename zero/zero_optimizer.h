@@ -171,7 +171,6 @@ class ZeroOptimizer final : public UnitListener {
   // segment's `params` are the fp32 values of its chunk (the master, or the compute buffer in fp32
   // training), the optimizer's named state is laid out like the shard.
   const std::vector<std::unique_ptr<ZeroGroup>>& groups() const { return groups_; }
-  int shard_rank() const { return stage_->number() == 0 ? 0 : data_.rank(); }  // for groups over the data group
   int shard_rank(const ZeroGroup& g) const { return stage_->shard_rank(g); }
   // Whether some group is reduced over a communicator other than the data group (ParamGroup::communicator).
   bool has_groups_of_their_own() const;

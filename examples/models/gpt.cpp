@@ -67,13 +67,21 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
     throw std::invalid_argument("GptConfig: n_embd (" + std::to_string(c.n_embd) + ") must be a multiple of n_head (" +
                                 std::to_string(c.n_head) + ")");
 
-  if (moe_.num_experts > 0) {
+  if (moe_.config) {
+    const MoeConfig& m = *moe_.config;
     const int64_t ep = moe_.expert_parallel ? moe_.expert_parallel->size() : 1;
-    if (ep != moe_.ep_size || moe_.num_experts % ep != 0 || moe_.every < 1 || moe_.k < 1 || moe_.k > moe_.num_experts)
-      throw std::invalid_argument("GptMoe: num_experts " + std::to_string(moe_.num_experts) + " over an expert-parallel group of " +
-                                  std::to_string(ep) + " ranks (ep_size " + std::to_string(moe_.ep_size) + "), k " +
-                                  std::to_string(moe_.k) + ", every " + std::to_string(moe_.every) +
+    if (ep != m.ep_size || m.num_experts % ep != 0 || m.every < 1 || m.k < 1 || m.k > m.num_experts)
+      throw std::invalid_argument("GptMoe: num_experts " + std::to_string(m.num_experts) + " over an expert-parallel group of " +
+                                  std::to_string(ep) + " ranks (ep_size " + std::to_string(m.ep_size) + "), k " +
+                                  std::to_string(m.k) + ", every " + std::to_string(m.every) +
                                   ": ep_size must be the group's size and divide num_experts, 1 <= k <= num_experts");
+    gate_.k = m.k;
+    gate_.capacity_factor = m.capacity_factor;
+    gate_.min_capacity = m.min_capacity;
+    gate_.drop_tokens = m.drop_tokens;
+    gate_.use_rts = m.use_rts;
+    gate_.second_expert_sampling = false;  // deterministic routing: the one-rank run routes alike
+    gate_.z_loss_coef = m.router_z_loss_coef;
   }
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_dev = 0.02;
@@ -126,8 +134,8 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
 
 void Gpt::add_moe_parameters(const std::string& prefix,
                              const std::function<at::Tensor(std::vector<int64_t>, double)>& normal, double residual_std) {
-  const int64_t C = config_.n_embd, E = moe_.num_experts;
-  const int64_t local = E / moe_.ep_size;
+  const int64_t C = config_.n_embd, E = moe_.config->num_experts;
+  const int64_t local = E / moe_.config->ep_size;
   const int64_t first = (moe_.expert_parallel ? moe_.expert_parallel->rank() : 0) * local;
   add(prefix + "mlp.router.weight", normal({E, C}, 0.02));
   for (int64_t e = 0; e < E; ++e) {  // every expert drawn, in order; this rank keeps its own
@@ -148,9 +156,9 @@ std::vector<at::Tensor> Gpt::full_parameters() const {
     if (expert_[i]) {
       // A block's experts: every rank's gathered over the expert-parallel group, in global order.
       if (expert_[i - 1]) continue;  // emitted with the block's first expert parameter
-      const int64_t local = moe_.num_experts / moe_.ep_size, ep = moe_.ep_size;
+      const int64_t experts = moe_.config->num_experts, ep = moe_.config->ep_size, local = experts / ep;
       if (params_[i].is_meta()) {  // another pipeline stage's block: the shapes, for that stage to fill in
-        for (int64_t e = 0; e < moe_.num_experts; ++e)
+        for (int64_t e = 0; e < experts; ++e)
           for (int64_t j = 0; j < 4; ++j) whole.push_back(at::empty(params_[i + j].sizes(), params_[i + j].options().device(at::kCPU)));
         continue;
       }
@@ -167,7 +175,7 @@ std::vector<at::Tensor> Gpt::full_parameters() const {
         for (int64_t d : mine.sizes()) shape.push_back(d);
         all.push_back(gathered.view(shape));
       }
-      for (int64_t e = 0; e < moe_.num_experts; ++e)
+      for (int64_t e = 0; e < experts; ++e)
         for (int64_t j = 0; j < 4; ++j) whole.push_back(all[(e % local) * 4 + j][e / local]);
       continue;
     }
@@ -277,15 +285,7 @@ at::Tensor Gpt::moe_mlp(int64_t l, const at::Tensor& h) const {
   at::Tensor tokens = h.reshape({-1, C});
   // The router in fp32 whatever the compute dtype (as DeepSpeed's TopKGate).
   at::Tensor logits = at::linear(tokens.to(at::kFloat), replicated(w[0]).to(at::kFloat));
-  GateOptions gate;
-  gate.k = moe_.k;
-  gate.capacity_factor = moe_.capacity_factor;
-  gate.min_capacity = moe_.min_capacity;
-  gate.drop_tokens = moe_.drop_tokens;
-  gate.use_rts = moe_.use_rts;
-  gate.second_expert_sampling = false;  // deterministic routing: the one-rank run routes alike
-  gate.z_loss_coef = moe_.router_z_loss_coef;
-  const Routing routing = route(logits, gate, /*training=*/true);
+  const Routing routing = route(logits, gate_, /*training=*/true);
   const Dispatch dispatch(tokens, routing, moe_.expert_parallel);
   std::vector<at::Tensor> outputs;
   for (int64_t e = 0; e < dispatch.local_experts(); ++e) {
@@ -293,7 +293,7 @@ at::Tensor Gpt::moe_mlp(int64_t l, const at::Tensor& h) const {
     at::Tensor hidden = at::gelu(at::linear(dispatch.expert_inputs()[e], replicated(x[0]), replicated(x[1])), "tanh");
     outputs.push_back(at::linear(hidden, replicated(x[2]), replicated(x[3])));
   }
-  at::Tensor aux = routing.l_aux.mul(moe_.aux_loss_coef);
+  at::Tensor aux = routing.l_aux.mul(moe_.config->aux_loss_coef);
   aux_ = aux_.defined() ? aux_.add(aux) : aux;
   l_aux_ = l_aux_.defined() ? l_aux_.add(routing.l_aux.detach()) : routing.l_aux.detach();
   routed_ += routing.tokens * routing.k;
@@ -347,7 +347,7 @@ ModelDescription Gpt::groups_of(const std::vector<int64_t>& indices, double weig
     for (ParamGroup& g : e.groups) {
       g.name = "experts." + g.name;
       g.communicator = moe_.expert_data;
-      g.gradient_scale = 1.0 / static_cast<double>(moe_.ep_size);
+      g.gradient_scale = 1.0 / static_cast<double>(moe_.config->ep_size);
       model.groups.push_back(std::move(g));
     }
   }
@@ -370,13 +370,13 @@ std::vector<int64_t> Gpt::full_parameters_of_layers(int64_t begin, int64_t end) 
   for (size_t i = 0; i < params_.size(); ++i) {
     first[i] = at;
     if (!expert_[i]) ++at;
-    else if (!expert_[i - 1]) at += 4 * moe_.num_experts;
+    else if (!expert_[i - 1]) at += 4 * moe_.config->num_experts;
   }
   std::vector<int64_t> out;
   for (int64_t i : parameters_of_layers(begin, end)) {
     if (!expert_[i]) out.push_back(first[i]);
     else if (!expert_[i - 1])
-      for (int64_t k = 0; k < 4 * moe_.num_experts; ++k) out.push_back(first[i] + k);
+      for (int64_t k = 0; k < 4 * moe_.config->num_experts; ++k) out.push_back(first[i] + k);
   }
   return out;
 }

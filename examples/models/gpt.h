@@ -26,6 +26,7 @@
 
 #include "engine/engine.h"  // ModelDescription
 #include "parallel/activation_checkpointing.h"
+#include "parallel/moe/gating.h"
 #include "parallel/pipeline/partition.h"
 #include "zero/partitioned_init.h"
 
@@ -53,17 +54,14 @@ struct GptTensorParallel {
 };
 
 // Mixture-of-Experts blocks (engine/config's MoeConfig; parallel/moe/): block l is one when
-// num_experts > 0 and (l + 1) % every == 0; its MLP becomes a router ("mlp.router.weight", E × C)
+// (l + 1) % every == 0; its MLP becomes a router ("mlp.router.weight", E × C)
 // and E experts, each the dense MLP's shape ("mlp.experts.<e>.c_fc.weight", ...), spread over the
 // `expert_parallel` group (ep_size ranks; this rank holds num_experts / ep_size of them). Every rank
 // draws every expert's initial values in the same order and keeps its own, so the model equals the
 // one-rank model at any ep_size. The experts are replicated over the tensor group (under sequence
 // parallelism their gradients are summed over it, as a LayerNorm's).
 struct GptMoe {
-  int64_t num_experts = 0;  // 0: a dense model
-  int64_t every = 2, k = 2, ep_size = 1, min_capacity = 4;
-  double capacity_factor = 1.0, aux_loss_coef = 0.01, router_z_loss_coef = 0.0;
-  bool drop_tokens = false, use_rts = true;
+  std::optional<MoeConfig> config;          // absent: a dense model
   Communicator* expert_parallel = nullptr;  // the ep_size ranks that exchange tokens (null: ep_size 1)
   std::string expert_data;  // the experts' ParamGroup::communicator ("" with ep_size 1: the data group)
 };
@@ -98,7 +96,7 @@ class Gpt {
   // stage's parameters (keep_only_layers) come back uninitialized, in their whole shape.
   std::vector<at::Tensor> full_parameters() const;
 
-  bool is_moe_block(int64_t l) const { return moe_.num_experts > 0 && (l + 1) % moe_.every == 0; }
+  bool is_moe_block(int64_t l) const { return moe_.config && (l + 1) % moe_.config->every == 0; }
   // The MoE blocks of the last forward: their load-balancing losses l_aux summed over the blocks
   // (loss() includes aux_loss_coef times it), and the choices routed and dropped by the capacity.
   double last_aux_loss() const { return l_aux_.defined() ? l_aux_.item<double>() : 0.0; }
@@ -171,6 +169,7 @@ class Gpt {
   // MoE blocks: the 8 attention and norm parameters, then the router and each local expert's 4
   // (c_fc weight and bias, c_proj weight and bias) where a dense block has its MLP's 4.
   GptMoe moe_;
+  GateOptions gate_;          // the router's options, from moe_.config
   std::vector<bool> expert_;  // per parameter: an expert's (partitioned and reduced over expert_data)
   mutable at::Tensor aux_;    // the last forward's auxiliary losses times their coefficient, with their graph
   mutable at::Tensor l_aux_;  // ... their sum alone, without a graph (for the progress line)

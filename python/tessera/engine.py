@@ -190,12 +190,12 @@ class Engine(CheckpointCalls):
     def _record_moe(self):
         """The progress line's MoE figures: the layers' auxiliary losses and the choices they
         routed and dropped in this forward (tessera.moe.MOELayer keeps them)."""
-        aux, routed, dropped = 0.0, 0, 0
-        for layer in self._moe_layers:
-            if layer.l_aux is not None:
-                aux += float(layer.l_aux.detach())
-                routed += layer.tokens_routed
-                dropped += layer.tokens_dropped
+        ran = [layer for layer in self._moe_layers if layer.l_aux is not None]
+        if not ran:
+            return
+        aux = float(sum(layer.l_aux.detach() for layer in ran))  # one read from the device per forward
+        routed = sum(layer.tokens_routed for layer in ran)
+        dropped = sum(layer.tokens_dropped for layer in ran)
         self._c.record_moe(aux, routed, dropped)
         self._step_moe = [a + b for a, b in zip(self._step_moe, (aux, routed, dropped, 1))]
 

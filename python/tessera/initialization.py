@@ -144,18 +144,19 @@ def _make_expert_groups(layers, context):
 
 
 def _check_same_moe_layers(layers, device):
-    """Every rank's (count, then ep_size and num_experts of each layer), compared by a min and a max
-    over the world (on the collectives' device: NCCL takes CUDA tensors only)."""
+    """Every rank's (count, then ep_size and num_experts of each layer), compared by its max and its
+    min over the world: one max of [x, -x] (on the collectives' device: NCCL takes CUDA tensors
+    only), after one max of the lengths."""
     mine = torch.tensor([len(layers)] + [v for _, m in layers for v in (m.ep_size, m.num_experts)],
                         dtype=torch.float64)
     most = torch.tensor([float(mine.numel())], dtype=torch.float64, device=device)
     comm.all_reduce(most, op="max")
     padded = torch.full((int(most.item()),), -1.0, dtype=torch.float64)
     padded[:mine.numel()] = mine
-    low, high = padded.to(device, copy=True), padded.to(device, copy=True)
-    comm.all_reduce(low, op="min")
-    comm.all_reduce(high, op="max")
-    low, high = low.cpu(), high.cpu()
+    both = torch.cat([padded, -padded]).to(device)
+    comm.all_reduce(both, op="max")
+    high, low = both.cpu().chunk(2)
+    low = -low
     if not torch.equal(low, high):
         raise ValueError("tessera.initialize: the ranks' MoE layers differ (count, then ep_size and num_experts of "
                          "each): this rank has %s; lowest over the ranks %s, highest %s"
