@@ -165,10 +165,12 @@ at::Tensor Dispatch::combine(const std::vector<at::Tensor>& outputs) const {
                                 std::to_string(local_experts_) + "), got " + std::to_string(outputs.size()));
   at::Tensor back;
   if (capacity_ >= 0) {
-    // [L, P·C, H'] -> [P, L, C, H']: rank i's rows of every local expert together, to go back to it.
-    at::Tensor stacked = at::stack(outputs, 0);
-    const int64_t width = stacked.size(2);
-    at::Tensor by_rank = stacked.view({local_experts_, ranks_, capacity_, width}).transpose(0, 1).reshape({-1, width});
+    // Each [P·C, H'] as [P, C, H'], stacked along a new dim 1: [P, L, C, H'], rank i's rows of every
+    // local expert together to go back to it, in one copy.
+    const int64_t width = outputs.front().size(1);
+    std::vector<at::Tensor> by_expert;
+    for (const at::Tensor& o : outputs) by_expert.push_back(o.reshape({ranks_, capacity_, width}));
+    at::Tensor by_rank = at::stack(by_expert, 1).view({-1, width});
     std::vector<int64_t> equal(ranks_, local_experts_ * capacity_);
     at::Tensor returned = group_ != nullptr ? all_to_all_rows(by_rank, *group_, equal, equal) : by_rank;
     back = returned.index_select(0, send_row_);
