@@ -75,9 +75,11 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
     throw std::invalid_argument("tessera: the config's batch sizes are not resolved; build it with load_config() "
                                 "or resolve_config() for this world size");
   const GridShape& grid = parallel_.grid();
-  if (grid.tensor != config_.tensor_parallel.tp_size || grid.pipe != config_.pipeline.stages)
+  if (grid.tensor != config_.tensor_parallel.tp_size || grid.pipe != config_.pipeline.stages ||
+      grid.context != config_.context_parallel.size)
     throw std::invalid_argument("tessera: the parallel context (" + grid.str() +
-                                ") does not match the config's tensor_parallel.tp_size and pipeline.stages");
+                                ") does not match the config's tensor_parallel.tp_size, pipeline.stages and "
+                                "context_parallel.size");
   RunContext run;
   run.grid = grid;
   run.device = parallel_.data().device();
@@ -102,7 +104,7 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
                                           ") but the model description brings none"
                                     : "tessera: the model description brings a client optimizer and the config has an "
                                       "optimizer section too");
-  zero_ = std::make_unique<ZeroOptimizer>(zero_options_from_config(config_, parallel_.rank(), parallel_.data().size(), environment_), parallel_, model, &units_);
+  zero_ = std::make_unique<ZeroOptimizer>(zero_options_from_config(config_, parallel_.rank(), parallel_.replicas().size(), environment_), parallel_, model, &units_);
   // Groups reduced over communicators of their own add a world sum to the norm, on every rank or
   // none: the stages of a pipeline hold different groups, so they agree on it here.
   norm_over_world_ = zero_->has_groups_of_their_own();
@@ -303,7 +305,7 @@ void Engine::optimizer_step() {
   const double scale =
       scaler_->scale() * (window_kind_ == BackwardKind::Autograd ? double(gradient_accumulation_steps_) : 1.0);
   window_kind_ = BackwardKind::None;
-  const NormGroups groups{&parallel_.data(), &parallel_.tensor(), &parallel_.pipe(),
+  const NormGroups groups{&parallel_.replicas(), &parallel_.tensor(), &parallel_.pipe(),
                           norm_over_world_ ? &parallel_.world() : nullptr};
   const double sumsq = global_grad_sumsq(zero_->gradient_parts(), groups);
   const bool overflow = !std::isfinite(sumsq);

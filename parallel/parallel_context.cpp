@@ -16,7 +16,7 @@ ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptio
   if (options.backend == "nccl" || (options.backend == "auto" && nccl_available())) backend_ = BackendKind::Nccl;
   else if (options.backend != "gloo" && options.backend != "auto")
     throw std::invalid_argument("tessera: unknown backend '" + options.backend + "' (expected auto, gloo or nccl)");
-  if (!options.defer_axis_groups) check_degrees(options.tensor, options.pipe);
+  if (!options.defer_axis_groups) check_degrees(options.tensor, options.pipe, options.context);
   device_ = resolve_device(options.device);
 
   // NCCL binds a group to the current CUDA device: make it this rank's GPU before any group exists.
@@ -25,12 +25,12 @@ ParallelContext::ParallelContext(const RendezvousInfo& info, const ParallelOptio
   std::vector<int> everyone(info.world_size);
   for (int r = 0; r < info.world_size; ++r) everyone[r] = r;
   world_ = make_group("world", everyone, options);
-  if (!options.defer_axis_groups) make_axis_groups(options.tensor, options.pipe);
+  if (!options.defer_axis_groups) make_axis_groups(options.tensor, options.pipe, "", options.context);
 }
 
-GridShape ParallelContext::check_degrees(int tensor, int pipe) const {
+GridShape ParallelContext::check_degrees(int tensor, int pipe, int context) const {
   std::string error;
-  auto grid = make_grid_shape(info_.world_size, tensor, pipe, &error);
+  auto grid = make_grid_shape(info_.world_size, tensor, pipe, &error, context);
   if (!grid) throw std::invalid_argument("tessera: " + error);
   return *grid;
 }
@@ -53,22 +53,26 @@ c10::Device ParallelContext::resolve_device(const std::string& device) const {
   return wanted;
 }
 
-void ParallelContext::make_axis_groups(int tensor, int pipe, const std::string& device) {
+void ParallelContext::make_axis_groups(int tensor, int pipe, const std::string& device, int context) {
   if (axis_groups_made())
     throw std::logic_error("tessera: the axis groups exist already (" + grid_.str() + "); they are made once");
-  const GridShape grid = check_degrees(tensor, pipe);
+  const GridShape grid = check_degrees(tensor, pipe, context);
   if (!device.empty()) {
     device_ = resolve_device(device);
     set_current_device(device_);
   }
-  // All four or none: a failure half-way leaves the context as it was.
+  // All or none: a failure half-way leaves the context as it was.
   auto data = make_group("data", grid.group_of(Axis::Data, info_.rank), options_);
+  auto context_group = make_group("context", grid.group_of(Axis::Context, info_.rank), options_);
+  std::unique_ptr<Communicator> replicas;
+  if (grid.context > 1) replicas = make_group("data*context", grid.group_of(Axis::Replicas, info_.rank), options_);
   auto tensor_group = make_group("tensor", grid.group_of(Axis::Tensor, info_.rank), options_);
   auto pipe_group = make_group("pipe", grid.group_of(Axis::Pipe, info_.rank), options_);
   auto model = make_group("model", grid.group_of(Axis::Model, info_.rank), options_);
   grid_ = grid;
   axes_ = NamedAxes(grid);
-  data_ = std::move(data), tensor_ = std::move(tensor_group), pipe_ = std::move(pipe_group), model_ = std::move(model);
+  data_ = std::move(data), context_ = std::move(context_group), replicas_ = std::move(replicas);
+  tensor_ = std::move(tensor_group), pipe_ = std::move(pipe_group), model_ = std::move(model);
 }
 
 Communicator& ParallelContext::axis(const std::unique_ptr<Communicator>& group) const {
@@ -82,7 +86,8 @@ ParallelContext::~ParallelContext() = default;
 
 Communicator& ParallelContext::data_parameters() {
   axis(data_);
-  if (!data_parameters_) data_parameters_ = make_group("data_parameters", grid_.group_of(Axis::Data, info_.rank), options_);
+  if (!data_parameters_)
+    data_parameters_ = make_group("data_parameters", grid_.group_of(Axis::Replicas, info_.rank), options_);
   return *data_parameters_;
 }
 
@@ -101,10 +106,12 @@ Communicator& ParallelContext::group_over(const std::string& spec, const std::st
   if (channel.empty()) {
     if (name == "world") return world();
     if (name == "data") return data();
+    if (name == "context") return context();
+    if (name == "data*context" || name == "context*data") return replicas();
     if (name == "tensor") return tensor();
     if (name == "pipe") return pipe();
     if (name == "model") return model();
-  } else if (channel == "parameters" && name == "data") {
+  } else if (channel == "parameters" && (name == "data*context" || (name == "data" && grid_.context == 1))) {
     return data_parameters();
   }
   axis(data_);
@@ -155,6 +162,8 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
 Communicator& ParallelContext::group(Axis axis) {
   switch (axis) {
     case Axis::Data: return data();
+    case Axis::Context: return context();
+    case Axis::Replicas: return replicas();
     case Axis::Tensor: return tensor();
     case Axis::Pipe: return pipe();
     case Axis::Model: return model();
@@ -168,7 +177,8 @@ std::string ParallelContext::describe() const {
     return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (world group only), " +
            backend_name(backend_);
   return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (pipe " +
-         std::to_string(c.pipe) + ", data " + std::to_string(c.data) + ", tensor " + std::to_string(c.tensor) +
+         std::to_string(c.pipe) + ", data " + std::to_string(c.data) +
+         (grid_.context > 1 ? ", context " + std::to_string(c.context) : "") + ", tensor " + std::to_string(c.tensor) +
          ") in " + grid_.str() + ", " + backend_name(backend_) + (device_.is_cpu() ? "" : " on " + device_.str());
 }
 

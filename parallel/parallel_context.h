@@ -1,5 +1,5 @@
-// ParallelContext: this process's place in the `pipe × data × tensor` grid and one Communicator per
-// axis. Built once per process (from the environment, see parallel/rendezvous.h) and passed
+// ParallelContext: this process's place in the `pipe × data × context × tensor` grid and one
+// Communicator per axis. Built once per process (from the environment, see parallel/rendezvous.h) and passed
 // explicitly to whatever needs it; there is no global state.
 #pragma once
 
@@ -18,6 +18,7 @@ namespace tessera {
 struct ParallelOptions {
   int tensor = 1;  // tensor_parallel.tp_size
   int pipe = 1;    // pipeline.stages
+  int context = 1;  // context_parallel.size (DeepSpeed's sequence_parallel_size)
   std::string backend = "auto";  // "auto" (nccl with a GPU, else gloo), "gloo", "nccl"
   // Where the model and the engine's buffers live, and so the tensors the groups take: "auto" (the
   // backend's own: the CPU for Gloo, cuda:LOCAL_RANK for NCCL), "cpu", or a CUDA device ("cuda",
@@ -49,23 +50,31 @@ class ParallelContext {
   BackendKind backend() const { return backend_; }
   c10::Device device() const { return device_; }  // where the groups' tensors live (ParallelOptions::device)
 
-  // Makes the data, tensor, pipe and model groups for a `pipe × data × tensor` grid (every rank
-  // together, once); the constructor does it unless options.defer_axis_groups. `device`, when not
-  // empty, replaces ParallelOptions::device first (the model's device, known only by then).
-  void make_axis_groups(int tensor, int pipe, const std::string& device = "");
+  // Makes the data, context, tensor, pipe and model groups (and data × context when context > 1)
+  // for a `pipe × data × context × tensor` grid (every rank together, once); the constructor does
+  // it unless options.defer_axis_groups. `device`, when not empty, replaces ParallelOptions::device
+  // first (the model's device, known only by then).
+  void make_axis_groups(int tensor, int pipe, const std::string& device = "", int context = 1);
   bool axis_groups_made() const { return data_ != nullptr; }
 
   Communicator& world() { return *world_; }
+  // Ranks that see different samples (the batch's axis: samplers, batch sizes, the loss's mean).
   Communicator& data() { return axis(data_); }
-  // A second group over the data axis, made on first use (every rank of the data group must ask
-  // for it together): ZeRO-3's parameter gathers run there, never queued behind gradient reductions.
+  // Ranks that see the same samples, each a part of every sequence (Ulysses, ring attention).
+  Communicator& context() { return axis(context_); }
+  // Ranks that hold the same parameters and see different tokens: data × context (the data group
+  // itself without context parallelism). Gradients are averaged and ZeRO partitions over it, as
+  // Megatron-Core's distributed optimizer does with context parallelism.
+  Communicator& replicas() { return replicas_ ? *replicas_ : data(); }
+  // A second group over the replicas, made on first use (every rank of the group must ask for it
+  // together): ZeRO-3's parameter gathers run there, never queued behind gradient reductions.
   Communicator& data_parameters();
   Communicator& tensor() { return axis(tensor_); }
   Communicator& pipe() { return axis(pipe_); }
   Communicator& model() { return axis(model_); }  // tensor × pipe: one model replica
   Communicator& group(Axis axis);
-  // Groups by the axes they span (parallel/topology.h's NamedAxes): "data", "tensor", "pipe",
-  // "model", "world", a product such as "data*tensor", or factors a split_axis made. The grid's own groups
+  // Groups by the axes they span (parallel/topology.h's NamedAxes): "data", "context", "tensor",
+  // "pipe", "model", "world", a product such as "data*context" (= replicas()), or factors a split_axis made. The grid's own groups
   // are the objects above; any other is made on first use by its members together and kept.
   // `channel` names a second, independent group over the same ranks ("parameters": ZeRO-3's
   // gathers, never queued behind the gradient reductions of the group without a channel).
@@ -83,7 +92,7 @@ class ParallelContext {
   std::string describe() const;  // "rank 3 of 4 (pipe 0, data 1, tensor 1) in pipe 1 x data 2 x tensor 2, gloo"
 
  private:
-  GridShape check_degrees(int tensor, int pipe) const;  // throws std::invalid_argument naming the mismatch
+  GridShape check_degrees(int tensor, int pipe, int context) const;  // throws std::invalid_argument naming the mismatch
   c10::Device resolve_device(const std::string& device) const;  // ParallelOptions::device for this backend
   Communicator& axis(const std::unique_ptr<Communicator>& group) const;
   std::unique_ptr<Communicator> make_group(const std::string& name, std::vector<int> ranks, const ParallelOptions& o);
@@ -94,7 +103,7 @@ class ParallelContext {
   c10::Device device_{c10::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
   ParallelOptions options_;
-  std::unique_ptr<Communicator> world_, data_, tensor_, pipe_, model_, data_parameters_;
+  std::unique_ptr<Communicator> world_, data_, context_, replicas_, tensor_, pipe_, model_, data_parameters_;
   std::map<std::vector<int>, std::unique_ptr<Communicator>> pipe_stages_;
   NamedAxes axes_;
   std::map<std::string, std::unique_ptr<Communicator>> named_;  // group_over's, by spec#channel

@@ -10,8 +10,10 @@ const char* axis_name(Axis axis) {
   switch (axis) {
     case Axis::Pipe: return "pipe";
     case Axis::Data: return "data";
+    case Axis::Context: return "context";
     case Axis::Tensor: return "tensor";
     case Axis::Model: return "model";
+    case Axis::Replicas: return "data*context";
   }
   return "?";
 }
@@ -19,8 +21,9 @@ const char* axis_name(Axis axis) {
 Coordinates GridShape::coordinates_of(int rank) const {
   Coordinates c;
   c.tensor = rank % tensor;
-  c.data = (rank / tensor) % data;
-  c.pipe = rank / (tensor * data);
+  c.context = (rank / tensor) % context;
+  c.data = (rank / (tensor * context)) % data;
+  c.pipe = rank / (tensor * context * data);
   return c;
 }
 
@@ -29,17 +32,24 @@ std::vector<int> GridShape::group_of(Axis axis, int rank) const {
   std::vector<int> ranks;
   switch (axis) {
     case Axis::Tensor:
-      for (int t = 0; t < tensor; ++t) ranks.push_back(rank_of({me.pipe, me.data, t}));
+      for (int t = 0; t < tensor; ++t) ranks.push_back(rank_of({me.pipe, me.data, t, me.context}));
       break;
     case Axis::Data:
-      for (int d = 0; d < data; ++d) ranks.push_back(rank_of({me.pipe, d, me.tensor}));
+      for (int d = 0; d < data; ++d) ranks.push_back(rank_of({me.pipe, d, me.tensor, me.context}));
+      break;
+    case Axis::Context:
+      for (int c = 0; c < context; ++c) ranks.push_back(rank_of({me.pipe, me.data, me.tensor, c}));
       break;
     case Axis::Pipe:
-      for (int p = 0; p < pipe; ++p) ranks.push_back(rank_of({p, me.data, me.tensor}));
+      for (int p = 0; p < pipe; ++p) ranks.push_back(rank_of({p, me.data, me.tensor, me.context}));
       break;
     case Axis::Model:
       for (int p = 0; p < pipe; ++p)
-        for (int t = 0; t < tensor; ++t) ranks.push_back(rank_of({p, me.data, t}));
+        for (int t = 0; t < tensor; ++t) ranks.push_back(rank_of({p, me.data, t, me.context}));
+      break;
+    case Axis::Replicas:
+      for (int d = 0; d < data; ++d)
+        for (int c = 0; c < context; ++c) ranks.push_back(rank_of({me.pipe, d, me.tensor, c}));
       break;
   }
   return ranks;
@@ -57,11 +67,15 @@ std::vector<std::vector<int>> GridShape::all_groups(Axis axis) const {
 }
 
 std::string GridShape::str() const {
-  return "pipe " + std::to_string(pipe) + " x data " + std::to_string(data) + " x tensor " + std::to_string(tensor);
+  return "pipe " + std::to_string(pipe) + " x data " + std::to_string(data) +
+         (context > 1 ? " x context " + std::to_string(context) : "") + " x tensor " + std::to_string(tensor);
 }
 
 NamedAxes::NamedAxes(const GridShape& grid) : world_(grid.world_size()) {
-  axes_ = {{"pipe", grid.pipe, grid.data * grid.tensor}, {"data", grid.data, grid.tensor}, {"tensor", grid.tensor, 1}};
+  axes_ = {{"pipe", grid.pipe, grid.data * grid.context * grid.tensor},
+           {"data", grid.data, grid.context * grid.tensor},
+           {"context", grid.context, grid.tensor},
+           {"tensor", grid.tensor, 1}};
 }
 
 const AxisSpan& NamedAxes::axis(const std::string& name) const {
@@ -145,7 +159,7 @@ bool NamedAxes::spans(const std::string& spec, const std::string& axis_name) con
   return false;
 }
 
-std::optional<GridShape> make_grid_shape(int world_size, int tensor, int pipe, std::string* error) {
+std::optional<GridShape> make_grid_shape(int world_size, int tensor, int pipe, std::string* error, int context) {
   auto fail = [&](const std::string& message) -> std::optional<GridShape> {
     if (error) *error = message;
     return std::nullopt;
@@ -153,12 +167,16 @@ std::optional<GridShape> make_grid_shape(int world_size, int tensor, int pipe, s
   if (world_size < 1) return fail("world size must be at least 1, found " + std::to_string(world_size));
   if (tensor < 1) return fail("tensor_parallel.tp_size must be at least 1, found " + std::to_string(tensor));
   if (pipe < 1) return fail("pipeline.stages must be at least 1, found " + std::to_string(pipe));
-  int model = tensor * pipe;
+  if (context < 1) return fail("context_parallel.size must be at least 1, found " + std::to_string(context));
+  const int model = tensor * pipe * context;
   if (world_size % model != 0)
     return fail("world size " + std::to_string(world_size) + " is not divisible by tensor_parallel.tp_size (" +
-                std::to_string(tensor) + ") x pipeline.stages (" + std::to_string(pipe) + ") = " +
+                std::to_string(tensor) + ") x pipeline.stages (" + std::to_string(pipe) + ")" +
+                (context > 1 ? " x context_parallel.size (" + std::to_string(context) + ")" : std::string()) + " = " +
                 std::to_string(model));
-  return GridShape{pipe, world_size / model, tensor};
+  GridShape grid{pipe, world_size / model, tensor};
+  grid.context = context;
+  return grid;
 }
 
 }  // namespace tessera

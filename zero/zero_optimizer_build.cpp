@@ -67,16 +67,20 @@ std::vector<GroupSpec> split_groups(const ModelDescription& model, const std::fu
   return out;
 }
 
-// A model group's communicator: the data group, or the one it names, which must not span the
-// tensor or pipe axes (its parameters' copies there are another matter: tensor slices, stages).
-Communicator& group_communicator(ParallelContext& parallel, const ParamGroup& group) {
-  if (group.communicator.empty() || group.communicator == "data") return parallel.data();
+// A model group's communicator, by name: the replicas ("data", or "data*context" with context
+// parallelism), or the one it names, which must not span the tensor or pipe axes (its parameters'
+// copies there are another matter: tensor slices, stages). Context-parallel ranks hold the same
+// parameters and see different tokens, so a named group is taken together with the context axis.
+std::string group_spec(ParallelContext& parallel, const ParamGroup& group) {
+  const bool context = parallel.grid().context > 1;
+  if (group.communicator.empty() || group.communicator == "data") return context ? "data*context" : "data";
   for (const char* axis : {"tensor", "pipe"})
     if (parallel.axes().spans(group.communicator, axis))
       throw std::invalid_argument("tessera: parameter group '" + group.name + "' is reduced over '" + group.communicator +
                                   "', which spans the " + axis + " axis: a group's communicator is the data axis, "
                                   "a factor of it, or its product with axes other than tensor and pipe");
-  return parallel.group_over(group.communicator);
+  if (context && !parallel.axes().spans(group.communicator, "context")) return group.communicator + "*context";
+  return group.communicator;
 }
 
 // Checks every parameter (a defined leaf on the collectives' device, named once, its zero.Init
@@ -195,8 +199,8 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
                              UnitTracker* units)
     : stage_(make_zero_stage(options.stage, options.communication_dtype, options.reduce_scatter)),
       overlap_allgather_(options.overlap_allgather),
-      data_(parallel.data()),
-      reductions_(parallel.data().device()),
+      data_(parallel.replicas()),
+      reductions_(parallel.replicas().device()),
       units_(units),
       ignore_unused_parameters_(options.ignore_unused_parameters) {
   stage_->set_predivide_factor(options.predivide_factor);
@@ -207,7 +211,11 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   const std::vector<GroupSpec> specs = split_groups(model, partition);
   // Each group's communicator (ParamGroup::communicator), made here by every rank in the same order.
   std::vector<Communicator*> comms;
-  for (const GroupSpec& spec : specs) comms.push_back(&group_communicator(parallel, *spec.source));
+  std::vector<std::string> comm_names;
+  for (const GroupSpec& spec : specs) {
+    comm_names.push_back(group_spec(parallel, *spec.source));
+    comms.push_back(&parallel.group_over(comm_names.back()));
+  }
   std::vector<std::vector<std::string>> names(specs.size());
   plan_ = plan_buffers(plan_input(options, specs, comms, data_, units, names));
   std::unordered_map<const void*, at::Tensor> chunks = take_init_chunks(model);
@@ -234,7 +242,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       g.tensor_sharded = spec.tensor_sharded;
       g.source_group = static_cast<int>(spec.source - model.groups.data());
       g.comm = comms[gi];
-      g.comm_name = spec.source->communicator.empty() ? "data" : spec.source->communicator;
+      g.comm_name = comm_names[gi];
       g.lr_scale = spec.source->lr ? *spec.source->lr / options.hyper.lr : 1.0;
       g.gradient_scale = spec.source->gradient_scale;
       if (g.gradient_scale != 1.0 && is_onebit_optimizer(options.optimizer))

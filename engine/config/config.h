@@ -271,6 +271,20 @@ struct PipelineConfig {
   }
 };
 
+// tessera's section for context parallelism (docs/context_parallel.md): every sequence split over
+// `size` ranks that see the same samples, attention computed across them by `method`: "ulysses"
+// (all-to-all from sequence-split to head-split and back; Jacobs et al. 2023) or "ring" (key/value
+// blocks passed around the group, merged by log-sum-exp; Liu et al. 2023). DeepSpeed's top-level
+// sequence_parallel_size sets the size too. The grid is pipe × data × context × tensor.
+struct ContextParallelConfig {
+  int size = 1;
+  std::string method = "ulysses";
+  template <class V> void fields(V& v) {
+    v("size", size, at_least(1));
+    v("method", method, one_of({"ulysses", "ring"}));
+  }
+};
+
 // tessera's section for a model's Mixture-of-Experts blocks (docs/moe.md): the example GPT and the
 // estimator read it; a Python model builds tessera.moe.MoE layers itself and needs none. Block l
 // (from 0) is an MoE block when (l + 1) % every == 0: every other block with the default.
@@ -391,6 +405,8 @@ struct Config {
   AioConfig aio;
   TensorParallelConfig tensor_parallel;
   PipelineConfig pipeline;
+  ContextParallelConfig context_parallel;
+  std::optional<int> sequence_parallel_size;  // DeepSpeed's key for context_parallel.size (Ulysses)
   // Absent unless the config has the section: tessera.initialize then configures the model's
   // checkpoint() calls from it (python/tessera/checkpointing.py), as deepspeed.initialize does.
   std::optional<ActivationCheckpointingConfig> activation_checkpointing;
@@ -430,6 +446,8 @@ struct Config {
     v("aio", aio);
     v("tensor_parallel", tensor_parallel);
     v("pipeline", pipeline);
+    v("context_parallel", context_parallel);
+    v("sequence_parallel_size", sequence_parallel_size, at_least(1));
     v("activation_checkpointing", activation_checkpointing);
     v("checkpoint", checkpoint);
     v("moe", moe);

@@ -64,6 +64,7 @@ struct ResolvedLayout {
   int tensor = 1;
   int pipe = 1;
   int data = 1;
+  int context = 1;
 };
 
 Config parse_config(const nlohmann::json& j, ConfigReport& report, const ParseOptions& options = {});

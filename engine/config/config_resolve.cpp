@@ -79,12 +79,26 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
   ResolvedLayout layout;
   layout.world_size = world_size;
   std::string grid_error;
-  if (!unparsed({"tensor_parallel.tp_size", "tensor_parallel.autotp_size", "pipeline.stages"})) {
-    auto grid = make_grid_shape(world_size, c.tensor_parallel.tp_size, c.pipeline.stages, &grid_error);
+  // DeepSpeed's sequence_parallel_size is context_parallel.size under another name.
+  if (c.sequence_parallel_size && !unparsed({"sequence_parallel_size", "context_parallel.size"})) {
+    if (c.context_parallel.size != 1 && c.context_parallel.size != *c.sequence_parallel_size)
+      report.error("sequence_parallel_size", "sequence_parallel_size " + s(*c.sequence_parallel_size) +
+                                                 " != context_parallel.size " + s(c.context_parallel.size) +
+                                                 "; they name the same degree, give one");
+    else
+      c.context_parallel.size = *c.sequence_parallel_size;
+  }
+  if (!unparsed({"tensor_parallel.tp_size", "tensor_parallel.autotp_size", "pipeline.stages", "context_parallel.size",
+                 "sequence_parallel_size"})) {
+    const int tp = c.tensor_parallel.tp_size, pp = c.pipeline.stages, cp = c.context_parallel.size;
+    auto grid = make_grid_shape(world_size, tp, pp, &grid_error, cp);
     if (!grid) {
-      report.error("tensor_parallel.tp_size", grid_error);
+      const bool context_is_why = cp > 1 && tp >= 1 && pp >= 1 && world_size % (tp * pp) == 0;
+      report.error(context_is_why ? (c.sequence_parallel_size ? "sequence_parallel_size" : "context_parallel.size")
+                                  : "tensor_parallel.tp_size",
+                   grid_error);
     } else {
-      layout.tensor = grid->tensor, layout.pipe = grid->pipe, layout.data = grid->data;
+      layout.tensor = grid->tensor, layout.pipe = grid->pipe, layout.data = grid->data, layout.context = grid->context;
       if (!unparsed({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}))
         resolve_batch(c, grid->data, report);
     }

@@ -13,6 +13,7 @@ void bind_parallel(pybind11::module& m);
 void bind_engine(pybind11::module& m);
 void bind_pipeline(pybind11::module& m);
 void bind_moe(pybind11::module& m);        // tessera._C.moe (moe_bindings.cpp)
+void bind_context_parallel(pybind11::module& m);  // tessera._C.context_parallel (context_parallel_bindings.cpp)
 
 // tessera._C.checkpoint: safetensors files read and written by engine/checkpoint/ (checkpoint_bindings.cpp).
 void bind_checkpoint(pybind11::module& m);

@@ -17,6 +17,8 @@ void bind_config(py::module& m) {
       .def_property_readonly("tensor", [](const ConfigHandle& c) { return c.layout.tensor; })
       .def_property_readonly("pipe", [](const ConfigHandle& c) { return c.layout.pipe; })
       .def_property_readonly("data", [](const ConfigHandle& c) { return c.layout.data; })
+      .def_property_readonly("context", [](const ConfigHandle& c) { return c.layout.context; })
+      .def_property_readonly("context_method", [](const ConfigHandle& c) { return c.config.context_parallel.method; })
       .def_property_readonly("world_size", [](const ConfigHandle& c) { return c.layout.world_size; })
       .def_property_readonly("zero_stage", [](const ConfigHandle& c) { return c.config.zero_optimization.stage; })
       .def_property_readonly("sequence_parallel",

@@ -46,5 +46,6 @@ PYBIND11_MODULE(_C, m) {
   bind_engine(m);           // PartitionedInit, Engine (engine_bindings.cpp)
   bind_checkpoint(m);       // tessera._C.checkpoint (checkpoint_bindings.cpp)
   bind_moe(m);              // tessera._C.moe (moe_bindings.cpp)
+  bind_context_parallel(m);  // tessera._C.context_parallel (context_parallel_bindings.cpp)
   bind_pipeline(m);         // tessera._C.pipeline (pipeline_bindings.cpp)
 }

@@ -79,11 +79,11 @@ void bind_parallel(py::module& m) {
            py::arg("store_may_exist") = false, py::arg("timeout_s") = 0.0, py::arg("device") = "auto")
       .def(
           "make_axis_groups",
-          [](ParallelContext& c, int tensor, int pipe, const std::string& device) {
+          [](ParallelContext& c, int tensor, int pipe, const std::string& device, int context) {
             py::gil_scoped_release release;  // every rank of each group connects
-            c.make_axis_groups(tensor, pipe, device);
+            c.make_axis_groups(tensor, pipe, device, context);
           },
-          py::arg("tensor"), py::arg("pipe"), py::arg("device") = "")
+          py::arg("tensor"), py::arg("pipe"), py::arg("device") = "", py::arg("context") = 1)
       .def(
           "split_axis",
           [](ParallelContext& c, const std::string& axis, const std::vector<std::pair<std::string, int>>& factors) {
@@ -98,6 +98,7 @@ void bind_parallel(py::module& m) {
       .def_property_readonly("local_rank", &ParallelContext::local_rank)
       .def_property_readonly("local_world_size", &ParallelContext::local_world_size)
       .def_property_readonly("tensor", [](const ParallelContext& c) { return c.grid().tensor; })
+      .def_property_readonly("context_size", [](const ParallelContext& c) { return c.grid().context; })
       .def_property_readonly("pipe", [](const ParallelContext& c) { return c.grid().pipe; })
       .def_property_readonly("backend", [](const ParallelContext& c) { return std::string(backend_name(c.backend())); })
       .def_property_readonly("device", [](const ParallelContext& c) { return c.device().str(); },
@@ -105,6 +106,7 @@ void bind_parallel(py::module& m) {
       .def_property_readonly("info", [](const ParallelContext& c) { return rendezvous_dict(c.rendezvous_info()); })
       .def("group_rank", [](ParallelContext& c, const std::string& g) { return group_of(c, g).rank(); })
       .def("group_size", [](ParallelContext& c, const std::string& g) { return group_of(c, g).size(); })
+      .def("group_ranks", [](ParallelContext& c, const std::string& g) { return group_of(c, g).global_ranks(); })
       .def("describe", &ParallelContext::describe)
       .def("stats",  // per collective: [calls, bytes, seconds, sent bytes] on that group since it was made or reset
            [](ParallelContext& c, const std::string& g, bool reset) {

@@ -74,12 +74,12 @@ _DEEPSPEED_MODULE_NAMES = frozenset({
     "init_inference", "InferenceEngine", "DeepSpeedEngine", "DeepSpeedConfig", "DeepSpeedOptimizer",
     "DeepSpeedHybridEngine", "DeepSpeedTransformerLayer", "DeepSpeedTransformerConfig", "ops",
     "profiling", "compression", "inference", "autotuning", "elasticity", "launcher",
-    "module_inject", "sequence", "env_report", "git_version_info", "is_compile_supported", "tp_model_init",
+    "module_inject", "env_report", "git_version_info", "is_compile_supported", "tp_model_init",
     "add_tuning_arguments", "default_inference_config", "replace_transformer_layer", "revert_transformer_layer",
 })
 # Imported on first use: pipe pulls in more than most scripts need; accelerator, utils and runtime
 # are DeepSpeed's helpers under their DeepSpeed names (deepspeed.utils.RepeatingLoader, ...).
-_SUBMODULES = frozenset({"pipe", "monitor", "plot", "accelerator", "utils", "runtime", "moe"})
+_SUBMODULES = frozenset({"pipe", "monitor", "plot", "accelerator", "utils", "runtime", "moe", "sequence"})
 
 
 def __getattr__(name):

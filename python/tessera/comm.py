@@ -26,7 +26,7 @@ _lock = threading.Lock()
 _context = None  # _C.ParallelContext, one per process
 _info = None     # the environment's rendezvous info, read once
 
-_GROUPS = ("world", "data", "tensor", "pipe", "model")
+_GROUPS = ("world", "data", "context", "tensor", "pipe", "model")
 _splits = []  # split_axis calls made before the axis groups existed, applied when they are made
 _named = set()  # the factors split_axis named
 _OPS = ("sum", "avg", "max", "min")
@@ -105,10 +105,11 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                             make_axes=tensor_parallel is not None or pipeline_stages is not None, timeout_s=seconds)
 
 
-def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None, device=None):
+def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None, device=None,
+                     context=None):
     """The process's ParallelContext. The first call joins the job (world group, and torch.distributed's
-    default group); the axis groups are made by the first call with make_axes, with tensor x pipe
-    (default 1 x 1), and are fixed from then on. device: where the model lives (a torch.device or
+    default group); the axis groups are made by the first call with make_axes, with tensor x pipe x
+    context (default 1 x 1 x 1), and are fixed from then on. device: where the model lives (a torch.device or
     str), given by whoever knows it (initialize, zero.Init): the axis groups take their tensors there
     (Gloo with a CUDA device stages collectives through host memory, so ranks may share a GPU)."""
     global _context
@@ -130,19 +131,22 @@ def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, tim
                 "tessera.comm.init_distributed(backend=...) first" % (_context.backend, backend))
         wanted = "" if device is None else str(device)
         if make_axes and not _context.axis_groups_made:
-            _while_sigint_kills(lambda: _context.make_axis_groups(int(tensor or 1), int(pipe or 1), wanted))
+            _while_sigint_kills(lambda: _context.make_axis_groups(int(tensor or 1), int(pipe or 1), wanted,
+                                                                  int(context or 1)))
             for axis, factors in _splits:
                 _context.split_axis(axis, factors)
         elif make_axes and wanted and _context.device != _same_device(wanted, _context):
             raise ValueError(
                 "tessera.comm: the process groups take tensors on %s, the model is on %s; one process trains on one "
                 "device (move the model there before tessera.initialize)" % (_context.device, wanted))
-        elif make_axes and (_context.tensor, _context.pipe) != (int(tensor or 1), int(pipe or 1)) and \
-                (tensor, pipe) not in ((None, None), (1, 1)):
+        elif make_axes and (_context.tensor, _context.pipe, _context.context_size) != \
+                (int(tensor or 1), int(pipe or 1), int(context or 1)) and \
+                (tensor, pipe, context) not in ((None, None, None), (1, 1, 1)):
             raise ValueError(
-                "tessera.comm: the process groups were made for tensor %d x pipe %d, the config asks for "
-                "tensor %d x pipe %d; the degrees are fixed by the first tessera.initialize() (or collective on "
-                "a data/tensor/pipe group)" % (_context.tensor, _context.pipe, int(tensor or 1), int(pipe or 1)))
+                "tessera.comm: the process groups were made for tensor %d x pipe %d x context %d, the config asks "
+                "for tensor %d x pipe %d x context %d; the degrees are fixed by the first tessera.initialize() (or "
+                "collective on a data/tensor/pipe group)" % (_context.tensor, _context.pipe, _context.context_size,
+                                                             int(tensor or 1), int(pipe or 1), int(context or 1)))
         return _context
 
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from . import _C, checkpointing, client, comm, tensor_parallel
+from . import _C, checkpointing, client, comm, sequence, tensor_parallel
 from .moe import layer as moe_layer, utils as moe_utils
 from ._config import config_dict as _config_dict, config_text as _config_text, type_name as _type_name
 from .client_optimizer import ShardOptimizer
@@ -304,6 +304,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                          "from Python yet: each tensor rank would route its own part of the sequence, and the layer's "
                          "gradients would need summing over the tensor group (train_gpt's MoE blocks do it; "
                          "docs/moe.md)" % moe_layers[0][0])
+    if cfg.context > 1:
+        # context_parallel.size: the model's SDPA calls become Ulysses or ring attention (unless the
+        # model brings DistributedAttention / RingAttention itself); its inputs are shard()'s parts
+        sequence.configure(cfg.context_method)
+        if not sequence.is_parallelized(model):
+            sequence.parallelize(model, cfg.context_method)
     if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
         # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
         # same objects, so model_parameters given by the caller still name them)
@@ -318,7 +324,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # The model's device, so that under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's
     # collectives are staged through host memory; NCCL checks it is this rank's GPU.
     device = next(iter(devices)) if len(devices) == 1 else None
-    context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
+    context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device, context=cfg.context)
     _make_expert_groups(moe_layers, context)
     names = {id(p): n for n, p in model.named_parameters()}
     for n, m in moe_layers:  # experts by their global index (checkpoints)

@@ -38,6 +38,6 @@ TEST_CASE("NamedAxes: the data axis split into expert_data x expert, the expert 
   CHECK_THROWS_WITH(axes.split("data", {{"expert", 4}}), Catch::Contains("exists already"));
   CHECK_THROWS_WITH(axes.split("data", {{"a", 3}, {"b", 2}}), Catch::Contains("does not split"));
   CHECK_THROWS_WITH(axes.group_of("data*expert", 0), Catch::Contains("overlap"));
-  CHECK_THROWS_WITH(axes.group_of("context", 0), Catch::Contains("no parallel axis named 'context'") &&
+  CHECK_THROWS_WITH(axes.group_of("sequence", 0), Catch::Contains("no parallel axis named 'sequence'") &&
                                                     Catch::Contains("expert_data"));
 }
