@@ -93,16 +93,23 @@ class Gpt(nn.Module):
                     with whole(p):
                         p.fill_(1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
 
-    def forward(self, idx, targets=None):
-        """Logits [B, T, vocab], or the mean cross-entropy (fp32) when targets are given."""
+    def forward(self, idx, targets=None, pos=None, loss_fn=None):
+        """Logits [B, T, vocab], or the mean cross-entropy (fp32) when targets are given. pos: the
+        tokens' positions (default 0..T-1; under context parallelism each rank's part of the
+        sequence has the global ones: tessera.sequence.positions). loss_fn(logits, targets): the
+        loss instead of F.cross_entropy's mean (tessera.sequence.cross_entropy: the mean over the
+        whole sequence's tokens)."""
         t = self.transformer
-        pos = torch.arange(idx.size(1), device=idx.device)
+        if pos is None:
+            pos = torch.arange(idx.size(1), device=idx.device)
         x = t.wte(idx) + t.wpe(pos)
         for block in t.h:
             x = block(x)
         logits = F.linear(t.ln_f(x), t.wte.weight)  # tied LM head
         if targets is None:
             return logits
+        if loss_fn is not None:
+            return loss_fn(logits, targets)
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
     def param_groups(self, weight_decay):

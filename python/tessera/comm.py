@@ -139,14 +139,15 @@ def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, tim
             raise ValueError(
                 "tessera.comm: the process groups take tensors on %s, the model is on %s; one process trains on one "
                 "device (move the model there before tessera.initialize)" % (_context.device, wanted))
-        elif make_axes and (_context.tensor, _context.pipe, _context.context_size) != \
-                (int(tensor or 1), int(pipe or 1), int(context or 1)) and \
-                (tensor, pipe, context) not in ((None, None, None), (1, 1, 1)):
+        elif make_axes and ((_context.tensor, _context.pipe) != (int(tensor or 1), int(pipe or 1)) or
+                            (context is not None and _context.context_size != int(context))) and \
+                (tensor, pipe, context) not in ((None, None, None), (1, 1, None), (1, 1, 1)):
             raise ValueError(
                 "tessera.comm: the process groups were made for tensor %d x pipe %d x context %d, the config asks "
                 "for tensor %d x pipe %d x context %d; the degrees are fixed by the first tessera.initialize() (or "
                 "collective on a data/tensor/pipe group)" % (_context.tensor, _context.pipe, _context.context_size,
-                                                             int(tensor or 1), int(pipe or 1), int(context or 1)))
+                                                             int(tensor or 1), int(pipe or 1),
+                                                             int(context or _context.context_size)))
         return _context
 
 

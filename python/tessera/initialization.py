@@ -304,6 +304,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                          "from Python yet: each tensor rank would route its own part of the sequence, and the layer's "
                          "gradients would need summing over the tensor group (train_gpt's MoE blocks do it; "
                          "docs/moe.md)" % moe_layers[0][0])
+    if cfg.context > 1 and not comm.axes_made():
+        # the groups with their context axis, before AutoTP would make them without it
+        devs = {p.device for p in model.parameters()}
+        comm.parallel_context("gloo" if {d.type for d in devs} <= {"cpu"} else "auto", cfg.tensor, cfg.pipe,
+                              device=next(iter(devs)) if len(devs) == 1 else None, context=cfg.context)
     if cfg.context > 1:
         # context_parallel.size: the model's SDPA calls become Ulysses or ring attention (unless the
         # model brings DistributedAttention / RingAttention itself); its inputs are shard()'s parts
