@@ -271,7 +271,11 @@ void Engine::begin_autograd_backward() {
 
 const StepTimes& Engine::wall_clock_breakdown() const { return progress_->totals(); }
 
-void Engine::record_batch(int64_t samples, int64_t tokens) { progress_->add_samples(samples, tokens); }
+// Context-parallel ranks each see a part of the same samples' tokens: the job's tokens are this
+// rank's times data × context, its samples this rank's times data (the meter multiplies by data).
+void Engine::record_batch(int64_t samples, int64_t tokens) {
+  progress_->add_samples(samples, tokens * parallel_.grid().context);
+}
 
 void Engine::record_moe(double aux_loss, int64_t routed, int64_t dropped) {
   moe_aux_sum_ += aux_loss;

@@ -39,6 +39,7 @@
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/simulator.h"
 #include "examples/train_args.h"
+#include "parallel/context_parallel/layout.h"
 #include "parallel/parallel_context.h"
 
 using namespace tessera;
@@ -53,13 +54,21 @@ constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at e
 const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE] [--save DIR] [--load DIR]\n"
                      "                 [--n-layer L] [--n-head H] [--n-embd C] [--timeline FILE]";
 
-double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext& ctx, int64_t micro, uint64_t seed) {
+// context_parallel.size > 1: this rank's part of every sequence (the method's layout).
+Batch context_part(const Batch& b, const Config& config, ParallelContext& ctx) {
+  if (ctx.context().size() == 1) return b;
+  const ContextLayout layout = context_layout(config.context_parallel.method, ctx.context().size(), ctx.context().rank());
+  return Batch{context_shard(b.inputs, 1, layout), context_shard(b.targets, 1, layout)};
+}
+
+double validation_loss(Gpt& model, const FortunesCorpus& corpus, ParallelContext& ctx, const Config& config,
+                       int64_t micro, uint64_t seed) {
   at::NoGradGuard no_grad;
   const int64_t dp = ctx.data().size(), me = ctx.coordinates().data;
   double sum = 0;
   for (int64_t i = 0; i < kEvalBatches; ++i) {
     Batch global = corpus.sample(micro * dp, model.config().block_size, i, seed, FortunesCorpus::Split::Validation);
-    Batch mine = rows(global, me * micro, micro);
+    Batch mine = context_part(rows(global, me * micro, micro), config, ctx);
     sum += model.loss(mine.inputs, mine.targets).item<double>();
   }
   return data_parallel_mean(ctx, sum / kEvalBatches);
@@ -94,6 +103,7 @@ int run(int argc, char** argv) {
   ParallelOptions options;
   options.tensor = layout.tensor;
   options.pipe = layout.pipe;
+  options.context = layout.context;
   auto ctx = ParallelContext::from_environment(options);
   const bool leader = ctx->rank() == 0;
   if (leader)
@@ -108,7 +118,7 @@ int run(int argc, char** argv) {
   FortunesCorpus corpus;
   // ZeRO-3: the model is built partitioned (DeepSpeed's zero.Init): no rank ever holds all of it.
   std::optional<PartitionedInit> init;
-  if (config.zero_optimization.stage == 3) init.emplace(ctx->data());
+  if (config.zero_optimization.stage == 3) init.emplace(ctx->replicas());
   // tensor_parallel.tp_size > 1: the model is built split over the tensor group (each rank its slices).
   GptTensorParallel tp;
   if (ctx->tensor().size() > 1) tp = {&ctx->tensor(), config.tensor_parallel.sequence_parallel};
@@ -116,7 +126,10 @@ int run(int argc, char** argv) {
   if (args.n_layer) sizes.n_layer = args.n_layer;
   if (args.n_head) sizes.n_head = args.n_head;
   if (args.n_embd) sizes.n_embd = args.n_embd;
-  Gpt model(sizes, args.seed, init ? &*init : nullptr, tp, moe_of(config, *ctx));
+  // context_parallel.size > 1: each rank holds a part of every sequence, attention across the group.
+  GptContextParallel cp;
+  if (ctx->context().size() > 1) cp = {&ctx->context(), config.context_parallel.method};
+  Gpt model(sizes, args.seed, init ? &*init : nullptr, tp, moe_of(config, *ctx), cp);
   if (args.checkpoint_activations) {
     // partition_activations splits the kept inputs over the tensor group, unless sequence
     // parallelism split them already (they then differ by tensor rank).
@@ -162,9 +175,9 @@ int run(int argc, char** argv) {
     // rank takes its `micro` rows of those.
     const Batch global = corpus.sample(micro * dp * accumulation, seq_len, step, args.seed);
     for (int64_t m = 0; m < accumulation; ++m) {
-      const Batch mine = rows(global, (m * dp + rank) * micro, micro);
+      const Batch mine = context_part(rows(global, (m * dp + rank) * micro, micro), config, *ctx);
       at::Tensor loss = model.loss(mine.inputs, mine.targets);
-      engine.record_batch(micro, micro * seq_len);
+      engine.record_batch(micro, mine.inputs.numel());
       if (config.moe) engine.record_moe(model.last_aux_loss(), model.last_routed(), model.last_dropped());
       engine.backward(loss);
       engine.step();
@@ -174,7 +187,7 @@ int run(int argc, char** argv) {
 
     if (args.eval_every > 0 && ((step + 1) % args.eval_every == 0 || step + 1 == args.steps)) {
       const double train = data_parallel_mean(*ctx, last_loss);
-      const double val = validation_loss(model, corpus, *ctx, micro, args.seed);
+      const double val = validation_loss(model, corpus, *ctx, config, micro, args.seed);
       if (leader) {
         std::printf("step %lld: train loss %.4f, validation loss %.4f\n", (long long)(step + 1), train, val);
         std::fflush(stdout);
@@ -183,12 +196,14 @@ int run(int argc, char** argv) {
   }
 
   // Every data-parallel rank's peak RSS, gathered to rank 0 (they differ at ZeRO 1/2).
+  // (Context-parallel ranks too: each holds a part of the activations.)
+  const int64_t replicas = ctx->replicas().size();
   at::Tensor my_rss = at::full({1}, peak_rss_bytes(), at::kLong);
-  at::Tensor all_rss = at::empty({dp}, at::kLong);
-  ctx->data().all_gather(my_rss, all_rss);
+  at::Tensor all_rss = at::empty({replicas}, at::kLong);
+  ctx->replicas().all_gather(my_rss, all_rss);
   if (leader) {
     std::printf("peak rss per rank (bytes):");
-    for (int64_t r = 0; r < dp; ++r) std::printf(" %lld", (long long)all_rss[r].item<int64_t>());
+    for (int64_t r = 0; r < replicas; ++r) std::printf(" %lld", (long long)all_rss[r].item<int64_t>());
     std::printf("\n");
   }
 
@@ -295,7 +310,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
     const Batch global = corpus.sample(micro * dp * accumulation, seq_len, step, args.seed);
     int64_t m = 0;
     loss = engine.train_batch([&] {
-      const Batch mine = rows(global, (m++ * dp + rank) * micro, micro);
+      const Batch mine = context_part(rows(global, (m++ * dp + rank) * micro, micro), engine.engine().config(), ctx);
       return MicroBatch{mine.inputs, mine.targets};
     });
     if (args.eval_every > 0 && ((step + 1) % args.eval_every == 0 || step + 1 == args.steps)) {
@@ -304,7 +319,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
         int64_t k = i;
         val += engine.eval_batch([&] {
           const Batch global_val = corpus.sample(micro * dp, seq_len, k++, args.seed, FortunesCorpus::Split::Validation);
-          const Batch mine = rows(global_val, rank * micro, micro);
+          const Batch mine = context_part(rows(global_val, rank * micro, micro), engine.engine().config(), ctx);
           return MicroBatch{mine.inputs, mine.targets};
         });
       }

@@ -6,6 +6,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
@@ -22,6 +23,9 @@
 #include "parallel/communicator.h"
 #include "parallel/moe/dispatch.h"
 #include "parallel/moe/gating.h"
+#include "parallel/context_parallel/layout.h"
+#include "parallel/context_parallel/ring_attention.h"
+#include "parallel/context_parallel/ulysses.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/layers.h"
 #include "parallel/tensor_parallel/regions.h"
@@ -53,13 +57,15 @@ int64_t Gpt::add(const std::string& name, at::Tensor value, TensorSplit split) {
 }
 
 int64_t Gpt::tp_ranks() const { return tp_.tensor ? tp_.tensor->size() : 1; }
+int64_t Gpt::cp_ranks() const { return cp_.context ? cp_.context->size() : 1; }
 
 at::Tensor Gpt::replicated(const at::Tensor& w) const {
   return tp_.sequence_parallel && tp_ranks() > 1 ? copy_to_tensor_region(w, *tp_.tensor) : w;
 }
 
-Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParallel tp, GptMoe moe)
-    : config_(config), tp_(tp), moe_(moe) {
+Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParallel tp, GptMoe moe,
+         GptContextParallel cp)
+    : config_(config), tp_(tp), cp_(cp), moe_(moe) {
   const GptConfig& c = config_;
   if (c.vocab < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1)
     throw std::invalid_argument("GptConfig: every size must be >= 1");
@@ -95,6 +101,8 @@ Gpt::Gpt(GptConfig config, uint64_t seed, PartitionedInit* init, GptTensorParall
     throw std::invalid_argument("GptConfig: tensor parallelism over " + std::to_string(t) + " ranks needs n_head (" +
                                 std::to_string(c.n_head) + ") and vocab (" + std::to_string(c.vocab) +
                                 ") to be multiples of tensor_parallel.tp_size");
+  context_layout(cp_.method, cp_ranks(), 0);  // the method's name checked
+  if (cp_.method == "ulysses") check_ulysses_heads(c.n_head / t, cp_ranks());
   wte_ = add("transformer.wte.weight", normal({c.vocab, C}, std_dev), {0});
   wpe_ = add("transformer.wpe.weight", normal({c.block_size, C}, std_dev));
   // Under PartitionedInit each piece is partitioned once drawn (the draws stay in the same order).
@@ -221,12 +229,15 @@ at::Tensor Gpt::forward_layers(const at::Tensor& input, int64_t begin, int64_t e
   at::Tensor x = input;
   if (begin == 0) {
     if (input.dim() != 2) throw std::invalid_argument("Gpt::forward: idx must be [batch, seq_len]");
-    const int64_t T = input.size(1);
+    const int64_t T = input.size(1) * cp_ranks();  // the whole sequence's length
     if (T > c.block_size)
       throw std::invalid_argument("Gpt::forward: sequence of " + std::to_string(T) + " tokens exceeds block_size " +
                                   std::to_string(c.block_size));
     const at::Tensor idx = input.to(p[wte_].device(), at::kLong);
-    at::Tensor pos = at::arange(T, idx.options());
+    // This rank's tokens' global positions (under context parallelism a part of the sequence).
+    at::Tensor pos = cp_ranks() > 1 ? context_positions(T, context_layout(cp_.method, cp_ranks(), cp_.context->rank()),
+                                                        idx.device())
+                                    : at::arange(T, idx.options());
     auto scope = enter(0);
     at::Tensor tokens = t > 1 ? vocab_parallel_embedding(idx, p[wte_], tensor->rank() * p[wte_].size(0), *tensor)
                               : at::embedding(p[wte_], idx);
@@ -269,14 +280,25 @@ at::Tensor Gpt::block(int64_t l, const at::Tensor& x) const {
   const int64_t B = qkv.size(0), T = qkv.size(1);
   std::vector<at::Tensor> parts = qkv.chunk(3, 2);
   auto heads = [&](const at::Tensor& u) { return u.view({B, T, H / t, D}).transpose(1, 2); };  // [B, H/t, T, D]
-  at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                  /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  at::Tensor y = attention(heads(parts[0]), heads(parts[1]), heads(parts[2]));
   y = y.transpose(1, 2).reshape({B, T, C / t});
   at::Tensor out = x.add(row(y, w[kAttnProjW], w[kAttnProjB]));
   h = at::layer_norm(out, {C}, replicated(w[kLn2W]), replicated(w[kLn2B]), kLayerNormEps);
   if (is_moe_block(l)) return out.add(moe_mlp(l, h));
   h = at::gelu(column(h, w[kFcW], w[kFcB]), "tanh");
   return out.add(row(h, w[kMlpProjW], w[kMlpProjB]));
+}
+
+at::Tensor Gpt::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+  if (cp_ranks() == 1)
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  Communicator& context = *cp_.context;
+  if (cp_.method == "ring") return ring_attention(q, k, v, context);
+  // Ulysses: the whole sequence for this rank's share of the heads, then back.
+  at::Tensor y = at::scaled_dot_product_attention(
+      sequence_to_heads(q, context, 2, 1), sequence_to_heads(k, context, 2, 1), sequence_to_heads(v, context, 2, 1),
+      /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  return heads_to_sequence(y, context, 2, 1);
 }
 
 at::Tensor Gpt::moe_mlp(int64_t l, const at::Tensor& h) const {
@@ -307,9 +329,17 @@ at::Tensor Gpt::loss(const at::Tensor& idx, const at::Tensor& targets) {
 }
 
 at::Tensor Gpt::loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const {
-  if (tp_ranks() > 1) return vocab_parallel_cross_entropy(logits, targets, *tp_.tensor);
-  at::Tensor t = targets.to(logits.device(), at::kLong).reshape({-1});
-  return at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
+  at::Tensor mean;
+  if (tp_ranks() > 1) {
+    mean = vocab_parallel_cross_entropy(logits, targets, *tp_.tensor);
+  } else {
+    at::Tensor t = targets.to(logits.device(), at::kLong).reshape({-1});
+    mean = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, logits.size(-1)}), t);
+  }
+  if (cp_ranks() == 1) return mean;
+  // The whole sequences' mean: this rank's sum over its tokens, summed over the context group.
+  const double tokens = static_cast<double>(targets.numel());
+  return context_mean(mean.mul(tokens), at::full({}, tokens, at::kDouble), *cp_.context);
 }
 
 std::vector<int64_t> Gpt::layer_parameters(int64_t layer) const {

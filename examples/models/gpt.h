@@ -66,6 +66,16 @@ struct GptMoe {
   std::string expert_data;  // the experts' ParamGroup::communicator ("" with ep_size 1: the data group)
 };
 
+// Context parallelism (parallel/context_parallel/) over `context` (null or one rank: none): each
+// rank holds a part of every sequence (contiguous for "ulysses", chunks r and 2N−1−r of 2N for
+// "ring"), its positions the global ones; attention runs across the group (Ulysses's all-to-alls
+// around SDPA, or ring attention), and loss() is the mean over the whole sequence's tokens. Under
+// Ulysses the heads (after tensor parallelism) must divide by the group's size.
+struct GptContextParallel {
+  Communicator* context = nullptr;
+  std::string method = "ulysses";
+};
+
 // How a parameter is cut over the tensor group: tensor_parallel_slice's dim (-1: replicated) and fused.
 struct TensorSplit {
   int64_t dim = -1;
@@ -81,7 +91,8 @@ class Gpt {
   // partitioned as soon as they are drawn: no rank holds the whole model (the same values).
   // With tensor parallelism each rank holds its slices of the same draws: the model equals the
   // single-device one split (n_head, 4·n_embd and vocab must divide by the degree).
-  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr, GptTensorParallel tp = {}, GptMoe moe = {});
+  Gpt(GptConfig config, uint64_t seed, PartitionedInit* init = nullptr, GptTensorParallel tp = {}, GptMoe moe = {},
+      GptContextParallel cp = {});
 
   const GptConfig& config() const { return config_; }
   // The parameters, in a fixed order; leaf tensors with requires_grad. The engine may replace them.
@@ -113,10 +124,11 @@ class Gpt {
   // block, the head (see param_groups). nullptr detaches.
   void attach(Engine* engine) { engine_ = engine; }
 
-  // idx: int64 [B, T] with T <= block_size. Returns logits [B, T, vocab] in the parameters' dtype
+  // idx: int64 [B, T] with T <= block_size (context-parallel: this rank's part of sequences of
+  // T·N <= block_size tokens). Returns logits [B, T, vocab] in the parameters' dtype
   // (tensor-parallel: this rank's [B, T, vocab / t]).
   at::Tensor forward(const at::Tensor& idx);
-  // Mean cross-entropy over B·T positions, fp32 scalar.
+  // Mean cross-entropy over B·T positions (context-parallel: over the whole sequences'), fp32 scalar.
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
   at::Tensor loss_of_logits(const at::Tensor& logits, const at::Tensor& targets) const;
 
@@ -149,6 +161,8 @@ class Gpt {
  private:
   int64_t add(const std::string& name, at::Tensor value, TensorSplit split = {});
   int64_t tp_ranks() const;
+  int64_t cp_ranks() const;
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;  // [B, heads, T, D]
   at::Tensor replicated(const at::Tensor& w) const;  // under sequence parallelism: its gradient summed over the group
   at::Tensor block(int64_t l, const at::Tensor& x) const;  // block l's forward
   at::Tensor moe_mlp(int64_t l, const at::Tensor& h) const;  // an MoE block's MLP
@@ -160,6 +174,7 @@ class Gpt {
 
   GptConfig config_;
   GptTensorParallel tp_;
+  GptContextParallel cp_;
   std::vector<TensorSplit> splits_;  // per parameter
   Engine* engine_ = nullptr;
   std::vector<at::Tensor> params_;

@@ -131,6 +131,52 @@ TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 
                           "pp 2 with --checkpoint-activations", {"--checkpoint-activations"});
 }
 
+// Context parallelism (the config's context_parallel section; parallel/context_parallel/): each
+// sequence of 128 tokens split over the context group, attention across it by Ulysses's
+// all-to-alls or ring attention, the loss the whole sequences' mean; gradients averaged and ZeRO
+// partitioning over data x context. Against the same 1-rank run: cp 2 and 4 by each method, cp 2 x
+// dp 2 at ZeRO 2 and 3, cp 2 x tp 2 with sequence parallelism (heads split by tp, then by cp), cp 2
+// x pp 2, and DeepSpeed's sequence_parallel_size.
+TEST_CASE("train_gpt: context parallelism (Ulysses and ring at cp 2 and 4 - cp 2 x dp 2 at ZeRO 2 and 3 - cp 2 x tp 2 "
+          "- cp 2 x pp 2) reaches the 1-rank loss and parameters") {
+  auto cp = [](const std::string& method, int size) {
+    return "\"context_parallel\": {\"size\": " + std::to_string(size) + ", \"method\": \"" + method + "\"}";
+  };
+  for (const char* method : {"ulysses", "ring"}) {
+    for (int size : {2, 4}) {
+      const std::string output = check_against_reference(size, with_sections(gpt_config(16, 1), cp(method, size)),
+                                                         std::string(method) + " cp " + std::to_string(size));
+      CHECK(contains(output, "context " + std::to_string(size) + " x tensor 1"));
+    }
+  }
+  check_against_reference(4, with_sections(gpt_config(8, 2), cp("ring", 2)), "ring cp 2 x dp 2 ZeRO 2");
+  check_against_reference(4, with_sections(gpt_config(8, 3), cp("ulysses", 2)), "ulysses cp 2 x dp 2 ZeRO 3");
+  check_against_reference(
+      4, with_sections(gpt_config(16, 1), cp("ulysses", 2) + R"(, "tensor_parallel": {"tp_size": 2, "sequence_parallel": true})"),
+      "ulysses cp 2 x tp 2 with sequence parallelism");
+  check_against_reference(4, with_sections(gpt_config(4, 1, 4), cp("ring", 2) + R"(, "pipeline": {"stages": 2})"),
+                          "ring cp 2 x pp 2");
+  check_against_reference(2, with_sections(gpt_config(16, 2), R"("sequence_parallel_size": 2)"),
+                          "DeepSpeed's sequence_parallel_size 2 (Ulysses)");
+}
+
+TEST_CASE("train_gpt: context parallelism's bad input - heads Ulysses cannot split, a size that does not divide the "
+          "world - is refused naming the fix") {
+  auto run = run_example(TESSERA_TRAIN_GPT_PATH, 4,
+                         with_sections(gpt_config(16, 1), R"("context_parallel": {"size": 4, "method": "ulysses"})"), 1,
+                         tessera::testing::free_port(), {"--n-head", "2", "--n-embd", "64"});
+  INFO(run.output);
+  CHECK(run.status != 0);
+  CHECK(contains(run.output, "2 heads (per tensor-parallel rank) are not divisible by context_parallel.size 4"));
+  CHECK(contains(run.output, "use context_parallel.method \"ring\""));
+  auto world = run_example(TESSERA_TRAIN_GPT_PATH, 2, with_sections(gpt_config(16, 1), R"("context_parallel": {"size": 4})"),
+                           1, tessera::testing::free_port());
+  INFO(world.output);
+  CHECK(world.status != 0);
+  CHECK(contains(world.output, "context_parallel.size"));
+  CHECK(contains(world.output, "world size 2 is not divisible"));
+}
+
 // The C++ checkpoint API (Engine::save_checkpoint / load_checkpoint) through train_gpt's --save and
 // --load: 5 steps, a checkpoint, 5 more from it equal the 1-rank 10-step run: exactly at the same
 // layout, and within the parity tolerance after resharding (2 ranks at ZeRO 2 to 1 rank at ZeRO
