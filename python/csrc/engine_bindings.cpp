@@ -18,7 +18,7 @@ void bind_engine(py::module& m) {
              if (!context) throw std::invalid_argument("tessera: no parallel context");
              auto h = std::make_shared<InitHandle>();
              h->context = context;
-             h->init = std::make_unique<PartitionedInit>(context->data());
+             h->init = std::make_unique<PartitionedInit>(context->replicas());  // ZeRO-3's group: data x context
              return h;
            }),
            py::arg("context"))

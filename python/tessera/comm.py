@@ -71,13 +71,14 @@ def axes_made():
 
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True, timeout=None,
                      init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1, *,
-                     backend=None, tensor_parallel=None, pipeline_stages=None):
+                     backend=None, tensor_parallel=None, pipeline_stages=None, context_parallel=None):
     """Joins the job (every rank must call it); idempotent. DeepSpeed's deepspeed.init_distributed.
 
     It makes the rendezvous store and the world group, and torch.distributed's default process
     group on the same store (so torch.distributed.get_rank(), barrier(), all_reduce() and
     DistributedSampler() work in the script). The data, tensor and pipe groups are made by
-    tessera.initialize() from the config (or here, when tensor_parallel/pipeline_stages are given).
+    tessera.initialize() from the config (or here, when tensor_parallel/pipeline_stages/context_parallel
+    are given: a tessera.pipe.PipelineModule built before tessera.initialize needs them then).
 
     dist_backend (or backend): None/"auto" (NCCL when a GPU is visible, else Gloo), "gloo" or
     "nccl". timeout: a datetime.timedelta (or seconds) for the rendezvous and every collective
@@ -102,7 +103,8 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                              % (name, int(given), info["source"], actual))
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
     return parallel_context(chosen or "auto", tensor_parallel, pipeline_stages,
-                            make_axes=tensor_parallel is not None or pipeline_stages is not None, timeout_s=seconds)
+                            make_axes=tensor_parallel is not None or pipeline_stages is not None or
+                            context_parallel is not None, timeout_s=seconds, context=context_parallel)
 
 
 def parallel_context(backend="auto", tensor=None, pipe=None, make_axes=True, timeout_s=None, device=None,

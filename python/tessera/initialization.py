@@ -286,6 +286,18 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if effective.get("activation_checkpointing") is not None:
         # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
         checkpointing.configure(None, deepspeed_config=effective)
+    if cfg.context > 1 and not comm.axes_made():
+        # the groups with their context axis, before AutoTP would make them without it
+        devs = {p.device for p in model.parameters()}
+        comm.parallel_context("gloo" if {d.type for d in devs} <= {"cpu"} else "auto", cfg.tensor, cfg.pipe,
+                              device=next(iter(devs)) if len(devs) == 1 else None, context=cfg.context)
+    if cfg.context > 1:
+        # context_parallel.size: the model's SDPA calls become Ulysses or ring attention (unless the
+        # model brings DistributedAttention / RingAttention itself); its inputs are shard()'s parts
+        from . import pipe
+        sequence.configure(cfg.context_method)
+        if not sequence.is_parallelized(model):
+            sequence.parallelize(model, cfg.context_method, require=not isinstance(model, pipe.PipelineModule))
     from . import pipe
     if isinstance(model, pipe.PipelineModule):  # a model cut into stages: tessera.pipe.PipelineEngine
         if model_parameters is not None or units is not None:
@@ -304,17 +316,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                          "from Python yet: each tensor rank would route its own part of the sequence, and the layer's "
                          "gradients would need summing over the tensor group (train_gpt's MoE blocks do it; "
                          "docs/moe.md)" % moe_layers[0][0])
-    if cfg.context > 1 and not comm.axes_made():
-        # the groups with their context axis, before AutoTP would make them without it
-        devs = {p.device for p in model.parameters()}
-        comm.parallel_context("gloo" if {d.type for d in devs} <= {"cpu"} else "auto", cfg.tensor, cfg.pipe,
-                              device=next(iter(devs)) if len(devs) == 1 else None, context=cfg.context)
-    if cfg.context > 1:
-        # context_parallel.size: the model's SDPA calls become Ulysses or ring attention (unless the
-        # model brings DistributedAttention / RingAttention itself); its inputs are shard()'s parts
-        sequence.configure(cfg.context_method)
-        if not sequence.is_parallelized(model):
-            sequence.parallelize(model, cfg.context_method)
     if cfg.tensor > 1 and not any(hasattr(p, "_tessera_tensor_parallel") for p in model.parameters()):
         # tensor_parallel.tp_size without a plan applied: DeepSpeed's AutoTP (the parameters stay the
         # same objects, so model_parameters given by the caller still name them)

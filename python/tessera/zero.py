@@ -163,7 +163,7 @@ class Init:
         # The backend initialize() will ask for: Gloo for a model built on the CPU, else NCCL where a GPU is.
         device = torch.get_default_device()
         backend = "gloo" if device.type == "cpu" else "auto"
-        context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device)
+        context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device, context=cfg.context)
         self._cinit = _C.PartitionedInit(context)
         if module is not None:
             if not isinstance(module, torch.nn.Module):

@@ -245,7 +245,7 @@ def _calls_sdpa(module):
     return code is not None and "scaled_dot_product_attention" in code.co_names
 
 
-def parallelize(model, method=None, group=None, attention_modules=None):
+def parallelize(model, method=None, group=None, attention_modules=None, require=True):
     """Context parallelism applied to `model` without rewriting it: the F.scaled_dot_product_attention
     calls of its attention modules (those whose forward calls it, or `attention_modules`: a list of
     module classes or qualified names) become Ulysses or ring attention over the context group. The
@@ -260,7 +260,7 @@ def parallelize(model, method=None, group=None, attention_modules=None):
         classes = tuple(a for a in attention_modules if isinstance(a, type))
         names = {a for a in attention_modules if isinstance(a, str)}
         targets = [(n, m) for n, m in model.named_modules() if (classes and isinstance(m, classes)) or n in names]
-    if not targets:
+    if not targets and require:
         raise ValueError("tessera.sequence.parallelize: no attention module found (none of the model's modules calls "
                          "F.scaled_dot_product_attention in its forward); pass attention_modules=[...] or use "
                          "DistributedAttention / RingAttention in the model")

@@ -27,6 +27,10 @@ def test_context_2_by_data_2_at_zero_2_and_3_matches_one_process(method, stage, 
     run(4, method, 2, stage, optimizer)
 
 
+def test_a_model_built_under_zero_init_partitioned_over_data_by_context():
+    run(4, "ring", 2, 3, "sgd", "zero_init")
+
+
 @pytest.mark.parametrize("method, optimizer", [("ulysses", "adamw"), ("ring", "sgd")])
 def test_context_2_by_tensor_2_matches_one_process(method, optimizer):
     run(4, method, 2, 1, optimizer, "tp", 2)

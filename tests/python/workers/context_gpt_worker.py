@@ -3,7 +3,8 @@ the same model on the same sequences (tests/python/context_parallel/test_context
 
     context_gpt_worker.py METHOD CP STAGE OPTIMIZER [tp N] [bf16] [checkpointing]
 
-METHOD: ulysses or ring; CP: context_parallel.size; the world is data x CP (x tensor N with "tp");
+METHOD: ulysses or ring; CP: context_parallel.size; "zero_init": the model built under
+tessera.zero.Init (partitioned over data x context; each rank draws from its own seed, rank 0's win); the world is data x CP (x tensor N with "tp");
 STAGE: ZeRO 0-3; OPTIMIZER: sgd (no momentum, clipping that clips: a wrong gradient scale shows) or
 adamw. Each step's global batch is DATA micro-batches of SEQ tokens; data rank d takes row block d,
 and its context ranks each their part of every sequence (tessera.sequence.shard, the method's
@@ -66,7 +67,6 @@ def main():
     bf16 = "bf16" in more
     world = tessera.comm.get_world_size()
     dp = world // (cp * tp)
-    model = model_of()
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "steps_per_print": 100,
               "gradient_clipping": CLIP, "optimizer": optimizer_config(kind),
               "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000},
@@ -80,6 +80,13 @@ def main():
     if "deepspeed_key" in more:  # DeepSpeed's name for the degree
         del config["context_parallel"]
         config["sequence_parallel_size"] = cp
+    if "zero_init" in more:  # built partitioned over data x context (each rank from another seed: the
+        # values come from rank 0 of that group)
+        with tessera.zero.Init(config=config):
+            model = Gpt(vocab=VOCAB, block_size=SEQ, n_layer=2, n_head=4, n_embd=32, seed=7 + tessera.comm.get_rank(),
+                        gathered=lambda p: tessera.zero.GatheredParameters(p, modifier_rank=0))
+    else:
+        model = model_of()
     engine, _, _, _ = tessera.initialize(model=model, config=config)
     context = tessera.comm.parallel_context()
     assert context.group_size("context") == cp and engine.dp_world_size == dp, (context.describe(), engine.dp_world_size)
