@@ -32,7 +32,8 @@ struct EstimateFlags {
   std::optional<std::string> gpu_mem, cpu_mem, nvme, device, device_overhead, host_overhead;
   std::optional<double> fragmentation;
   std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw;
-  std::optional<int64_t> moe_experts, moe_every, moe_k, ep;
+  std::optional<int64_t> moe_experts, moe_every, moe_k, ep, cp;
+  std::optional<std::string> cp_method;
   std::optional<double> moe_capacity_factor;
   bool moe_drop_tokens = false;
 };
@@ -87,6 +88,7 @@ nlohmann::json request_from(const EstimateFlags& f) {
   put("fragmentation", f.fragmentation);
   put("moe_experts", f.moe_experts), put("moe_every", f.moe_every), put("moe_k", f.moe_k), put("ep", f.ep);
   put("moe_capacity_factor", f.moe_capacity_factor);
+  put("cp", f.cp), put("cp_method", f.cp_method);
   if (f.moe_drop_tokens) j["moe_drop_tokens"] = true;
   if (f.no_search) j["search"] = false;
   return j;
@@ -165,6 +167,10 @@ void register_estimate_command(CLI::App& app, int& exit_code) {
   sub->add_option("--moe-experts", f->moe_experts, "MoE blocks with this many experts (the config's moe.num_experts)")->group("Training");
   sub->add_option("--moe-every", f->moe_every, "Every how many blocks is an MoE block (2)")->group("Training");
   sub->add_option("--moe-k", f->moe_k, "Experts per token (2)")->group("Training");
+  sub->add_option("--cp", f->cp, "Context-parallel degree (context_parallel.size): each rank holds seq_len/cp of a sequence")
+      ->group("Training");
+  sub->add_option("--cp-method", f->cp_method, "Context parallelism's attention: ulysses (all-to-all) or ring")
+      ->group("Training");
   sub->add_option("--ep", f->ep, "Expert-parallel degree (divides the experts and the data-parallel size)")->group("Training");
   sub->add_option("--moe-capacity-factor", f->moe_capacity_factor, "MoE capacity factor (1.0)")->group("Training");
   sub->add_flag("--moe-drop-tokens", f->moe_drop_tokens, "MoE with a capacity that drops tokens (default: dropless)")->group("Training");

@@ -180,6 +180,8 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
       ad.moe_all_to_all = moe_layers > 0 ? a.moe_all_to_all : 0;
       ad.moe_rows = a.moe_rows;
     }
+    ad.context_extra = a.context_extra;
+    ad.context_buffers = a.context_buffers;
     int64_t stored;
     if (s.activation_checkpointing == "full") {
       const int64_t interval = std::max(1, s.checkpoint_interval);
@@ -199,7 +201,7 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
     ad.logits = m.last ? a.output : 0;
     // The output layer's backward (logits and their gradient) runs before any layer is
     // recomputed, and its buffers are freed by then: the two peaks do not add.
-    act_device = stored + ad.embedding + std::max({ad.logits, ad.recompute, ad.moe_all_to_all});
+    act_device = stored + ad.embedding + std::max({ad.logits, ad.recompute, ad.moe_all_to_all, ad.context_buffers});
   }
 
   // Per GPU (per rank on a CPU device).
@@ -224,6 +226,11 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
       detail += "; " + std::to_string(ad.moe_layers) + " MoE layers store " + format_gib(ad.moe_extra) +
                 " more each (" + std::to_string(ad.moe_rows) + " expert rows), their all-to-all buffers " +
                 format_gib(ad.moe_all_to_all) + " (transient: the larger of it and the output layer counts)";
+    if (s.cp > 1)
+      detail += "; context parallelism (" + s.context_method + ", " + std::to_string(s.cp) + " ranks): seq_len/" +
+                std::to_string(s.cp) + " tokens a rank, " + format_gib(ad.context_extra) + " more a layer, " +
+                (s.context_method == "ring" ? "key/value blocks in flight " : "all-to-all buffers ") +
+                format_gib(ad.context_buffers) + " (transient)";
     add_line(g, "activations", act_device, detail);
   }
   g.activations = act_device;

@@ -57,6 +57,8 @@ struct TrainingSetup : ZeroSizeParams {
   int tp = 1;
   int pp = 1;
   bool sequence_parallel = false;          // Megatron's sequence parallelism (with tp > 1)
+  int cp = 1;                              // context_parallel.size: each rank holds seq_len / cp of a sequence
+  std::string context_method = "ulysses";  // context_parallel.method: ulysses | ring (their buffers differ)
   std::string activation_checkpointing = "none";  // none | selective (attention core) | full
   int checkpoint_interval = 1;             // full: checkpoint every this many layers
   bool partition_activations = false;      // DeepSpeed: checkpoints split across tensor-parallel ranks
@@ -155,6 +157,8 @@ struct ActivationDetail {
   int64_t moe_extra = 0;          // what one of them stores beyond a dense layer, per micro-batch
   int64_t moe_rows = 0;           // rows this rank's experts process per MoE layer
   int64_t moe_all_to_all = 0;     // one MoE layer's all-to-all send and receive buffers (transient)
+  int64_t context_extra = 0;      // context parallelism: what one layer's attention keeps beyond SDPA's (in per_layer)
+  int64_t context_buffers = 0;    // ... and its transient buffers (Ulysses's all-to-alls, ring's blocks in flight)
   int stage = 0;                  // the pipeline stage with the largest total
   std::string formula;            // the per-layer formula used, in words
 };

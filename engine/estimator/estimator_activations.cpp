@@ -36,7 +36,9 @@ namespace estimator_detail {
 //     kernels write it in (b, s, a, d) layout, so transpose(1, 2).contiguous() copies nothing).
 Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s, int64_t micro_batch) {
   Activations a;
-  const double S = sh.seq_len, b = micro_batch, h = sh.hidden, heads = sh.heads, kv = sh.kv_dim(), f = sh.ffn_dim();
+  // Context parallelism: every per-token term is this rank's part of the sequence.
+  const double cp = std::max(1, s.cp);
+  const double S = std::ceil(static_cast<double>(sh.seq_len) / cp), b = micro_batch, h = sh.hidden, heads = sh.heads, kv = sh.kv_dim(), f = sh.ffn_dim();
   const double t = s.tp, e = s.precision == "fp32" ? 4 : 2, sbh = S * b * h;
   const bool sp = s.sequence_parallel && s.tp > 1;
   const bool flash = s.flash_attention.value_or(s.attention == "sdpa");
@@ -50,7 +52,26 @@ Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s,
   // The attention core: eager: softmax output (and with dropout its mask and output), a·s²·b
   // each; sdpa: only the fp32 log-sum-exp (4·a·s·b).
   const double core = flash ? 4 * heads * S * b / t : (e + mask * (1 + e)) * heads * S * S * b / t;
-  a.layer_full = round_bytes(replicated + split + core);
+  // Context parallelism (parallel/context_parallel/), per layer of this rank's S = seq_len/cp tokens:
+  //   ulysses  the attention's output is kept in both layouts (SDPA's head-split one for its
+  //            backward, the projection's sequence-split input): + e·S·b·h/t. Transient: the
+  //            all-to-alls' send and receive buffers of q, k and v: 2·e·S·b·(h + 2kv)/t.
+  //   ring     the fp32 merged output kept for the backward beside the output in the compute
+  //            dtype: + 4·S·b·h/t. Transient: the key/value block attended and the one arriving
+  //            (2 · e·S·b·2kv/t), in the backward also three fp32 gradient accumulators (the block's
+  //            part, the one arriving, the one sent: 3 · 4·S·b·2kv/t).
+  double context_extra = 0;
+  if (cp > 1) {
+    if (s.context_method == "ring") {
+      context_extra = 4 * S * b * h / t;
+      a.context_buffers = round_bytes(2 * e * S * b * 2 * kv / t + 3 * 4 * S * b * 2 * kv / t);
+    } else {
+      context_extra = e * S * b * h / t;
+      a.context_buffers = round_bytes(2 * e * S * b * (h + 2 * kv) / t);
+    }
+    a.context_extra = round_bytes(context_extra);
+  }
+  a.layer_full = round_bytes(replicated + split + core + context_extra);
   a.checkpoint = round_bytes(e * sbh / ((sp || s.partition_activations) ? t : 1));
   if (s.activation_checkpointing == "full") a.layer_stored = a.checkpoint;
   else if (s.activation_checkpointing == "selective") a.layer_stored = round_bytes(replicated + split);
@@ -86,6 +107,10 @@ Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s,
   if (flash) terms += " + 4a/h" + (t > 1 ? std::string("t") : "") + " (SDPA: fp32 log-sum-exp, no s^2 scores)";
   else terms += " + " + fmt("%g", e + mask * (1 + e)) + (t > 1 ? "as/(ht)" : "as/h") + " (eager attention: s^2 scores)";
   a.formula = "sbh(" + terms + ")";
+  if (cp > 1)
+    a.formula += ", s = seq_len/" + fmt("%g", cp) + " per context rank" +
+                 (s.context_method == "ring" ? " + 4sbh/t (ring: the fp32 merged output)"
+                                             : " + " + fmt("%g", e) + "sbh/t (Ulysses: the output in both layouts)");
   if (s.activation_checkpointing == "selective" && !flash) a.formula += "; selective recomputation drops the s^2 term";
   if (sh.mlp == "gelu" && sh.ffn_dim() == 4 * sh.hidden && kv == h && sh.dropout && e == 2 && !flash)
     a.formula += " (Korthikanti et al.'s formula)";

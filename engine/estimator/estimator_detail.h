@@ -75,6 +75,9 @@ struct Activations {
   // place of the MLP's), and its all-to-all's send and receive buffers (transient).
   int64_t moe_extra = 0, moe_all_to_all = 0;
   int64_t moe_rows = 0;  // rows this rank's experts process per MoE layer (capacity, or dropless worst case)
+  // Context parallelism (TrainingSetup::cp): what a layer's attention keeps beyond SDPA's (counted in
+  // layer_full) and its transient buffers.
+  int64_t context_extra = 0, context_buffers = 0;
   std::string formula;
 };
 Activations activation_terms(const TransformerShape& sh, const TrainingSetup& s, int64_t micro_batch);

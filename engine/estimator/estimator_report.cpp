@@ -94,7 +94,8 @@ json estimate_to_json(const EstimateResult& r) {
                 {"offload_param", s.offload_param}, {"precision", s.precision}, {"optimizer", s.optimizer},
                 {"micro_batch", s.micro_batch}, {"gradient_accumulation", s.gradient_accumulation},
                 {"pipeline_micro_batches", s.pipeline_micro_batches > 0 ? s.pipeline_micro_batches : s.gradient_accumulation},
-                {"tp", s.tp}, {"pp", s.pp}, {"dp", r.dp}, {"sequence_parallel", s.sequence_parallel},
+                {"tp", s.tp}, {"pp", s.pp}, {"dp", r.dp}, {"cp", s.cp}, {"cp_method", s.context_method},
+                {"sequence_parallel", s.sequence_parallel},
                 {"activation_checkpointing", s.activation_checkpointing}, {"attention", s.attention},
                 {"reduce_bucket_size", s.reduce_bucket_size}};
   j["hardware"] = {{"device", r.hardware.device}, {"gpus_per_node", r.hardware.gpus_per_node},
@@ -115,7 +116,8 @@ json estimate_to_json(const EstimateResult& r) {
                       {"embedding_bytes", a.embedding}, {"output_layer_bytes", a.logits},
                       {"recompute_bytes", a.recompute}, {"on_cpu_bytes", a.on_cpu}, {"pipeline_stage", a.stage},
                       {"formula", a.formula}, {"moe_layers", a.moe_layers}, {"moe_extra_bytes", a.moe_extra},
-                      {"moe_rows", a.moe_rows}, {"moe_all_to_all_bytes", a.moe_all_to_all}};
+                      {"moe_rows", a.moe_rows}, {"moe_all_to_all_bytes", a.moe_all_to_all},
+                      {"context_extra_bytes", a.context_extra}, {"context_buffer_bytes", a.context_buffers}};
   j["shortfalls"] = r.shortfalls;
   j["notes"] = r.notes;
   json table = json::array(), options = json::array();

@@ -65,6 +65,8 @@ TrainingSetup setup_from_config(const Config& c) {
   s.pipeline_micro_batches = c.pipeline.micro_batches.value_or(0);
   s.tp = c.tensor_parallel.tp_size;
   s.pp = c.pipeline.stages;
+  s.cp = c.context_parallel.size;
+  s.context_method = c.context_parallel.method;
   const ActivationCheckpointingConfig ac = c.activation_checkpointing.value_or(ActivationCheckpointingConfig{});
   if (c.pipeline.activation_checkpoint_interval > 0) {
     s.activation_checkpointing = "full";
@@ -95,9 +97,9 @@ void check_setup(const TrainingSetup& s, int world) {
   if (s.precision != "fp32" && s.precision != "bf16" && s.precision != "fp16")
     bad("precision must be fp32, bf16 or fp16, not \"" + s.precision + "\"");
   if (s.micro_batch < 1) bad("micro-batch must be >= 1");
-  if (s.tp < 1 || s.pp < 1) bad("tensor and pipeline degrees must be >= 1");
-  if (world % (int64_t(s.tp) * s.pp) != 0)
-    bad("tp x pp = " + std::to_string(s.tp * s.pp) + " does not divide the " + std::to_string(world) + " GPUs");
+  if (s.tp < 1 || s.pp < 1 || s.cp < 1) bad("tensor, pipeline and context degrees must be >= 1");
+  if (world % (int64_t(s.tp) * s.pp * s.cp) != 0)
+    bad("tp x pp x cp = " + std::to_string(s.tp * s.pp * s.cp) + " does not divide the " + std::to_string(world) + " GPUs");
   if (s.activation_checkpointing != "none" && s.activation_checkpointing != "selective" &&
       s.activation_checkpointing != "full")
     bad("activation checkpointing must be none, selective or full, not \"" + s.activation_checkpointing + "\"");
@@ -134,7 +136,7 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
       "param_groups", "reduce_bucket_size", "gpus_per_node", "nodes", "gpu_mem", "cpu_mem", "nvme", "device",
       "fragmentation", "device_overhead", "host_overhead", "max_micro_batch", "search", "attention", "gpu_tflops",
       "intra_node_bw", "inter_node_bw", "pcie_bw", "host_mem_bw", "nvme_bw", "moe_experts", "moe_every", "moe_k", "ep",
-      "moe_capacity_factor", "moe_drop_tokens"};
+      "moe_capacity_factor", "moe_drop_tokens", "cp", "cp_method"};
   for (const auto& [k, v] : req.items()) {
     if (known.count(k)) continue;
     std::string best;
@@ -322,6 +324,11 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
   if (auto v = int_of("pp")) {
     if (!cfg.contains("pipeline") || !cfg["pipeline"].is_object()) cfg["pipeline"] = json::object();
     cfg["pipeline"]["stages"] = *v;
+  }
+  if (get("cp") || get("cp_method")) {  // context parallelism: the config's section (its checks)
+    if (!cfg.contains("context_parallel") || !cfg["context_parallel"].is_object()) cfg["context_parallel"] = json::object();
+    if (auto v = int_of("cp")) cfg["context_parallel"]["size"] = *v;
+    if (auto v = str_of("cp_method")) cfg["context_parallel"]["method"] = *v;
   }
   // MoE blocks: the flags into the config's "moe" section (its checks: ep divides the experts and dp).
   if (get("moe_experts") || get("moe_every") || get("moe_k") || get("ep") || get("moe_capacity_factor") ||

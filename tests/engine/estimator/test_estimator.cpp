@@ -507,6 +507,37 @@ TEST_CASE("MoE: experts counted over ep - activations at the capacity or the sta
   CHECK_THROWS_WITH(moe({{"moe_k", 9}}), Catch::Contains("moe.k"));
 }
 
+TEST_CASE("context parallelism: activations per rank over cp - Ulysses's and ring's extra and buffers - the flags' errors") {
+  // tessera-gpt (4 layers, hidden 128, 4 heads, sequence 128), fp32, micro-batch 4, 4 CPU ranks.
+  auto est = [](json more) {
+    json request = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"gpus_per_node", 4}, {"micro_batch", 4},
+                    {"search", false}};
+    request.update(more);
+    return estimate_json(request);
+  };
+  const json one = est(json::object()), ulysses = est({{"cp", 2}}), ring = est({{"cp", 2}, {"cp_method", "ring"}}),
+             ring4 = est({{"cp", 4}, {"cp_method", "ring"}});
+  const int64_t full = one["activations"]["per_layer_full_bytes"];
+  const double S = 64, b = 4, h = 128, e = 4;  // this rank's tokens at cp 2
+  // The per-token terms halve; Ulysses keeps the output in both layouts, ring its fp32 merge.
+  CHECK(ulysses["activations"]["context_extra_bytes"] == int64_t(e * S * b * h));
+  CHECK(ring["activations"]["context_extra_bytes"] == int64_t(4 * S * b * h));
+  CHECK(std::abs(ulysses["activations"]["per_layer_full_bytes"].get<int64_t>() - (full / 2 + int64_t(e * S * b * h))) <= 8);
+  CHECK(std::abs(ring4["activations"]["per_layer_full_bytes"].get<int64_t>() - (full / 4 + int64_t(4 * 32 * b * h))) <= 8);
+  // Transient: Ulysses's all-to-all buffers of q, k, v (send and receive); ring's blocks in flight
+  // and, in the backward, three fp32 gradient accumulators.
+  CHECK(ulysses["activations"]["context_buffer_bytes"] == int64_t(2 * e * S * b * 3 * h));
+  CHECK(ring["activations"]["context_buffer_bytes"] == int64_t(2 * e * S * b * 2 * h + 3 * 4 * S * b * 2 * h));
+  CHECK(one["activations"]["context_buffer_bytes"] == 0);
+  CHECK(ulysses["setup"]["cp"] == 2);
+  CHECK(ring["setup"]["cp_method"] == "ring");
+  CHECK(ring4["per_gpu"]["total_bytes"].get<int64_t>() < one["per_gpu"]["total_bytes"].get<int64_t>());
+  // Model states do not change: ZeRO partitions over data x context, the same ranks as before.
+  CHECK(est({{"cp", 2}, {"zero", 2}})["per_gpu"]["model_states_bytes"] == est({{"zero", 2}})["per_gpu"]["model_states_bytes"]);
+  CHECK_THROWS_WITH(est({{"cp", 3}}), Catch::Contains("context_parallel.size"));
+  CHECK_THROWS_WITH(est({{"cp", 2}, {"cp_method", "zigzag"}}), Catch::Contains("context_parallel.method"));
+}
+
 TEST_CASE("every shipped config in configs/ can be estimated - its choices read as the engine reads them") {
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(TESSERA_SOURCE_DIR "/configs")) {
