@@ -166,7 +166,9 @@ std::string setup_line(const EstimateResult& r) {
   o << "ZeRO-" << s.zero_stage << ", offload_optimizer=" << s.offload_optimizer << ", offload_param=" << s.offload_param
     << ", " << s.precision << ", " << s.optimizer << ", micro-batch " << s.micro_batch << ", gradient accumulation "
     << s.gradient_accumulation << ", tp " << s.tp << (s.sequence_parallel && s.tp > 1 ? " (sequence parallel)" : "")
-    << ", pp " << s.pp << ", dp " << r.dp << ", activation checkpointing " << s.activation_checkpointing;
+    << ", pp " << s.pp;
+  if (s.cp > 1) o << ", cp " << s.cp << " (" << s.context_method << "; ZeRO over data x context)";
+  o << ", dp " << r.dp << ", activation checkpointing " << s.activation_checkpointing;
   if (r.has_shape) o << ", attention " << s.attention;
   return o.str();
 }
