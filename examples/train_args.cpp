@@ -48,6 +48,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* usage) {
     else if (flag == "--n-layer") a.n_layer = integer(flag, value);
     else if (flag == "--n-head") a.n_head = integer(flag, value);
     else if (flag == "--n-embd") a.n_embd = integer(flag, value);
+    else if (flag == "--seq-len") a.seq_len = integer(flag, value);
     else if (flag == "--timeline") a.timeline = value;
     else throw std::invalid_argument("unknown flag " + flag + "\n" + usage);
   }

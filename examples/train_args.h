@@ -7,7 +7,8 @@
 //   --save DIR (at the end, a checkpoint of the whole training state, docs/checkpoints.md) and
 //   --load DIR (at the start, the latest checkpoint in DIR: training continues from its step up to
 //   --steps; Megatron's flags);
-//   train_gpt only: --n-layer, --n-head, --n-embd (the model's sizes; default 4, 4, 128) and
+//   train_gpt only: --n-layer, --n-head, --n-embd (the model's sizes; default 4, 4, 128), --seq-len
+//   (the sequence length and block size; default 128) and
 //   --timeline FILE (with pipeline stages: the last batch's instructions as run, JSON lines)
 #pragma once
 
@@ -31,10 +32,10 @@ struct TrainArgs {
   bool checkpoint_activations = false;
   std::string save_parameters;  // empty: none
   std::string save, load;       // checkpoint directories; empty: none
-  int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the program's default
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, seq_len = 0;  // 0: the program's default
   std::string timeline;         // empty: none
   bool gpt_only_flags() const {
-    return n_layer || n_head || n_embd || !timeline.empty() || checkpoint_activations || !save.empty() || !load.empty();
+    return n_layer || n_head || n_embd || seq_len || !timeline.empty() || checkpoint_activations || !save.empty() || !load.empty();
   }
 };
 

@@ -52,7 +52,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
 const char* kUsage = "usage: train_gpt --config FILE --steps N [--seed S] [--eval-every K] [--checkpoint-activations] [--save-parameters FILE] [--save DIR] [--load DIR]\n"
-                     "                 [--n-layer L] [--n-head H] [--n-embd C] [--timeline FILE]";
+                     "                 [--n-layer L] [--n-head H] [--n-embd C] [--seq-len T] [--timeline FILE]";
 
 // context_parallel.size > 1: this rank's part of every sequence (the method's layout).
 Batch context_part(const Batch& b, const Config& config, ParallelContext& ctx) {
@@ -126,6 +126,7 @@ int run(int argc, char** argv) {
   if (args.n_layer) sizes.n_layer = args.n_layer;
   if (args.n_head) sizes.n_head = args.n_head;
   if (args.n_embd) sizes.n_embd = args.n_embd;
+  if (args.seq_len) sizes.block_size = args.seq_len;
   // context_parallel.size > 1: each rank holds a part of every sequence, attention across the group.
   GptContextParallel cp;
   if (ctx->context().size() > 1) cp = {&ctx->context(), config.context_parallel.method};
@@ -209,6 +210,13 @@ int run(int argc, char** argv) {
 
   const double final_loss = data_parallel_mean(*ctx, last_loss);
   if (leader) std::printf("final loss: %.6f\n", final_loss);
+  if (leader && ctx->context().size() > 1) {  // what context parallelism's collectives cost (bench/run_context_parallel.sh)
+    for (const auto& [name, s] : ctx->context().stats())
+      std::printf("context group %s: %lld calls, %.3f MB sent, %.3f s from call to wait's return, %.3f s blocked in "
+                  "wait, over %lld steps\n",
+                  name.c_str(), (long long)s.calls, s.sent_bytes / 1e6, s.seconds, s.blocked_seconds,
+                  (long long)(args.steps - first_step));
+  }
   if (leader) {  // rank 0's engine buffers (the estimator's validation reads them)
     const MemoryReport m = engine.memory();
     std::printf("engine memory (bytes): params %lld master %lld grads %lld states %lld\n", (long long)m.parameters,

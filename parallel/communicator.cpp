@@ -48,6 +48,7 @@ CommHandle::CommHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::f
 
 void CommHandle::wait() {
   if (works_.empty()) return;
+  const auto entered = std::chrono::steady_clock::now();
   auto works = std::move(works_);
   works_.clear();
   try {
@@ -61,7 +62,11 @@ void CommHandle::wait() {
                     "TESSERA_TIMEOUT_S passed)");
   }
   if (finish_) finish_();
-  if (stats_) stats_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  if (stats_) {
+    const auto now = std::chrono::steady_clock::now();
+    stats_->seconds += std::chrono::duration<double>(now - started_).count();
+    stats_->blocked_seconds += std::chrono::duration<double>(now - entered).count();
+  }
 }
 
 void CommHandle::then(std::function<void()> next) {

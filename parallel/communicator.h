@@ -58,11 +58,14 @@ ChunkRange chunk_range(int64_t n, int p, int r);
 //            message, recv and barrier 0
 //   seconds  from the call until the caller's wait() returned, summed; for an async collective that
 //            includes whatever the caller did meanwhile (so it bounds the communication time)
+//   blocked_seconds  inside wait() only: what the caller could not hide behind its own work (for
+//            a collective waited for at once, the same as seconds)
 struct CollectiveStats {
   int64_t calls = 0;
   int64_t bytes = 0;
   int64_t sent_bytes = 0;
   double seconds = 0;
+  double blocked_seconds = 0;
 };
 
 // A collective in flight. wait() blocks until it is done (and its local post-processing, such as

@@ -108,11 +108,13 @@ void bind_parallel(py::module& m) {
       .def("group_size", [](ParallelContext& c, const std::string& g) { return group_of(c, g).size(); })
       .def("group_ranks", [](ParallelContext& c, const std::string& g) { return group_of(c, g).global_ranks(); })
       .def("describe", &ParallelContext::describe)
-      .def("stats",  // per collective: [calls, bytes, seconds, sent bytes] on that group since it was made or reset
+      .def("stats",  // per collective: [calls, bytes, seconds, sent bytes, blocked seconds] on that group since it
+                     // was made or reset (parallel/communicator.h's CollectiveStats)
            [](ParallelContext& c, const std::string& g, bool reset) {
              Communicator& comm = group_of(c, g);
              py::dict d;
-             for (const auto& [name, s] : comm.stats()) d[py::str(name)] = py::make_tuple(s.calls, s.bytes, s.seconds, s.sent_bytes);
+             for (const auto& [name, s] : comm.stats())
+               d[py::str(name)] = py::make_tuple(s.calls, s.bytes, s.seconds, s.sent_bytes, s.blocked_seconds);
              if (reset) comm.reset_stats();
              return d;
            }, py::arg("group"), py::arg("reset") = false)
