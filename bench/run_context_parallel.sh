@@ -7,14 +7,16 @@
 #     Communicator::stats: what the step could not hide; ring's sends and receives overlap with the
 #     blocks' attention).
 #  B. The longest sequence that trains within LIMIT MiB of peak RSS per rank at context 1, 2 and 4
-#     (world = context, data 1), per method: peak RSS measured at two lengths, the line through them
-#     solved for the limit, rounded down to the layout's chunks, then checked by training one step at
-#     that length (stepping down 4% until it fits).
+#     (world = context, data 1), per method, at ZeRO-3 (over data x context: the model states fall by
+#     1/cp too, as long-context runs are set up): peak RSS measured at two lengths, the line through
+#     them solved for the limit, rounded down to the layout's chunks, then checked by training one
+#     step at that length (stepping down 2% until it fits).
 #
-#   bench/run_context_parallel.sh        SEQ=4096 LAYERS=4 EMBD=128 LIMIT=768 (MiB) LIMIT_EMBD=64
+#   bench/run_context_parallel.sh   SEQ=4096 LAYERS=4 EMBD=128 LIMIT=1024 (MiB) LIMIT_LAYERS=8 LIMIT_EMBD=64
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seq=${SEQ:-4096} layers=${LAYERS:-4} embd=${EMBD:-128} limit=${LIMIT:-768} limit_embd=${LIMIT_EMBD:-64}
+seq=${SEQ:-4096} layers=${LAYERS:-4} embd=${EMBD:-128}
+limit=${LIMIT:-1024} limit_layers=${LIMIT_LAYERS:-8} limit_embd=${LIMIT_EMBD:-64}
 python=$(scripts/setup.sh | tail -n 1)
 scripts/build.sh tessera_cli train_gpt >/dev/null
 out=$(mktemp -d)
@@ -24,7 +26,7 @@ port=29950
 config() {  # $1 context size, $2 method
   cat > "$out/config.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 1,
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1},
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": ${stage:-1}},
  "context_parallel": {"size": $1, "method": "$2"}}
 JSON
   echo "$out/config.json"
@@ -47,25 +49,26 @@ for cp in 1 2 4; do
   done
 done
 
-echo "B: the longest sequence within $limit MiB per rank, $layers layers x $limit_embd" >&2
+echo "B: the longest sequence within $limit MiB per rank, $limit_layers layers x $limit_embd, ZeRO-3" >&2
+stage=3
 peak() { grep -o 'peak rss per rank (bytes):.*' "$1" | tr ' ' '\n' | grep -E '^[0-9]+$' | sort -n | tail -n 1; }
 for cp in 1 2 4; do
   for method in ulysses ring; do
     [ "$cp" = 1 ] && [ "$method" = ring ] && continue
     [ "$method" = ring ] && chunk=$((cp * 2 * 64)) || chunk=$((cp * 64))
     la=$((4096 * cp)) lb=$((8192 * cp))
-    run "$cp" "$cp" "$method" 1 "$out/fit.a" --n-layer "$layers" --n-embd "$limit_embd" --seq-len "$la"
-    run "$cp" "$cp" "$method" 1 "$out/fit.b" --n-layer "$layers" --n-embd "$limit_embd" --seq-len "$lb"
+    run "$cp" "$cp" "$method" 1 "$out/fit.a" --n-layer "$limit_layers" --n-embd "$limit_embd" --seq-len "$la"
+    run "$cp" "$cp" "$method" 1 "$out/fit.b" --n-layer "$limit_layers" --n-embd "$limit_embd" --seq-len "$lb"
     pa=$(peak "$out/fit.a") pb=$(peak "$out/fit.b")
     len=$("$python" -c "la, lb, pa, pb, lim, c = $la, $lb, $pa, $pb, $limit * 2**20, $chunk
 slope = (pb - pa) / (lb - la)
 print(int((la + (lim - pa) / slope) // c * c))")
     while :; do
       echo "  context $cp $method: trying $len tokens" >&2
-      run "$cp" "$cp" "$method" 1 "$out/b.$cp.$method.log" --n-layer "$layers" --n-embd "$limit_embd" --seq-len "$len"
+      run "$cp" "$cp" "$method" 1 "$out/b.$cp.$method.log" --n-layer "$limit_layers" --n-embd "$limit_embd" --seq-len "$len"
       p=$(peak "$out/b.$cp.$method.log")
       [ "$p" -le $((limit * 1048576)) ] && break
-      len=$(( (len * 96 / 100) / chunk * chunk ))
+      len=$(( (len * 98 / 100) / chunk * chunk ))
     done
     echo "$cp $method $len $p $pa $pb $la $lb" >> "$out/b.txt"
   done
@@ -95,7 +98,8 @@ for cp, method in ((1, "ulysses"), (2, "ulysses"), (2, "ring"), (4, "ulysses"), 
     print("| %d | %s | %.0f | %.0f | %s | %.1f | %.1f%% | %.2f |" % (
         cp, method if cp > 1 else "-", r["tokens_per_s"], r["step_ms"], " ".join(str(b >> 20) for b in r["rss"]),
         1e3 * r["blocked_s_per_step"], 100 * r["blocked_s_per_step"] / (r["step_ms"] / 1e3), r["mb_per_step"]))
-print("\nB. the longest sequence that trains within %d MiB of peak RSS per rank (world = context, data 1)\n" % limit)
+print("\nB. the longest sequence that trains within %d MiB of peak RSS per rank (world = context, data 1, ZeRO-3)\n"
+      % limit)
 print("| context | method | longest sequence | vs context 1 | its peak RSS (MiB) | fit: peak at L_a, L_b (MiB) |")
 print("|---|---|---|---|---|---|")
 rows = [l.split() for l in open("%s/b.txt" % d)]

@@ -146,7 +146,12 @@ std::pair<at::Tensor, at::Tensor> ring_forward(Ring& ring, const at::Tensor& q, 
     wait_all(transfer);
     if (next.defined()) block = next;
   }
-  return {pieces == 1 ? out[0] : at::cat(out, 2), pieces == 1 ? lse[0] : at::cat(lse, 2)};
+  // [B, H, S, D] over (b, s, h, d) memory, as SDPA's kernels write it: the caller's transpose back
+  // to [B, S, H·D] is then free, and the output the backward keeps is the storage the projection
+  // after attention keeps as its input (one copy, not two).
+  at::Tensor merged = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options().dtype(at::kFloat)).transpose(1, 2);
+  for (int64_t i = 0; i < pieces; ++i) merged.narrow(2, i * chunk, chunk).copy_(out[i]);
+  return {merged, pieces == 1 ? lse[0] : at::cat(lse, 2)};
 }
 
 std::vector<at::Tensor> ring_backward(Ring& ring, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
