@@ -329,7 +329,7 @@ std::string check_moe(const MoeReference& ref, int ranks, const std::string& con
 }  // namespace
 
 TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-3 - ep 4 - tp 2 x ep 2 - pp 2 x ep 2 "
-          "- with dropped tokens - bf16) reach the 1-rank loss and parameters") {
+          "- with dropped tokens - cp 2 x ep 2 - bf16) reach the 1-rank loss and parameters") {
   const MoeReference dropless = moe_reference("");
   INFO(dropless.output);
   CHECK(contains(dropless.output, "| moe aux "));
@@ -356,6 +356,16 @@ TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-
 
   // bf16 with dropping: the router's fp32 logits come from bf16 activations, so a few choices near
   // a tie route otherwise than on one rank; the loss stays within bf16's reach of the one-rank run.
+  // Context parallelism 2 x dp 2 with ep 2: each context rank routes its half of every sequence
+  // (dropless routing is per token; the load-balancing loss, a statistic of the tokens routed
+  // together, is left out on both sides), the experts exchange tokens over the data ranks of one
+  // context coordinate, and their gradients are averaged over ep_size_2_data x context.
+  const std::string no_aux = R"(, "aux_loss_coef": 0.0)";
+  const MoeReference without_aux = moe_reference(no_aux);
+  check_moe(without_aux, 4,
+            with_sections(moe_config(4, 2, 2, 2, no_aux), R"("context_parallel": {"size": 2, "method": "ring"})"),
+            "cp 2 x dp 2 ep 2 ZeRO 2 (ring)");
+
   const std::string bf16 = R"(, "drop_tokens": true, "capacity_factor": 0.75, "use_rts": false)";
   auto bf16_config = [&](int accumulation, int ep) {
     return with_sections(moe_config(4, accumulation, 2, ep, bf16), R"("bf16": {"enabled": true})");
