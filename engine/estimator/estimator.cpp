@@ -417,7 +417,7 @@ EstimateResult estimate(const EstimateInputs& in) {
   out.world = r.world;
   out.setup = in.setup;
   if (in.setup.flash_attention) out.setup.attention = *in.setup.flash_attention ? "sdpa" : "eager";
-  out.dp = r.world / (in.setup.tp * in.setup.pp);
+  out.dp = r.world / (in.setup.tp * in.setup.pp * in.setup.cp);  // the batch's data-parallel size (ZeRO: dp x cp)
   out.hardware = r.hw;
   out.allowance = r.al;
   out.has_shape = r.shape.has_value();
