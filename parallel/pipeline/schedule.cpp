@@ -29,21 +29,22 @@ std::string to_string(const Instruction& i) {
 
 std::ostream& operator<<(std::ostream& out, const Instruction& i) { return out << to_string(i); }
 
-std::vector<Instruction> forward_pass(int s, int stages, int mb) {
-  const bool first = s == 0, last = s == stages - 1;
+std::vector<Instruction> forward_pass(int s, int stages, int mb, int chunk, int chunks) {
+  const bool first = s == 0 && chunk == 0, last = s == stages - 1 && chunk == chunks - 1;
   std::vector<Instruction> out;
-  if (first || last) out.push_back({Op::LoadMicroBatch, mb});  // inputs / labels
-  if (!first) out.push_back({Op::RecvActivation, mb});
-  out.push_back({Op::Forward, mb});
-  if (!last) out.push_back({Op::SendActivation, mb});
+  if (first || last) out.push_back({Op::LoadMicroBatch, mb, chunk});  // inputs / labels
+  if (!first) out.push_back({Op::RecvActivation, mb, chunk});
+  out.push_back({Op::Forward, mb, chunk});
+  if (!last) out.push_back({Op::SendActivation, mb, chunk});
   return out;
 }
 
-std::vector<Instruction> backward_pass(int s, int stages, int mb) {
+std::vector<Instruction> backward_pass(int s, int stages, int mb, int chunk, int chunks) {
+  const bool first = s == 0 && chunk == 0, last = s == stages - 1 && chunk == chunks - 1;
   std::vector<Instruction> out;
-  if (s != stages - 1) out.push_back({Op::RecvGrad, mb});
-  out.push_back({Op::Backward, mb});
-  if (s != 0) out.push_back({Op::SendGrad, mb});
+  if (!last) out.push_back({Op::RecvGrad, mb, chunk});
+  out.push_back({Op::Backward, mb, chunk});
+  if (!first) out.push_back({Op::SendGrad, mb, chunk});
   return out;
 }
 
@@ -110,15 +111,65 @@ Schedule one_f_one_b(int stages, int micro_batches) {
   return schedule;
 }
 
+Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks) {
+  check_sizes("interleaved_1f1b", stages, micro_batches);
+  if (chunks < 1)
+    throw std::invalid_argument("interleaved_1f1b: pipeline.virtual_stages must be >= 1, got " + std::to_string(chunks));
+  if (chunks == 1) {  // one chunk per stage is 1F1B itself (its warm-up needs no room for a wrap-around)
+    Schedule plain = one_f_one_b(stages, micro_batches);
+    plain.name = "interleaved_1f1b";
+    return plain;
+  }
+  if (micro_batches % stages != 0)
+    throw std::invalid_argument("interleaved_1f1b: pipeline.micro_batches (gradient_accumulation_steps) " +
+                                std::to_string(micro_batches) + " must be a multiple of pipeline.stages " +
+                                std::to_string(stages) + " (micro-batches go through the chunks in groups of p)");
+  const int p = stages, v = chunks, units = micro_batches * chunks;
+  Schedule schedule{"interleaved_1f1b", p, micro_batches, std::vector<std::vector<Instruction>>(p)};
+  schedule.chunks = v;
+  // The k-th forward (backward) a stage runs: micro-batch group k / (p·v), chunk (k / p) mod v
+  // (backwards from the last chunk), the group's (k mod p)-th micro-batch.
+  auto micro_batch = [&](int k) { return (k / (p * v)) * p + k % p; };
+  auto forward_chunk = [&](int k) { return (k / p) % v; };
+  auto backward_chunk = [&](int k) { return v - 1 - (k / p) % v; };
+  for (int s = 0; s < p; ++s) {
+    std::vector<Instruction>& program = schedule.stage[s];
+    // Warm-up: the chunk forwards that run before this stage's first backward can arrive.
+    const int warmup = std::min((p - s - 1) * 2 + (v - 1) * p, units);
+    int next_forward = 0, next_backward = 0;
+    auto forward = [&] {
+      const int k = next_forward++;
+      append(program, forward_pass(s, p, micro_batch(k), forward_chunk(k), v));
+    };
+    auto backward = [&] {
+      const int k = next_backward++;
+      append(program, backward_pass(s, p, micro_batch(k), backward_chunk(k), v));
+    };
+    for (int i = 0; i < warmup; ++i) forward();
+    for (int i = warmup; i < units; ++i) {  // steady state: one forward, one backward
+      forward();
+      backward();
+    }
+    while (next_backward < units) backward();  // cool-down
+    finish(program);
+  }
+  return schedule;
+}
+
 const std::vector<std::string>& schedule_names() {
   static const std::vector<std::string> names{"1f1b", "gpipe"};
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int stages, int micro_batches) {
+Schedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks) {
+  if (name == "interleaved_1f1b") return interleaved_one_f_one_b(stages, micro_batches, chunks);
+  if (chunks != 1)
+    throw std::invalid_argument("pipeline.virtual_stages: " + std::to_string(chunks) + " model chunks per stage need "
+                                "pipeline.schedule \"interleaved_1f1b\", got \"" + name + "\"");
   if (name == "1f1b") return one_f_one_b(stages, micro_batches);
   if (name == "gpipe") return gpipe(stages, micro_batches);
-  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\" or \"gpipe\", got \"" + name + "\"");
+  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\", \"gpipe\" or \"interleaved_1f1b\", got \"" +
+                              name + "\"");
 }
 
 }  // namespace tessera::pipeline

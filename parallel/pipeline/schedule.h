@@ -10,9 +10,17 @@
 //   backwards. Stage s holds at most min(p − s, m) micro-batches of activations; the idle fraction
 //   with equal stage costs is (p − 1) / (m + p − 1), the same bubble as GPipe's.
 //
-// Instructions name a micro-batch and a model chunk (always 0 until interleaved schedules put
-// several chunks on one stage). Backward is the whole backward of a micro-batch; a split backward
-// (input gradient, then weight gradient, as ZB-H1 does) adds instructions beside it.
+//   Interleaved 1F1B (Narayanan et al. 2021, §2.2.2): each stage holds v model chunks, stage s
+//   chunks s, s + p, ..., s + (v − 1)·p of the p·v chunks the layers are cut into, so a micro-batch
+//   crosses the stages v times. Micro-batches go in groups of p, each group through chunk 0, then
+//   chunk 1, ...; backwards likewise from the last chunk. Stage s warms up with
+//   (p − s − 1)·2 + (v − 1)·p chunk forwards, then alternates. A chunk's forward and backward cost
+//   1/v of the stage's, so the idle fraction falls to (p − 1) / (v·m + p − 1); m must be a multiple
+//   of p.
+//
+// Instructions name a micro-batch and a model chunk (0 but for interleaved schedules). Backward is
+// the whole backward of a micro-batch; a split backward (input gradient, then weight gradient, as
+// ZB-H1 does) adds instructions beside it.
 #pragma once
 
 #include <iosfwd>
@@ -53,21 +61,28 @@ struct Schedule {
   int micro_batches = 0;
   std::vector<std::vector<Instruction>> stage;   // stage[s]: what stage s runs, in order
   bool training = true;                          // false: forwards only (evaluation), no step
+  int chunks = 1;                                // model chunks per stage (interleaved: v)
 };
 
-// Stage s's instructions to run micro-batch mb's forward / backward, with the loads, receives and
-// sends its position needs (the schedules below are made of these two and the closing pair).
-std::vector<Instruction> forward_pass(int s, int stages, int mb);
-std::vector<Instruction> backward_pass(int s, int stages, int mb);
+// Stage s's instructions to run micro-batch mb's forward / backward through its model chunk `chunk`
+// of `chunks`, with the loads, receives and sends that chunk's place in the pipeline needs (the
+// first chunk of stage 0 loads the inputs, the last chunk of the last stage the labels; chunk c
+// of the last stage sends to chunk c + 1 of stage 0). The schedules below are made of these two
+// and the closing pair.
+std::vector<Instruction> forward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1);
+std::vector<Instruction> backward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1);
 
 Schedule gpipe(int stages, int micro_batches);
 // Evaluation: every micro-batch's forward pass, nothing held after its send, no backward or step.
 Schedule forward_only(int stages, int micro_batches);
 Schedule one_f_one_b(int stages, int micro_batches);
+// Interleaved 1F1B with `chunks` (v) model chunks per stage; micro_batches a multiple of stages.
+Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks);
 
-// By the config's name (`pipeline.schedule`): "1f1b" or "gpipe". Errors name the path and the
-// expected values, and ask for at least one stage and one micro-batch.
-Schedule make_schedule(const std::string& name, int stages, int micro_batches);
+// By the config's name (`pipeline.schedule`): "1f1b", "gpipe" or "interleaved_1f1b" (with `chunks`,
+// pipeline.virtual_stages). Errors name the path and the expected values, and ask for at least one
+// stage and one micro-batch.
+Schedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks = 1);
 
 // The schedule names make_schedule knows, for the config's check.
 const std::vector<std::string>& schedule_names();

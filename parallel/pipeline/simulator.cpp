@@ -12,15 +12,15 @@ namespace {
 
 bool per_micro_batch(Op op) { return op != Op::ReduceTiedGrads && op != Op::OptimizerStep; }
 
-// Where each (op, micro-batch) sits in a stage's list; -1 when absent.
+// Where each (op, micro-batch, chunk) sits in a stage's list; -1 when absent.
 struct Positions {
-  std::map<std::pair<Op, int>, std::vector<int>> at;
-  int first(Op op, int mb) const {
-    auto it = at.find({op, mb});
+  std::map<std::tuple<Op, int, int>, std::vector<int>> at;
+  int first(Op op, int mb, int chunk = 0) const {
+    auto it = at.find({op, mb, chunk});
     return it == at.end() || it->second.empty() ? -1 : it->second.front();
   }
-  int count(Op op, int mb) const {
-    auto it = at.find({op, mb});
+  int count(Op op, int mb, int chunk = 0) const {
+    auto it = at.find({op, mb, chunk});
     return it == at.end() ? 0 : static_cast<int>(it->second.size());
   }
 };
@@ -29,7 +29,7 @@ struct Positions {
 
 std::vector<std::string> check(const Schedule& schedule) {
   std::vector<std::string> errors;
-  const int p = schedule.stages, m = schedule.micro_batches;
+  const int p = schedule.stages, m = schedule.micro_batches, v = schedule.chunks;
   if (static_cast<int>(schedule.stage.size()) != p) {
     errors.push_back("the schedule has " + std::to_string(schedule.stage.size()) + " stage lists for " + std::to_string(p) +
                      " stages");
@@ -38,14 +38,18 @@ std::vector<std::string> check(const Schedule& schedule) {
   for (int s = 0; s < p; ++s) {
     const std::vector<Instruction>& program = schedule.stage[s];
     const std::string where = "stage " + std::to_string(s) + ": ";
-    const bool first = s == 0, last = s == p - 1;
     Positions pos;
     for (int i = 0; i < static_cast<int>(program.size()); ++i) {
       const Instruction& ins = program[i];
       if (per_micro_batch(ins.op) && (ins.micro_batch < 0 || ins.micro_batch >= m))
         errors.push_back(where + to_string(ins) + " names a micro-batch outside 0.." + std::to_string(m - 1));
-      pos.at[{ins.op, ins.micro_batch}].push_back(i);
+      if (ins.chunk < 0 || ins.chunk >= v)
+        errors.push_back(where + to_string(ins) + " names a model chunk outside 0.." + std::to_string(v - 1));
+      pos.at[{ins.op, ins.micro_batch, ins.chunk}].push_back(i);
     }
+    for (int c = 0; c < v; ++c) {
+    // The first chunk of the first stage and the last chunk of the last stage are the pipeline's ends.
+    const bool first = s == 0 && c == 0, last = s == p - 1 && c == v - 1;
     // What this stage's position needs for each micro-batch: (op, needed?), in the order they must run.
     const std::vector<std::pair<Op, bool>> forward_side{
         {Op::LoadMicroBatch, first || last}, {Op::RecvActivation, !first}, {Op::Forward, true}, {Op::SendActivation, !last}};
@@ -55,28 +59,30 @@ std::vector<std::string> check(const Schedule& schedule) {
     for (int mb = 0; mb < m; ++mb) {
       for (const auto* side : {&forward_side, &backward_side})
         for (const auto& [op, needed] : *side) {
-          const int n = pos.count(op, mb);
+          const int n = pos.count(op, mb, c);
           if (n != (needed ? 1 : 0))
-            errors.push_back(where + to_string({op, mb}) + (needed ? " must appear once" : " has no peer at this end of the pipeline") +
-                             ", found " + std::to_string(n));
+            errors.push_back(where + to_string({op, mb, c}) +
+                             (needed ? " must appear once" : " has no peer at this end of the pipeline") + ", found " +
+                             std::to_string(n));
         }
       auto in_order = [&](const std::vector<std::pair<Op, bool>>& ops) {
         int previous = -1;
         Op previous_op = Op::LoadMicroBatch;
         for (const auto& [op, needed] : ops) {
-          const int at = needed ? pos.first(op, mb) : -1;
+          const int at = needed ? pos.first(op, mb, c) : -1;
           if (at < 0) continue;
           if (at < previous)
-            errors.push_back(where + to_string({op, mb}) + " comes before " + to_string({previous_op, mb}));
+            errors.push_back(where + to_string({op, mb, c}) + " comes before " + to_string({previous_op, mb, c}));
           previous = at;
           previous_op = op;
         }
       };
       in_order(forward_side);
       in_order(backward_side);
-      const int f = pos.first(Op::Forward, mb), b = pos.first(Op::Backward, mb);
-      if (f >= 0 && b >= 0 && b < f) errors.push_back(where + to_string({Op::Backward, mb}) + " comes before its forward");
+      const int f = pos.first(Op::Forward, mb, c), b = pos.first(Op::Backward, mb, c);
+      if (f >= 0 && b >= 0 && b < f) errors.push_back(where + to_string({Op::Backward, mb, c}) + " comes before its forward");
     }
+    }  // chunks
     const int n = static_cast<int>(program.size());
     if (!schedule.training) {
       if (pos.count(Op::ReduceTiedGrads, -1) || pos.count(Op::OptimizerStep, -1))
@@ -103,8 +109,10 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
   std::vector<double> clock(p, 0.0);
   std::vector<size_t> pc(p, 0);
   std::vector<int> held(p, 0);
-  // When each message can be received: (from stage, op it answers, micro-batch) -> time.
-  std::map<std::tuple<int, Op, int>, double> sent;
+  // When each message can be received: (from stage, op it answers, micro-batch, chunk) -> time.
+  std::map<std::tuple<int, Op, int, int>, double> sent;
+  const int v = schedule.chunks;
+  const double forward_cost = costs.forward / v, backward_cost = costs.backward / v;  // a chunk's share
 
   auto record = [&](int s, const Instruction& ins, double start, double end) {
     sim.timeline[s].push_back({ins, start, end});
@@ -121,24 +129,29 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         held[s] += 1;
         sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
         if (!schedule.training && s == p - 1) held[s] -= 1;
-        sim.busy[s] += costs.forward;
-        record(s, ins, now, now + costs.forward);
+        sim.busy[s] += forward_cost;
+        record(s, ins, now, now + forward_cost);
         return true;
       case Op::Backward:
         held[s] -= 1;
-        sim.busy[s] += costs.backward;
-        record(s, ins, now, now + costs.backward);
+        sim.busy[s] += backward_cost;
+        record(s, ins, now, now + backward_cost);
         return true;
       case Op::SendActivation:
       case Op::SendGrad:
         if (!schedule.training && ins.op == Op::SendActivation) held[s] -= 1;  // nothing kept for a backward
-        sent[{s, ins.op, ins.micro_batch}] = now + costs.send;
+        sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + costs.send;
         record(s, ins, now, now);
         return true;
       case Op::RecvActivation:
       case Op::RecvGrad: {
+        // From the previous (next) stage's same chunk; across the wrap-around between the last stage
+        // and the first, from the previous (next) chunk.
         const bool activation = ins.op == Op::RecvActivation;
-        auto it = sent.find({activation ? s - 1 : s + 1, activation ? Op::SendActivation : Op::SendGrad, ins.micro_batch});
+        int from = activation ? s - 1 : s + 1, chunk = ins.chunk;
+        if (from < 0) from = p - 1, chunk -= 1;
+        if (from >= p) from = 0, chunk += 1;
+        auto it = sent.find({from, activation ? Op::SendActivation : Op::SendGrad, ins.micro_batch, chunk});
         if (it == sent.end()) return false;
         record(s, ins, now, std::max(now, it->second));
         sent.erase(it);

@@ -16,7 +16,8 @@
 namespace tessera::pipeline {
 
 // What each instruction costs (time units; equal forward and backward costs on every stage give
-// the textbook bubble). Loads, steps and tied reductions cost nothing unless set.
+// the textbook bubble). forward and backward are a whole stage's: a chunk of an interleaved
+// schedule costs 1/v of them. Loads, steps and tied reductions cost nothing unless set.
 struct Costs {
   double forward = 1.0;
   double backward = 1.0;
@@ -35,12 +36,14 @@ struct Simulation {
   double makespan = 0;                            // when the last stage finished
   std::vector<double> busy;                       // per stage: time in Forward and Backward
   std::vector<double> idle_fraction;              // per stage: 1 − busy / makespan
-  std::vector<int> peak_activations;              // per stage: most micro-batches held at once
+  // Per stage: most micro-batches held at once (interleaved: (micro-batch, chunk) pairs, each 1/v
+  // of the stage's layers: divide by Schedule::chunks for stage-sized micro-batches).
+  std::vector<int> peak_activations;
   std::vector<std::vector<TimedInstruction>> timeline;  // per stage, in program order
 };
 
 // Every well-formedness error of `schedule` (empty: none): each micro-batch's forward and backward
-// exactly once per stage, in that order; the receives, sends and loads a stage's position needs,
+// exactly once per stage and model chunk, in that order; the receives, sends and loads a stage's position needs,
 // exactly once each and on the right side of its compute; no activation traffic off the ends of the
 // pipeline; ReduceTiedGrads then OptimizerStep, once, last (a forward-only schedule: no backward
 // side and neither of those).

@@ -68,6 +68,50 @@ TEST_CASE("1f1b and gpipe: well formed - no deadlock - the closed-form bubble an
     }
 }
 
+TEST_CASE("interleaved 1f1b: 2 stages x 2 chunks - chunk 1 of the last stage loads the labels - the wrap-around", "[pipeline]") {
+  const Schedule s = interleaved_one_f_one_b(2, 2, 2);
+  CHECK(s.chunks == 2);
+  // Stage 0 warms up with (2 - 0 - 1)·2 + (2 - 1)·2 = 4 chunk forwards: micro-batches 0 and 1
+  // through chunk 0, then through chunk 2 of the model (its chunk 1), receiving them from stage 1.
+  CHECK(names(s.stage[0]) == std::vector<std::string>{
+                                 "LoadMicroBatch(0)", "Forward(0)", "SendActivation(0)",
+                                 "LoadMicroBatch(1)", "Forward(1)", "SendActivation(1)",
+                                 "RecvActivation(0, chunk 1)", "Forward(0, chunk 1)", "SendActivation(0, chunk 1)",
+                                 "RecvActivation(1, chunk 1)", "Forward(1, chunk 1)", "SendActivation(1, chunk 1)",
+                                 "RecvGrad(0, chunk 1)", "Backward(0, chunk 1)", "SendGrad(0, chunk 1)",
+                                 "RecvGrad(1, chunk 1)", "Backward(1, chunk 1)", "SendGrad(1, chunk 1)",
+                                 "RecvGrad(0)", "Backward(0)", "RecvGrad(1)", "Backward(1)",
+                                 "ReduceTiedGrads", "OptimizerStep"});
+  // The last stage's chunk 1 is the model's last: it loads the labels and sends no activation on.
+  CHECK(names(s.stage[1])[0] == "RecvActivation(0)");
+  CHECK(std::count(s.stage[1].begin(), s.stage[1].end(), Instruction{Op::LoadMicroBatch, 0, 1}) == 1);
+  CHECK(std::count(s.stage[1].begin(), s.stage[1].end(), Instruction{Op::SendActivation, 0, 1}) == 0);
+}
+
+TEST_CASE("interleaved 1f1b: well formed - no deadlock - the idle fraction (p - 1) / (v·m + p - 1) - activations", "[pipeline]") {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int groups : {1, 2, 3, 4})
+      for (int v : {1, 2, 3, 4}) {
+        const int m = groups * p;
+        INFO("p " << p << " m " << m << " v " << v);
+        const Schedule s = interleaved_one_f_one_b(p, m, v);
+        REQUIRE(check(s).empty());
+        const Simulation sim = simulate(s);
+        const double bubble = double(p - 1) / double(v * m + p - 1);
+        for (int stage = 0; stage < p; ++stage) {
+          INFO("stage " << stage);
+          CHECK(sim.idle_fraction[stage] == Approx(bubble).margin(1e-12));
+          // Activations: the warm-up's chunk forwards plus the one in steady state, each 1/v of a stage
+          // (v = 1: 1F1B's min(p - s, m)).
+          CHECK(sim.peak_activations[stage] ==
+                (v == 1 ? std::min(p - stage, m) : std::min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)));
+        }
+        // v = 1 is 1F1B itself; more chunks divide the bubble by about v.
+        if (v == 1) CHECK(s.stage == one_f_one_b(p, m).stage);
+        CHECK(sim.makespan == Approx(m * 2.0 + (p - 1) * 2.0 / v));
+      }
+}
+
 TEST_CASE("simulator: a send costs the receiver its latency on every hop of the warm-up", "[pipeline]") {
   Costs costs;
   costs.send = 0.5;
@@ -123,7 +167,12 @@ TEST_CASE("simulator: a well-formed schedule whose receives wait on each other i
 TEST_CASE("make_schedule: by the config's name - and bad sizes and names are errors naming the key", "[pipeline]") {
   CHECK(make_schedule("1f1b", 4, 8).stage == one_f_one_b(4, 8).stage);
   CHECK(make_schedule("gpipe", 4, 8).stage == gpipe(4, 8).stage);
-  CHECK_THROWS_WITH(make_schedule("interleaved", 4, 8), Catch::Contains("pipeline.schedule") && Catch::Contains("\"1f1b\""));
+  CHECK_THROWS_WITH(make_schedule("interleaved", 4, 8), Catch::Contains("pipeline.schedule") && Catch::Contains("\"1f1b\"") &&
+                                                           Catch::Contains("\"interleaved_1f1b\""));
+  CHECK(make_schedule("interleaved_1f1b", 4, 8, 2).stage == interleaved_one_f_one_b(4, 8, 2).stage);
+  CHECK_THROWS_WITH(make_schedule("interleaved_1f1b", 4, 6, 2),
+                    Catch::Contains("pipeline.micro_batches (gradient_accumulation_steps) 6 must be a multiple of pipeline.stages 4"));
+  CHECK_THROWS_WITH(make_schedule("1f1b", 4, 8, 2), Catch::Contains("pipeline.virtual_stages") && Catch::Contains("interleaved_1f1b"));
   CHECK_THROWS_WITH(make_schedule("1f1b", 4, 0), Catch::Contains("pipeline.micro_batches") && Catch::Contains("got 0"));
   CHECK_THROWS_WITH(make_schedule("gpipe", 0, 4), Catch::Contains("pipeline.stages"));
 }
