@@ -114,6 +114,23 @@ void wait_all(std::vector<CommHandle>& handles) {
   handles.clear();
 }
 
+// The key/value block's trip to the next rank during step `step`'s attention (none at the last step).
+struct NextBlock {
+  at::Tensor arriving;
+  std::vector<CommHandle> transfer;
+
+  NextBlock(Ring& ring, int64_t step, at::Tensor& block) {
+    if (step + 1 >= ring.ranks) return;
+    arriving = at::empty_like(block);
+    transfer = pass_on(ring, block, arriving, kBlockTag);
+  }
+  // Waits for the exchange and makes the arrived block the current one.
+  void take(at::Tensor& block) {
+    wait_all(transfer);
+    if (arriving.defined()) block = arriving;
+  }
+};
+
 std::pair<at::Tensor, at::Tensor> ring_forward(Ring& ring, const at::Tensor& q, const at::Tensor& k,
                                                const at::Tensor& v) {
   const std::vector<int64_t> mine = ring.chunks(ring.rank);
@@ -122,12 +139,7 @@ std::pair<at::Tensor, at::Tensor> ring_forward(Ring& ring, const at::Tensor& q, 
   std::vector<at::Tensor> out(pieces), lse(pieces);
   at::Tensor block = at::stack({k, v}).contiguous();  // [2, B, H, S_local, D]: one message per step
   for (int64_t step = 0; step < ring.ranks; ++step) {
-    at::Tensor next;
-    std::vector<CommHandle> transfer;
-    if (step + 1 < ring.ranks) {
-      next = at::empty_like(block);
-      transfer = pass_on(ring, block, next, kBlockTag);
-    }
+    NextBlock next(ring, step, block);
     const std::vector<int64_t> theirs = ring.chunks(ring.source(step));
     for (int64_t i = 0; i < pieces; ++i)
       for (int64_t j = 0; j < pieces; ++j) {
@@ -143,8 +155,7 @@ std::pair<at::Tensor, at::Tensor> ring_forward(Ring& ring, const at::Tensor& q, 
         out[i] = out[i] * at::exp(lse[i] - merged).unsqueeze(-1) + o * at::exp(l - merged).unsqueeze(-1);
         lse[i] = merged;
       }
-    wait_all(transfer);
-    if (next.defined()) block = next;
+    next.take(block);
   }
   // [B, H, S, D] over (b, s, h, d) memory, as SDPA's kernels write it: the caller's transpose back
   // to [B, S, H·D] is then free, and the output the backward keeps is the storage the projection
@@ -166,12 +177,7 @@ std::vector<at::Tensor> ring_backward(Ring& ring, const at::Tensor& dout, const 
   std::vector<CommHandle> gradients;  // its transfer (and the send of the last one)
   at::Tensor sent;                     // kept alive until its send completes
   for (int64_t step = 0; step < ring.ranks; ++step) {
-    at::Tensor next;
-    std::vector<CommHandle> transfer;
-    if (step + 1 < ring.ranks) {
-      next = at::empty_like(block);
-      transfer = pass_on(ring, block, next, kBlockTag);
-    }
+    NextBlock next(ring, step, block);
     at::Tensor part = at::zeros_like(block, block.options().dtype(at::kFloat));  // this rank's share for the block
     const std::vector<int64_t> theirs = ring.chunks(ring.source(step));
     for (int64_t i = 0; i < pieces; ++i)
@@ -192,8 +198,7 @@ std::vector<at::Tensor> ring_backward(Ring& ring, const at::Tensor& dout, const 
     sent = part;
     arriving = at::empty_like(part);
     gradients = pass_on(ring, sent, arriving, kGradientTag);
-    wait_all(transfer);
-    if (next.defined()) block = next;
+    next.take(block);
   }
   wait_all(gradients);  // `arriving` is now this rank's own keys' and values' whole gradient
   return {dq.to(q.scalar_type()), arriving[0].to(k.scalar_type()), arriving[1].to(v.scalar_type())};
