@@ -19,7 +19,8 @@ PipelineExecutor::PipelineExecutor(Communicator& pipe, Schedule schedule, bool d
   if (schedule_.stages != pipe_.size())
     throw std::invalid_argument("pipeline: a schedule of " + std::to_string(schedule_.stages) + " stages on a pipe group of " +
                                 std::to_string(pipe_.size()) + " ranks (pipeline.stages must equal the pipe degree)");
-  const std::vector<std::string> errors = check(schedule_);
+  std::vector<std::string> errors = check(schedule_);
+  if (errors.empty()) errors = stream_order_errors(schedule_);
   if (!errors.empty()) throw std::invalid_argument("pipeline schedule \"" + schedule_.name + "\" is malformed: " + errors.front());
 }
 
@@ -41,7 +42,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     const int mb = ins.micro_batch;
     switch (ins.op) {
       case Op::LoadMicroBatch: stage.load(mb); break;
-      case Op::RecvActivation: inputs[mb] = link_.recv(s - 1).requires_grad_(true); break;
+      case Op::RecvActivation: inputs[mb] = link_.recv(s - 1, Stream::Activation).requires_grad_(true); break;
       case Op::Forward: {
         outputs[mb] = stage.forward(mb, inputs[mb]);
         if (!last && outputs[mb].dim() == 0)
@@ -62,13 +63,13 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         break;
       }
       case Op::SendActivation:
-        link_.send(outputs[mb], s + 1);
+        link_.send(outputs[mb], s + 1, Stream::Activation);
         if (!schedule_.training) {  // evaluation: nothing is kept for a backward
           inputs[mb] = outputs[mb] = at::Tensor();
           --held;
         }
         break;
-      case Op::RecvGrad: grads[mb] = link_.recv(s + 1); break;
+      case Op::RecvGrad: grads[mb] = link_.recv(s + 1, Stream::Gradient); break;
       case Op::Backward:
         stage.backward(mb, outputs[mb], grads[mb]);
         if (!first) {
@@ -81,7 +82,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         --held;
         break;
       case Op::SendGrad:
-        link_.send(input_grads[mb], s - 1);
+        link_.send(input_grads[mb], s - 1, Stream::Gradient);
         input_grads[mb] = at::Tensor();  // the link keeps it until sent
         break;
       case Op::ReduceTiedGrads: stage.reduce_tied_grads(); break;

@@ -10,16 +10,23 @@ namespace tessera::pipeline {
 
 StageLink::StageLink(Communicator& pipe, bool dynamic_shape) : pipe_(pipe), dynamic_shape_(dynamic_shape) {}
 
-void StageLink::send(const at::Tensor& tensor, int peer) {
+namespace {
+int tag_of(int tag, Stream stream, int gradient_offset) { return stream == Stream::Gradient ? tag + gradient_offset : tag; }
+const char* stream_name(Stream stream) { return stream == Stream::Gradient ? "gradient" : "tensor"; }
+}  // namespace
+
+void StageLink::send(const at::Tensor& tensor, int peer, Stream stream) {
   at::Tensor data = tensor.detach().contiguous();
   if (data.dim() > kMaxDims)
     throw std::invalid_argument("pipeline: a stage's output has " + std::to_string(data.dim()) + " dimensions; at most " +
                                 std::to_string(kMaxDims) + " cross a stage boundary");
-  auto known = sent_shape_.find(peer);
+  const Key key{peer, stream};
+  auto known = sent_shape_.find(key);
   const bool same = known != sent_shape_.end() && known->second.sizes == data.sizes().vec() &&
                     known->second.dtype == data.scalar_type();
   if (!same && known != sent_shape_.end() && !dynamic_shape_)
-    throw std::invalid_argument("pipeline: the tensor sent to stage " + std::to_string(peer) + " changed from shape " +
+    throw std::invalid_argument(std::string("pipeline: the ") + stream_name(stream) + " sent to stage " +
+                                std::to_string(peer) + " changed from shape " +
                                 c10::str(at::IntArrayRef(known->second.sizes)) + " to " + c10::str(data.sizes()) +
                                 " (or its dtype changed); set pipeline.dynamic_shape to true when shapes vary");
   if (known == sent_shape_.end() || dynamic_shape_) {
@@ -30,25 +37,26 @@ void StageLink::send(const at::Tensor& tensor, int peer) {
     h[1] = static_cast<int64_t>(data.scalar_type());
     for (int64_t d = 0; d < data.dim(); ++d) h[2 + d] = data.size(d);
     header = header.to(pipe_.device());
-    in_flight_.push_back({header, pipe_.send_async(header, peer, kHeaderTag)});
-    sent_shape_[peer] = {data.sizes().vec(), data.scalar_type()};
+    in_flight_.push_back({header, pipe_.send_async(header, peer, tag_of(kHeaderTag, stream, kGradientTags))});
+    sent_shape_[key] = {data.sizes().vec(), data.scalar_type()};
   }
   bytes_sent_ += static_cast<int64_t>(data.nbytes());
-  in_flight_.push_back({data, pipe_.send_async(data, peer, kDataTag)});
+  in_flight_.push_back({data, pipe_.send_async(data, peer, tag_of(kDataTag, stream, kGradientTags))});
 }
 
-at::Tensor StageLink::recv(int peer) {
-  auto known = received_shape_.find(peer);
+at::Tensor StageLink::recv(int peer, Stream stream) {
+  const Key key{peer, stream};
+  auto known = received_shape_.find(key);
   if (known == received_shape_.end() || dynamic_shape_) {
     at::Tensor header = at::empty({kMaxDims + 2}, at::TensorOptions().dtype(at::kLong).device(pipe_.device()));
-    pipe_.recv(header, peer, kHeaderTag);
+    pipe_.recv(header, peer, tag_of(kHeaderTag, stream, kGradientTags));
     at::Tensor h = header.cpu();
     const int64_t* v = h.data_ptr<int64_t>();
     Shape shape{std::vector<int64_t>(v + 2, v + 2 + v[0]), static_cast<at::ScalarType>(v[1])};
-    known = received_shape_.insert_or_assign(peer, shape).first;
+    known = received_shape_.insert_or_assign(key, shape).first;
   }
   at::Tensor data = at::empty(known->second.sizes, at::TensorOptions().dtype(known->second.dtype).device(pipe_.device()));
-  pipe_.recv(data, peer, kDataTag);
+  pipe_.recv(data, peer, tag_of(kDataTag, stream, kGradientTags));
   bytes_received_ += static_cast<int64_t>(data.nbytes());
   return data;
 }

@@ -3,8 +3,12 @@
 // one); a receive blocks. The receiver learns a stream's shape and dtype from a small header sent
 // before its first tensor, or before every tensor with `dynamic_shape` (pipeline.dynamic_shape).
 //
-// Each direction of each link is one ordered stream (c10d matches a peer's sends and receives of
-// one tag in order), so a tensor needs no micro-batch id on the wire: the schedule fixes the order.
+// Each direction of each link carries two ordered streams, activations and gradients, each on tags
+// of its own (c10d matches a peer's sends and receives of one tag in order), so a tensor needs no
+// micro-batch id on the wire: the schedule fixes each stream's order (simulator.h's check() proves
+// the sender's and receiver's orders agree). Two streams, because with interleaved schedules one
+// direction carries both: the last stage sends activations to the first (the wrap-around to its
+// next chunk) as well as gradients back to its neighbour.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,13 +20,15 @@
 
 namespace tessera::pipeline {
 
+enum class Stream { Activation, Gradient };
+
 class StageLink {
  public:
   StageLink(Communicator& pipe, bool dynamic_shape);
-  // Sends `tensor` (kept alive until the send completes) to stage `peer`.
-  void send(const at::Tensor& tensor, int peer);
-  // The next tensor stage `peer` sends here, in a buffer of its own.
-  at::Tensor recv(int peer);
+  // Sends `tensor` (kept alive until the send completes) to stage `peer` on `stream`.
+  void send(const at::Tensor& tensor, int peer, Stream stream);
+  // The next tensor stage `peer` sends here on `stream`, in a buffer of its own.
+  at::Tensor recv(int peer, Stream stream);
   // Waits for every send in flight (before their tensors may change, and at the end of a batch).
   void wait_sends();
   // Bytes of tensors (headers excluded) sent and received since construction.
@@ -31,7 +37,9 @@ class StageLink {
 
  private:
   static constexpr int kMaxDims = 8;
-  static constexpr int kHeaderTag = 1, kDataTag = 2;
+  // Tags: a stream's header and data; the gradient stream's are kGradientTags above the activation's.
+  static constexpr int kHeaderTag = 1, kDataTag = 2, kGradientTags = 2;
+  using Key = std::pair<int, Stream>;  // (peer, stream)
   struct Shape {
     std::vector<int64_t> sizes;
     at::ScalarType dtype;
@@ -42,7 +50,7 @@ class StageLink {
   };
   Communicator& pipe_;
   bool dynamic_shape_;
-  std::map<int, Shape> sent_shape_, received_shape_;  // by peer: the shape its stream carries
+  std::map<Key, Shape> sent_shape_, received_shape_;  // by peer and stream: the shape the stream carries
   std::vector<InFlight> in_flight_;
   int64_t bytes_sent_ = 0, bytes_received_ = 0;
 };

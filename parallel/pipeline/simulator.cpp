@@ -94,8 +94,42 @@ std::vector<std::string> check(const Schedule& schedule) {
   return errors;
 }
 
+// The transport (p2p.h) matches each stream of tensors between two stages in order: the order in
+// which a stage sends on a stream must be the order in which its peer receives. Per (sender,
+// receiver, activations or gradients): the (micro-batch, receiving chunk) sequence both ways.
+std::vector<std::string> stream_order_errors(const Schedule& schedule) {
+  const int p = schedule.stages;
+  using Stream = std::tuple<int, int, bool>;  // (from, to, gradient)
+  std::map<Stream, std::vector<std::pair<int, int>>> sends, receives;
+  for (int s = 0; s < p; ++s)
+    for (const Instruction& ins : schedule.stage[s]) {
+      const int mb = ins.micro_batch, c = ins.chunk;
+      switch (ins.op) {  // the peer and the receiving chunk, across the wrap-around
+        case Op::SendActivation:
+          sends[{s, s + 1 < p ? s + 1 : 0, false}].push_back({mb, s + 1 < p ? c : c + 1});
+          break;
+        case Op::SendGrad:
+          sends[{s, s > 0 ? s - 1 : p - 1, true}].push_back({mb, s > 0 ? c : c - 1});
+          break;
+        case Op::RecvActivation: receives[{s > 0 ? s - 1 : p - 1, s, false}].push_back({mb, c}); break;
+        case Op::RecvGrad: receives[{s + 1 < p ? s + 1 : 0, s, true}].push_back({mb, c}); break;
+        default: break;
+      }
+    }
+  std::vector<std::string> errors;
+  for (const auto& [stream, sent] : sends) {
+    const auto& [from, to, gradient] = stream;
+    if (receives[stream] != sent)
+      errors.push_back("stage " + std::to_string(from) + " sends its " + (gradient ? "gradients" : "activations") +
+                       " to stage " + std::to_string(to) + " in another order than stage " + std::to_string(to) +
+                       " receives them (the transport matches a stream in order)");
+  }
+  return errors;
+}
+
 Simulation simulate(const Schedule& schedule, const Costs& costs) {
-  const std::vector<std::string> errors = check(schedule);
+  std::vector<std::string> errors = check(schedule);
+  if (errors.empty()) errors = stream_order_errors(schedule);
   if (!errors.empty()) {
     std::string text = "pipeline schedule \"" + schedule.name + "\" is malformed:";
     for (const std::string& e : errors) text += "\n  " + e;

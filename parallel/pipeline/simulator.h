@@ -49,8 +49,13 @@ struct Simulation {
 // side and neither of those).
 std::vector<std::string> check(const Schedule& schedule);
 
-// Times `schedule`. Throws std::invalid_argument with check()'s errors, or std::runtime_error
-// naming each stage's blocked instruction when the stages deadlock.
+// Every pair of stages whose stream of activations or gradients (p2p.h) is sent in another order
+// than it is received (the transport matches each stream in order; empty: none). For a schedule
+// that passes check().
+std::vector<std::string> stream_order_errors(const Schedule& schedule);
+
+// Times `schedule`. Throws std::invalid_argument with check()'s and stream_order_errors()'s
+// errors, or std::runtime_error naming each stage's blocked instruction when the stages deadlock.
 Simulation simulate(const Schedule& schedule, const Costs& costs = {});
 
 }  // namespace tessera::pipeline

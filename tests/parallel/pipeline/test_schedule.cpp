@@ -96,6 +96,7 @@ TEST_CASE("interleaved 1f1b: well formed - no deadlock - the idle fraction (p - 
         INFO("p " << p << " m " << m << " v " << v);
         const Schedule s = interleaved_one_f_one_b(p, m, v);
         REQUIRE(check(s).empty());
+        CHECK(stream_order_errors(s).empty());  // the transport's ordered streams can carry it
         const Simulation sim = simulate(s);
         const double bubble = double(p - 1) / double(v * m + p - 1);
         for (int stage = 0; stage < p; ++stage) {
@@ -150,8 +151,21 @@ TEST_CASE("simulator: malformed schedules are refused with what is wrong", "[pip
 }
 
 TEST_CASE("simulator: a well-formed schedule whose receives wait on each other is reported as a deadlock", "[pipeline]") {
-  // Stage 0 waits for micro-batch 0's gradient before sending micro-batch 1's activation; stage 1
-  // wants micro-batch 1 first. Each list is fine on its own.
+  // Stage 0 waits for micro-batch 0's gradient before running its forward, which stage 1 needs
+  // before it can send that gradient. Each list is fine on its own, and so are the streams' orders.
+  Schedule s{"waits", 2, 1, {}};
+  s.stage.push_back({{Op::LoadMicroBatch, 0}, {Op::RecvGrad, 0}, {Op::Forward, 0}, {Op::SendActivation, 0}, {Op::Backward, 0},
+                     {Op::ReduceTiedGrads}, {Op::OptimizerStep}});
+  s.stage.push_back({{Op::LoadMicroBatch, 0}, {Op::RecvActivation, 0}, {Op::Forward, 0}, {Op::Backward, 0}, {Op::SendGrad, 0},
+                     {Op::ReduceTiedGrads}, {Op::OptimizerStep}});
+  CHECK(check(s).empty());
+  CHECK(stream_order_errors(s).empty());
+  CHECK_THROWS_WITH(simulate(s), Catch::Contains("deadlocks") && Catch::Contains("stage 0 waits at instruction 1, RecvGrad(0)") &&
+                                     Catch::Contains("stage 1 waits at instruction 1, RecvActivation(0)"));
+}
+
+TEST_CASE("simulator: a stream sent in another order than it is received is refused (the transport matches in order)", "[pipeline]") {
+  // Stage 0 sends micro-batch 0's activation, then 1's; stage 1 wants 1 first.
   Schedule s{"crossed", 2, 2, {}};
   s.stage.push_back({{Op::LoadMicroBatch, 0}, {Op::Forward, 0}, {Op::SendActivation, 0}, {Op::RecvGrad, 0}, {Op::Backward, 0},
                      {Op::LoadMicroBatch, 1}, {Op::Forward, 1}, {Op::SendActivation, 1}, {Op::RecvGrad, 1}, {Op::Backward, 1},
@@ -160,8 +174,11 @@ TEST_CASE("simulator: a well-formed schedule whose receives wait on each other i
                      {Op::LoadMicroBatch, 0}, {Op::RecvActivation, 0}, {Op::Forward, 0}, {Op::Backward, 0}, {Op::SendGrad, 0},
                      {Op::ReduceTiedGrads}, {Op::OptimizerStep}});
   CHECK(check(s).empty());
-  CHECK_THROWS_WITH(simulate(s), Catch::Contains("deadlocks") && Catch::Contains("stage 0 waits at instruction 3, RecvGrad(0)") &&
-                                     Catch::Contains("stage 1 waits at instruction 1, RecvActivation(1)"));
+  CHECK(mentions(stream_order_errors(s), "stage 0 sends its activations to stage 1 in another order than stage 1 receives them"));
+  CHECK(mentions(stream_order_errors(s), "stage 1 sends its gradients to stage 0 in another order"));
+  CHECK(stream_order_errors(one_f_one_b(4, 8)).empty());
+  CHECK(stream_order_errors(gpipe(4, 8)).empty());
+  CHECK_THROWS_WITH(simulate(s), Catch::Contains("malformed") && Catch::Contains("another order"));
 }
 
 TEST_CASE("make_schedule: by the config's name - and bad sizes and names are errors naming the key", "[pipeline]") {
