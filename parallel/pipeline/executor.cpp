@@ -14,11 +14,21 @@ void PipelineStage::backward(int, const at::Tensor& output, const at::Tensor& gr
   torch::autograd::backward({output}, grad.defined() ? std::vector<at::Tensor>{grad} : std::vector<at::Tensor>{});
 }
 
+at::Tensor PipelineStage::forward(int micro_batch, int chunk, const at::Tensor& input) {
+  if (chunk != 0)
+    throw std::invalid_argument("pipeline: this stage holds one model chunk; an interleaved schedule asked for chunk " +
+                                std::to_string(chunk));
+  return forward(micro_batch, input);
+}
+
 PipelineExecutor::PipelineExecutor(Communicator& pipe, Schedule schedule, bool dynamic_shape)
     : pipe_(pipe), schedule_(std::move(schedule)), link_(pipe, dynamic_shape) {
   if (schedule_.stages != pipe_.size())
     throw std::invalid_argument("pipeline: a schedule of " + std::to_string(schedule_.stages) + " stages on a pipe group of " +
                                 std::to_string(pipe_.size()) + " ranks (pipeline.stages must equal the pipe degree)");
+  if (schedule_.chunks > 1 && schedule_.stages == 1)
+    throw std::invalid_argument("pipeline: " + std::to_string(schedule_.chunks) + " model chunks on a single stage: "
+                                "interleaving needs pipeline.stages >= 2");
   std::vector<std::string> errors = check(schedule_);
   if (errors.empty()) errors = stream_order_errors(schedule_);
   if (!errors.empty()) throw std::invalid_argument("pipeline schedule \"" + schedule_.name + "\" is malformed: " + errors.front());
@@ -26,11 +36,13 @@ PipelineExecutor::PipelineExecutor(Communicator& pipe, Schedule schedule, bool d
 
 BatchReport PipelineExecutor::run(PipelineStage& stage) {
   using clock = std::chrono::steady_clock;
-  const int s = pipe_.rank(), m = schedule_.micro_batches;
-  const bool first = s == 0, last = s == schedule_.stages - 1;
-  // Per micro-batch, from its Forward to its Backward: the stage's input (a leaf whose gradient
-  // goes back) and its output (or the loss); then the input's gradient until SendGrad.
-  std::vector<at::Tensor> inputs(m), outputs(m), grads(m), input_grads(m);
+  const int s = pipe_.rank(), p = schedule_.stages, m = schedule_.micro_batches, v = schedule_.chunks;
+  // The neighbours, across the wrap-around of interleaved schedules (the last stage's chunk c feeds
+  // the first stage's chunk c + 1).
+  const int next = (s + 1) % p, previous = (s + p - 1) % p;
+  // Per (chunk, micro-batch), from its Forward to its Backward: the stage's input (a leaf whose
+  // gradient goes back) and its output (or the loss); then the input's gradient until SendGrad.
+  std::vector<at::Tensor> inputs(v * m), outputs(v * m), grads(v * m), input_grads(v * m);
   std::vector<at::Tensor> losses;  // the last stage's, read to the host once at the end
   BatchReport report;
   int held = 0;
@@ -39,51 +51,52 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
 
   for (const Instruction& ins : schedule_.stage[s]) {
     const auto start = clock::now();
-    const int mb = ins.micro_batch;
+    const int mb = ins.micro_batch, c = ins.chunk, at = c * m + std::max(mb, 0);
+    const bool first = s == 0 && c == 0, last = s == p - 1 && c == v - 1;  // the model's first and last chunks
     switch (ins.op) {
       case Op::LoadMicroBatch: stage.load(mb); break;
-      case Op::RecvActivation: inputs[mb] = link_.recv(s - 1, Stream::Activation).requires_grad_(true); break;
+      case Op::RecvActivation: inputs[at] = link_.recv(previous, Stream::Activation).requires_grad_(true); break;
       case Op::Forward: {
-        outputs[mb] = stage.forward(mb, inputs[mb]);
-        if (!last && outputs[mb].dim() == 0)
-          throw std::invalid_argument("pipeline: stage " + std::to_string(s) + " of " + std::to_string(schedule_.stages) +
+        outputs[at] = stage.forward(mb, c, inputs[at]);
+        if (!last && outputs[at].dim() == 0)
+          throw std::invalid_argument("pipeline: stage " + std::to_string(s) + " of " + std::to_string(p) +
                                       " returned a scalar from its forward (micro-batch " + std::to_string(mb) +
                                       "): only the last stage computes the loss; the others return their activations");
         if (last) {
-          if (outputs[mb].numel() != 1)
+          if (outputs[at].numel() != 1)
             throw std::invalid_argument("pipeline: the last stage's forward must return the micro-batch's loss (a scalar), got shape " +
-                                        c10::str(outputs[mb].sizes()));
-          losses.push_back(outputs[mb].detach().reshape({}));
+                                        c10::str(outputs[at].sizes()));
+          losses.push_back(outputs[at].detach().reshape({}));
         }
         report.peak_activations = std::max(report.peak_activations, ++held);
         if (!schedule_.training && last) {
-          inputs[mb] = outputs[mb] = at::Tensor();
+          inputs[at] = outputs[at] = at::Tensor();
           --held;
         }
         break;
       }
       case Op::SendActivation:
-        link_.send(outputs[mb], s + 1, Stream::Activation);
+        link_.send(outputs[at], next, Stream::Activation);
         if (!schedule_.training) {  // evaluation: nothing is kept for a backward
-          inputs[mb] = outputs[mb] = at::Tensor();
+          inputs[at] = outputs[at] = at::Tensor();
           --held;
         }
         break;
-      case Op::RecvGrad: grads[mb] = link_.recv(s + 1, Stream::Gradient); break;
+      case Op::RecvGrad: grads[at] = link_.recv(next, Stream::Gradient); break;
       case Op::Backward:
-        stage.backward(mb, outputs[mb], grads[mb]);
+        stage.backward(mb, c, outputs[at], grads[at]);
         if (!first) {
-          input_grads[mb] = inputs[mb].grad();
-          if (!input_grads[mb].defined())
+          input_grads[at] = inputs[at].grad();
+          if (!input_grads[at].defined())
             throw std::runtime_error("pipeline: stage " + std::to_string(s) + "'s output does not depend on its input " +
                                      "(micro-batch " + std::to_string(mb) + "): no gradient to send back");
         }
-        inputs[mb] = outputs[mb] = grads[mb] = at::Tensor();  // the micro-batch's activations are freed
+        inputs[at] = outputs[at] = grads[at] = at::Tensor();  // the micro-batch's activations are freed
         --held;
         break;
       case Op::SendGrad:
-        link_.send(input_grads[mb], s - 1, Stream::Gradient);
-        input_grads[mb] = at::Tensor();  // the link keeps it until sent
+        link_.send(input_grads[at], previous, Stream::Gradient);
+        input_grads[at] = at::Tensor();  // the link keeps it until sent
         break;
       case Op::ReduceTiedGrads: stage.reduce_tied_grads(); break;
       case Op::OptimizerStep:

@@ -25,9 +25,16 @@ class PipelineStage {
   // The last stage returns the micro-batch's loss (a scalar the executor back-propagates as is:
   // divide by the number of micro-batches there for the batch's mean); the others their output.
   virtual at::Tensor forward(int micro_batch, const at::Tensor& input) = 0;
+  // Interleaved schedules: the stage's model chunk `chunk` (0 .. v − 1, the model's chunk
+  // stage + chunk·p); the first and last are those of the model's first and last chunks. The
+  // default runs forward() for chunk 0 and refuses the others (a stage of one chunk).
+  virtual at::Tensor forward(int micro_batch, int chunk, const at::Tensor& input);
   // Back-propagates `grad` (undefined on the last stage) through `output` into the parameters'
   // gradients and the input's. The default is autograd's; the Engine substitutes its own.
   virtual void backward(int micro_batch, const at::Tensor& output, const at::Tensor& grad);
+  virtual void backward(int micro_batch, int chunk, const at::Tensor& output, const at::Tensor& grad) {
+    backward(micro_batch, output, grad);
+  }
   virtual void reduce_tied_grads() {}
   virtual void step() = 0;
 };

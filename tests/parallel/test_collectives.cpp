@@ -169,6 +169,21 @@ TEST_CASE("pipeline executor: 1f1b and gpipe on 2 and 4 stages train as one proc
   }
 }
 
+// Interleaved 1F1B: the MLP's 8 layers in stages × 2 chunks, stage s holding chunks s and s + p; the
+// last stage's first chunk sends to the first stage's second (the wrap-around), on the activation
+// stream beside the gradients going the same way.
+TEST_CASE("pipeline executor: interleaved 1f1b with 2 chunks on 2 and 4 stages trains as one process does") {
+  struct Run { int stages, micro; };
+  for (const Run& r : {Run{2, 4}, Run{2, 6}, Run{4, 8}}) {
+    auto out = launch(r.stages, {"pipeline", "--pp", std::to_string(r.stages), "--schedule", "interleaved_1f1b", "--micro",
+                                 std::to_string(r.micro), "--chunks", "2"},
+                      tessera::testing::free_port());
+    INFO(out.output);
+    REQUIRE(out.status == 0);
+    for (int rank = 0; rank < r.stages; ++rank) CHECK(contains(out.output, "pipeline ok on rank " + std::to_string(rank)));
+  }
+}
+
 TEST_CASE("pipeline executor: a loss computed on a non-final stage is named") {
   auto out = launch(2, {"pipeline", "--pp", "2", "--loss-on-first-stage"}, tessera::testing::free_port());
   INFO(out.output);

@@ -260,7 +260,7 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
-  int tp = 1, pp = 1, micro = 4;
+  int tp = 1, pp = 1, micro = 4, chunks = 1;
   bool force_alltoall = false, native_only = false, dynamic_shape = false, loss_on_first_stage = false;
   std::string schedule = "1f1b";
   for (int i = 2; i < argc; ++i) {
@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--native-reduce-scatter")) native_only = true;
     else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) schedule = argv[++i];
     else if (!std::strcmp(argv[i], "--micro") && i + 1 < argc) micro = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--chunks") && i + 1 < argc) chunks = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--dynamic-shape")) dynamic_shape = true;
     else if (!std::strcmp(argv[i], "--loss-on-first-stage")) loss_on_first_stage = true;
   }
@@ -279,7 +280,7 @@ int main(int argc, char** argv) {
       options.pipe = pp;
       options.backend = "gloo";
       auto ctx = ParallelContext::from_environment(options);
-      check_pipeline(*ctx, schedule, micro, dynamic_shape, loss_on_first_stage);
+      check_pipeline(*ctx, schedule, micro, dynamic_shape, loss_on_first_stage, chunks);
       return 0;
     }
     return run(mode, tp, pp, force_alltoall, native_only);

@@ -59,28 +59,34 @@ void sgd(std::vector<Layer>& layers, int begin, int end) {
     }
 }
 
-// This rank's part of the model as the executor sees it.
+// This rank's part of the model as the executor sees it: its model chunks, each a range of layers
+// (one chunk without interleaving); `first` / `last`: it holds the model's first / last chunk.
 class MlpStage final : public PipelineStage {
  public:
-  MlpStage(std::vector<Layer>& layers, int begin, int end, bool first, bool last, int micro_batches)
-      : layers_(layers), begin_(begin), end_(end), first_(first), last_(last), m_(micro_batches) {}
+  MlpStage(std::vector<Layer>& layers, std::vector<std::pair<int, int>> chunks, bool first, bool last, int micro_batches)
+      : layers_(layers), chunks_(std::move(chunks)), first_(first), last_(last), m_(micro_batches) {}
   void set_step(int step) { step_ = step; }
   void load(int mb) override {
     if (first_) input_ = inputs_of(step_, mb);
     if (last_) target_ = targets_of(step_, mb);
   }
-  at::Tensor forward(int, const at::Tensor& input) override {
-    at::Tensor x = first_ ? input_ : input;
-    for (int l = begin_; l < end_; ++l) x = apply(layers_[l], l, x);
-    if (loss_on_first_ && first_) return x.sum();  // the mistake the executor must name
-    return last_ ? at::mse_loss(x, target_) / m_ : x;  // the batch's loss is the mean over micro-batches
+  at::Tensor forward(int mb, const at::Tensor& input) override { return forward(mb, 0, input); }
+  at::Tensor forward(int, int chunk, const at::Tensor& input) override {
+    const int c = static_cast<int>(chunks_.size());
+    const bool first = first_ && chunk == 0, last = last_ && chunk == c - 1;
+    at::Tensor x = first ? input_ : input;
+    for (int l = chunks_[chunk].first; l < chunks_[chunk].second; ++l) x = apply(layers_[l], l, x);
+    if (loss_on_first_ && first) return x.sum();  // the mistake the executor must name
+    return last ? at::mse_loss(x, target_) / m_ : x;  // the batch's loss is the mean over micro-batches
   }
   bool loss_on_first_ = false;
-  void step() override { sgd(layers_, begin_, end_); }
+  void step() override {
+    for (const auto& [begin, end] : chunks_) sgd(layers_, begin, end);
+  }
 
  private:
   std::vector<Layer>& layers_;
-  int begin_, end_;
+  std::vector<std::pair<int, int>> chunks_;
   bool first_, last_;
   int m_, step_ = 0;
   at::Tensor input_, target_;
@@ -94,13 +100,16 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
 }  // namespace
 
 void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int m, bool dynamic_shape,
-                    bool loss_on_first_stage) {
+                    bool loss_on_first_stage, int v) {
   Communicator& pipe = ctx.pipe();
   const int p = pipe.size(), s = pipe.rank();
   std::vector<LayerInfo> infos(kLayers, LayerInfo{"Linear", kWidth * kWidth + kWidth});
   infos.back().parameters = kOut * kWidth + kOut;
-  const std::vector<int> bounds = partition_layers(infos, p, "parameters");
+  // p·v model chunks; stage s holds chunks s, s + p, ... (one chunk, s, without interleaving).
+  const std::vector<int> bounds = partition_layers(infos, p * v, v > 1 ? "uniform" : "parameters");
   if (ctx.rank() == 0) std::printf("%s", describe_partition(infos, bounds).c_str());
+  std::vector<std::pair<int, int>> mine;
+  for (int c = 0; c < v; ++c) mine.push_back({bounds[s + c * p], bounds[s + c * p + 1]});
 
   // The reference: the whole model in this process, micro-batches accumulated in order.
   std::vector<Layer> reference = build_model();
@@ -120,9 +129,9 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
 
   // The pipeline: each stage holds every layer's initial values (same seed) but trains only its own.
   std::vector<Layer> model = build_model();
-  MlpStage stage(model, bounds[s], bounds[s + 1], s == 0, s == p - 1, m);
+  MlpStage stage(model, mine, s == 0, s == p - 1, m);
   stage.loss_on_first_ = loss_on_first_stage;
-  PipelineExecutor executor(pipe, make_schedule(schedule_name, p, m), dynamic_shape);
+  PipelineExecutor executor(pipe, make_schedule(schedule_name, p, m, v), dynamic_shape);
   const Simulation simulated = simulate(executor.schedule());
   BatchReport report;
   for (int step = 0; step < kSteps; ++step) {
@@ -136,10 +145,11 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
                                  ", single process " + std::to_string(reference_losses[step]));
     }
   }
-  for (int l = bounds[s]; l < bounds[s + 1]; ++l) {
-    expect_close(model[l].weight, reference[l].weight, "layer " + std::to_string(l) + " weight on stage " + std::to_string(s));
-    expect_close(model[l].bias, reference[l].bias, "layer " + std::to_string(l) + " bias on stage " + std::to_string(s));
-  }
+  for (const auto& [begin, end] : mine)
+    for (int l = begin; l < end; ++l) {
+      expect_close(model[l].weight, reference[l].weight, "layer " + std::to_string(l) + " weight on stage " + std::to_string(s));
+      expect_close(model[l].bias, reference[l].bias, "layer " + std::to_string(l) + " bias on stage " + std::to_string(s));
+    }
   if (report.peak_activations != simulated.peak_activations[s])
     throw std::runtime_error("check failed: stage " + std::to_string(s) + " held " + std::to_string(report.peak_activations) +
                              " micro-batches, the simulator says " + std::to_string(simulated.peak_activations[s]));
