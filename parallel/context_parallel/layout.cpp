@@ -77,7 +77,7 @@ at::Tensor context_shard(const at::Tensor& x, int64_t dim, const ContextLayout& 
   const int64_t chunk = length / layout.chunks();
   std::vector<at::Tensor> parts;
   for (int64_t c : chunks_of(layout)) parts.push_back(x.narrow(dim, c * chunk, chunk));
-  return parts.size() == 1 ? parts[0].contiguous().clone() : at::cat(parts, dim);
+  return parts.size() == 1 ? parts[0].clone(at::MemoryFormat::Contiguous) : at::cat(parts, dim);
 }
 
 at::Tensor context_positions(int64_t length, const ContextLayout& layout, c10::Device device) {

@@ -143,6 +143,15 @@ def _make_expert_groups(layers, context):
         moe_layer.make_expert_groups(m.ep_size)
 
 
+def _backend_and_device(params):
+    """Gloo for a model on the CPU, else the default; and the model's device when it has one, so that
+    under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's collectives are staged through
+    host memory (NCCL checks it is this rank's GPU)."""
+    devices = {p.device for p in params}
+    backend = "gloo" if {d.type for d in devices} <= {"cpu"} else "auto"
+    return backend, (next(iter(devices)) if len(devices) == 1 else None)
+
+
 def _check_same_moe_layers(layers, device):
     """Every rank's (count, then ep_size and num_experts of each layer), compared by its max and its
     min over the world: one max of [x, -x] (on the collectives' device: NCCL takes CUDA tensors
@@ -286,19 +295,17 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if effective.get("activation_checkpointing") is not None:
         # the section's options for the checkpoint() calls of model code (the C++ parser checked them)
         checkpointing.configure(None, deepspeed_config=effective)
-    if cfg.context > 1 and not comm.axes_made():
-        # the groups with their context axis, before AutoTP would make them without it
-        devs = {p.device for p in model.parameters()}
-        comm.parallel_context("gloo" if {d.type for d in devs} <= {"cpu"} else "auto", cfg.tensor, cfg.pipe,
-                              device=next(iter(devs)) if len(devs) == 1 else None, context=cfg.context)
+    from . import pipe
     if cfg.context > 1:
-        # context_parallel.size: the model's SDPA calls become Ulysses or ring attention (unless the
-        # model brings DistributedAttention / RingAttention itself); its inputs are shard()'s parts
-        from . import pipe
+        # context_parallel.size: the groups with their context axis (before AutoTP would make them
+        # without it); the model's SDPA calls become Ulysses or ring attention (unless the model
+        # brings DistributedAttention / RingAttention itself); its inputs are shard()'s parts
+        if not comm.axes_made():
+            backend, device = _backend_and_device(model.parameters())
+            comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device, context=cfg.context)
         sequence.configure(cfg.context_method)
         if not sequence.is_parallelized(model):
             sequence.parallelize(model, cfg.context_method, require=not isinstance(model, pipe.PipelineModule))
-    from . import pipe
     if isinstance(model, pipe.PipelineModule):  # a model cut into stages: tessera.pipe.PipelineEngine
         if model_parameters is not None or units is not None:
             raise ValueError("tessera.initialize: a PipelineModule takes neither model_parameters nor units")
@@ -325,11 +332,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         for w in warnings:
             print("tessera: warning: %s" % w, file=sys.stderr, flush=True)
 
-    devices = {p.device for g in groups for p in g[0]}
-    backend = "gloo" if {d.type for d in devices} <= {"cpu"} else "auto"
-    # The model's device, so that under Gloo (init_distributed(dist_backend="gloo")) a CUDA model's
-    # collectives are staged through host memory; NCCL checks it is this rank's GPU.
-    device = next(iter(devices)) if len(devices) == 1 else None
+    backend, device = _backend_and_device(p for g in groups for p in g[0])
     context = comm.parallel_context(backend, cfg.tensor, cfg.pipe, device=device, context=cfg.context)
     _make_expert_groups(moe_layers, context)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -122,7 +122,7 @@ def mean(local_sum, local_count, group=None):
     gradient scaled so that the engine's average over data x context gives the global mean's."""
     if context_size(group) == 1:
         return local_sum / local_count
-    count = torch.as_tensor(local_count, dtype=torch.float64)
+    count = torch.as_tensor(local_count, dtype=torch.float64)  # a tensor stays where it is: one host read, in C++
     return _C.context_parallel.mean(local_sum, count, comm.parallel_context(), context_group(group))
 
 
@@ -131,7 +131,7 @@ def cross_entropy(logits, targets, ignore_index=-100, group=None):
     flat = logits.float().reshape(-1, logits.size(-1))
     labels = targets.reshape(-1)
     total = F.cross_entropy(flat, labels, ignore_index=ignore_index, reduction="sum")
-    return mean(total, (labels != ignore_index).sum().item(), group)
+    return mean(total, (labels != ignore_index).sum(), group)
 
 
 def attention(query, key, value, method=None, is_causal=True, scale=None, group=None, local_attention=None):
