@@ -15,6 +15,7 @@ const char* op_name(Op op) {
     case Op::RecvGrad: return "RecvGrad";
     case Op::Backward: return "Backward";
     case Op::SendGrad: return "SendGrad";
+    case Op::BackwardWeight: return "BackwardWeight";
     case Op::ReduceTiedGrads: return "ReduceTiedGrads";
     case Op::OptimizerStep: return "OptimizerStep";
   }
@@ -156,8 +157,37 @@ Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks) {
   return schedule;
 }
 
+Schedule zb_h1(int stages, int micro_batches) {
+  check_sizes("zb_h1", stages, micro_batches);
+  const int p = stages, m = micro_batches;
+  Schedule schedule{"zb_h1", p, m, std::vector<std::vector<Instruction>>(p)};
+  schedule.split_backward = true;
+  for (int s = 0; s < p; ++s) {
+    std::vector<Instruction>& program = schedule.stage[s];
+    const int warmup = std::min(p - s - 1, m);
+    int next_forward = 0, next_backward = 0, next_weight = 0;
+    auto weight = [&] { program.push_back({Op::BackwardWeight, next_weight++}); };
+    for (int i = 0; i < warmup; ++i) append(program, forward_pass(s, p, next_forward++));
+    // Steady state: F, B, and a W once s of them wait (stage s may hold s more micro-batches than
+    // 1F1B's p − s, so every stage holds at most p).
+    for (int i = warmup; i < m; ++i) {
+      append(program, forward_pass(s, p, next_forward++));
+      append(program, backward_pass(s, p, next_backward++));
+      if (next_backward - next_weight > s) weight();
+    }
+    // Cool-down: each B's wait for the next gradient is filled with a deferred W; the rest after.
+    while (next_backward < m) {
+      append(program, backward_pass(s, p, next_backward++));
+      weight();
+    }
+    while (next_weight < m) weight();
+    finish(program);
+  }
+  return schedule;
+}
+
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names{"1f1b", "gpipe"};
+  static const std::vector<std::string> names{"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"};
   return names;
 }
 
@@ -168,7 +198,8 @@ Schedule make_schedule(const std::string& name, int stages, int micro_batches, i
                                 "pipeline.schedule \"interleaved_1f1b\", got \"" + name + "\"");
   if (name == "1f1b") return one_f_one_b(stages, micro_batches);
   if (name == "gpipe") return gpipe(stages, micro_batches);
-  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\", \"gpipe\" or \"interleaved_1f1b\", got \"" +
+  if (name == "zb_h1") return zb_h1(stages, micro_batches);
+  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\", \"gpipe\", \"interleaved_1f1b\" or \"zb_h1\", got \"" +
                               name + "\"");
 }
 

@@ -18,9 +18,17 @@
 //   1/v of the stage's, so the idle fraction falls to (p − 1) / (v·m + p − 1); m must be a multiple
 //   of p.
 //
+//   ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3.1): each backward split into B,
+//   the gradient of the stage's input (sent upstream at once), and W, the gradients of its weights,
+//   which may wait. Stage s runs 1F1B's warm-up, then F and B, deferring up to s W's (the later
+//   stages, whose 1F1B memory is smaller, hold them), and spends the deferred W's in the cool-down
+//   where 1F1B waits for gradients. Every stage holds at most p micro-batches, 1F1B's peak; the
+//   idle time per stage falls from 1F1B's (p − 1)(F + B + W) to (p − 1)(F + B − W) (the paper's
+//   figure; with F = B = W, a third).
+//
 // Instructions name a micro-batch and a model chunk (0 but for interleaved schedules). Backward is
-// the whole backward of a micro-batch; a split backward (input gradient, then weight gradient, as
-// ZB-H1 does) adds instructions beside it.
+// the whole backward of a micro-batch, or in a split schedule (Schedule::split_backward) its B, with
+// BackwardWeight its W.
 #pragma once
 
 #include <iosfwd>
@@ -37,6 +45,7 @@ enum class Op {
   RecvGrad,         // the gradient of this stage's output, from the next stage
   Backward,         // back-propagate this micro-batch through this stage's layers
   SendGrad,         // the gradient of this stage's input to the previous stage
+  BackwardWeight,   // split schedules: the weights' gradients of a micro-batch whose Backward gave its input's
   ReduceTiedGrads,  // sum the gradients of weights shared between stages over the stages that hold them
   OptimizerStep,    // the stage's own parameters (data-parallel reduction, clipping, update)
 };
@@ -62,6 +71,7 @@ struct Schedule {
   std::vector<std::vector<Instruction>> stage;   // stage[s]: what stage s runs, in order
   bool training = true;                          // false: forwards only (evaluation), no step
   int chunks = 1;                                // model chunks per stage (interleaved: v)
+  bool split_backward = false;                   // Backward is B (input gradient); BackwardWeight is W
 };
 
 // Stage s's instructions to run micro-batch mb's forward / backward through its model chunk `chunk`
@@ -79,7 +89,10 @@ Schedule one_f_one_b(int stages, int micro_batches);
 // Interleaved 1F1B with `chunks` (v) model chunks per stage; micro_batches a multiple of stages.
 Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks);
 
-// By the config's name (`pipeline.schedule`): "1f1b", "gpipe" or "interleaved_1f1b" (with `chunks`,
+// ZB-H1: 1F1B with each backward split into B and W, W's deferred into the bubbles.
+Schedule zb_h1(int stages, int micro_batches);
+
+// By the config's name (`pipeline.schedule`): "1f1b", "gpipe", "zb_h1" or "interleaved_1f1b" (with `chunks`,
 // pipeline.virtual_stages). Errors name the path and the expected values, and ask for at least one
 // stage and one micro-batch.
 Schedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks = 1);

@@ -56,9 +56,11 @@ std::vector<std::string> check(const Schedule& schedule) {
     const bool t = schedule.training;  // forward-only schedules have no backward side
     const std::vector<std::pair<Op, bool>> backward_side{
         {Op::RecvGrad, t && !last}, {Op::Backward, t}, {Op::SendGrad, t && !first}};
+    const std::vector<std::pair<Op, bool>> weight_side{{Op::Backward, t}, {Op::BackwardWeight, t && schedule.split_backward}};
     for (int mb = 0; mb < m; ++mb) {
-      for (const auto* side : {&forward_side, &backward_side})
+      for (const auto* side : {&forward_side, &backward_side, &weight_side})
         for (const auto& [op, needed] : *side) {
+          if (side == &weight_side && op == Op::Backward) continue;  // counted with the backward side
           const int n = pos.count(op, mb, c);
           if (n != (needed ? 1 : 0))
             errors.push_back(where + to_string({op, mb, c}) +
@@ -79,6 +81,7 @@ std::vector<std::string> check(const Schedule& schedule) {
       };
       in_order(forward_side);
       in_order(backward_side);
+      in_order(weight_side);
       const int f = pos.first(Op::Forward, mb, c), b = pos.first(Op::Backward, mb, c);
       if (f >= 0 && b >= 0 && b < f) errors.push_back(where + to_string({Op::Backward, mb, c}) + " comes before its forward");
     }
@@ -146,7 +149,10 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
   // When each message can be received: (from stage, op it answers, micro-batch, chunk) -> time.
   std::map<std::tuple<int, Op, int, int>, double> sent;
   const int v = schedule.chunks;
-  const double forward_cost = costs.forward / v, backward_cost = costs.backward / v;  // a chunk's share
+  // A chunk's share; a split backward's B and W.
+  const double forward_cost = costs.forward / v,
+               weight_cost = schedule.split_backward ? costs.backward * costs.weight_share / v : 0.0,
+               backward_cost = costs.backward / v - weight_cost;
 
   auto record = [&](int s, const Instruction& ins, double start, double end) {
     sim.timeline[s].push_back({ins, start, end});
@@ -167,10 +173,15 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         record(s, ins, now, now + forward_cost);
         return true;
       case Op::Backward:
-        held[s] -= 1;
-        sim.busy[s] += backward_cost;
-        record(s, ins, now, now + backward_cost);
+      case Op::BackwardWeight: {
+        // Activations are held until the last part of the backward that reads them.
+        const bool frees = schedule.split_backward == (ins.op == Op::BackwardWeight);
+        const double cost = ins.op == Op::Backward ? backward_cost : weight_cost;
+        if (frees) held[s] -= 1;
+        sim.busy[s] += cost;
+        record(s, ins, now, now + cost);
         return true;
+      }
       case Op::SendActivation:
       case Op::SendGrad:
         if (!schedule.training && ins.op == Op::SendActivation) held[s] -= 1;  // nothing kept for a backward

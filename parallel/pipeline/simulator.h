@@ -5,7 +5,7 @@
 // The model is the executor's: each stage runs its list in order; a send never blocks (the
 // executor posts it asynchronously); a receive waits for the matching send; ReduceTiedGrads is a
 // collective every stage enters. A stage holds a micro-batch's activations from its Forward to its
-// Backward.
+// Backward (its BackwardWeight in a split schedule).
 #pragma once
 
 #include <string>
@@ -21,6 +21,7 @@ namespace tessera::pipeline {
 struct Costs {
   double forward = 1.0;
   double backward = 1.0;
+  double weight_share = 0.5;  // split schedules: W's share of the backward (B gets the rest)
   double send = 0.0;     // from the send until the receiver may start
   double load = 0.0;
   double reduce_tied = 0.0;

@@ -113,6 +113,38 @@ TEST_CASE("interleaved 1f1b: well formed - no deadlock - the idle fraction (p - 
       }
 }
 
+TEST_CASE("zb_h1: well formed - B before W - idle (p - 1)(F + B - W) per stage - 1F1B's peak activations", "[pipeline]") {
+  Costs costs;  // F = B = W, the paper's assumption: a whole backward costs 2F, half of it W
+  costs.forward = 1.0;
+  costs.backward = 2.0;
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 7, 8, 16, 33}) {
+      INFO("p " << p << " m " << m);
+      const Schedule zb = zb_h1(p, m);
+      REQUIRE(check(zb).empty());
+      CHECK(stream_order_errors(zb).empty());
+      const Simulation z = simulate(zb, costs), one = simulate(one_f_one_b(p, m), costs);
+      if (m >= p) {
+        // 1F1B: (m + p - 1)(F + B + W); ZB-H1 closes all but (p - 1)(F + B - W) of the bubble.
+        CHECK(z.makespan == Approx(3.0 * m + (p - 1) * 1.0));
+      }
+      CHECK(z.makespan <= one.makespan + 1e-9);
+      const int peak = *std::max_element(one.peak_activations.begin(), one.peak_activations.end());
+      for (int s = 0; s < p; ++s) {
+        INFO("stage " << s);
+        CHECK(z.peak_activations[s] <= peak);  // the pipeline's peak stays 1F1B's
+        if (p > 1 && m >= p) CHECK(z.idle_fraction[s] < one.idle_fraction[s]);
+      }
+    }
+  // A schedule whose W comes before its B is refused.
+  Schedule bad = zb_h1(2, 2);
+  auto& program = bad.stage[0];  // the first stage: B(0) sends nothing
+  auto b = std::find(program.begin(), program.end(), Instruction{Op::Backward, 0});
+  auto w = std::find(program.begin(), program.end(), Instruction{Op::BackwardWeight, 0});
+  std::iter_swap(b, w);
+  CHECK_THAT(check(bad).front(), Catch::Contains("BackwardWeight(0) comes before Backward(0)"));
+}
+
 TEST_CASE("simulator: a send costs the receiver its latency on every hop of the warm-up", "[pipeline]") {
   Costs costs;
   costs.send = 0.5;
