@@ -95,6 +95,9 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
     std::fflush(stdout);
   }
   gradient_accumulation_steps_ = *config_.gradient_accumulation_steps;
+  // A pipeline stage of v model chunks runs v backwards per micro-batch, one micro-step each; the
+  // loss's 1/m scale is the PipelineEngine's (it passes its gradients to backward(outputs, ...)).
+  if (role == EngineRole::PipelineStage) gradient_accumulation_steps_ *= config_.pipeline.virtual_stages;
   // CPU ranks: large blocks (the engine's buffers, ZeRO-3's gathers, activations) from mappings and
   // a bounded cache, so the resident set is the live bytes plus that bound (csrc/cpu_block_cache.h).
   if (parallel_.data().device().is_cpu()) CpuBlockCache::install_from_environment();

@@ -87,6 +87,9 @@ class Engine {
   // from `outputs` with `output_grads` as their gradients, which are used as given (they come from
   // the part that owns the loss, already scaled by it). Records no loss.
   void backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& output_grads);
+  // A backward whose autograd pass the caller runs (a pipeline stage's split backward: the weights'
+  // pass of a zero-bubble schedule), counted and reduced as backward(outputs, output_grads) is.
+  void run_backward(const std::function<void()>& autograd);
   // PyTorch-style `loss.backward()` followed by step(): call with each output of the model's
   // forward that requires grad. When autograd reaches one without backward() having begun, the
   // engine's backward begins there and ends with autograd's pass. Such a backward leaves the loss
@@ -198,7 +201,6 @@ class Engine {
  private:
   // Who began the micro-steps of the current accumulation window (they may not mix).
   enum class BackwardKind { None, Engine, Autograd };
-  void run_backward(const std::function<void()>& autograd);
   void open_backward(BackwardKind kind);  // before autograd runs
   void close_backward();                  // after it
   void abort_open_backward();             // autograd threw: the window starts again

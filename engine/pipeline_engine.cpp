@@ -19,43 +19,55 @@ namespace tessera {
 using pipeline::BatchReport;
 using pipeline::PipelineExecutor;
 
+at::Tensor PipelineStageModel::forward(int chunk, const at::Tensor& input) {
+  if (chunk != 0)
+    throw std::invalid_argument("PipelineEngine: this stage model holds one chunk; pipeline.virtual_stages asks for chunk " +
+                                std::to_string(chunk) + " (override PipelineStageModel::forward(chunk, input))");
+  return forward(input);
+}
+
 // The executor's view of this rank's stage: loads from the caller's iterator, the model's forward
 // and loss, and the Engine's backward and step.
 class PipelineEngine::Stage final : public pipeline::PipelineStage {
  public:
   Stage(PipelineEngine& owner, const MicroBatchSource& data) : owner_(owner), data_(data) {}
 
-  void load(int) override {
+  void load(int micro_batch) override {
     MicroBatch batch = data_();
-    if (first()) input_ = batch.inputs;
-    if (last()) labels_ = batch.labels;
+    if (owner_.stage() == 0) inputs_[micro_batch] = batch.inputs;
+    if (owner_.stage() == owner_.stages() - 1) labels_[micro_batch] = batch.labels;
   }
 
-  at::Tensor forward(int micro_batch, const at::Tensor& input) override {
-    at::Tensor out = owner_.model_.forward(first() ? input_ : input);
-    if (at::Tensor aux = owner_.model_.take_auxiliary_loss(); aux.defined()) auxiliary_[micro_batch] = aux;
-    return last() ? owner_.model_.loss(out, labels_) : out;
+  at::Tensor forward(int micro_batch, const at::Tensor& input) override { return forward(micro_batch, 0, input); }
+
+  at::Tensor forward(int micro_batch, int chunk, const at::Tensor& input) override {
+    at::Tensor out = owner_.model_.forward(chunk, first(chunk) ? take(inputs_, micro_batch) : input);
+    if (at::Tensor aux = owner_.model_.take_auxiliary_loss(); aux.defined()) auxiliary_[{micro_batch, chunk}] = aux;
+    return last(chunk) ? owner_.model_.loss(out, take(labels_, micro_batch)) : out;
   }
 
-  void backward(int micro_batch, const at::Tensor& output, const at::Tensor& grad) override {
-    Engine& engine = *owner_.engine_;
-    const int m = owner_.executor_->schedule().micro_batches;
+  BackwardRoots backward_roots(int micro_batch, int chunk, const at::Tensor& output, const at::Tensor& grad) override {
     // The last stage scales its loss as Engine::backward(loss) does (1/m, and the fp16 scale);
-    // the others back-propagate the gradient they received, scaled already. A stage's auxiliary
+    // the others back-propagate the gradient they received, scaled already. A chunk's auxiliary
     // loss goes back with its output at the loss's scale.
-    const double loss_scale = engine.loss_scale() / double(m);
-    std::vector<at::Tensor> outputs{output};
-    std::vector<at::Tensor> grads{last() ? at::full_like(output, loss_scale) : grad};
-    if (auto it = auxiliary_.find(micro_batch); it != auxiliary_.end()) {
-      outputs.push_back(it->second);
-      grads.push_back(at::full_like(it->second, loss_scale));
+    const double loss_scale = owner_.engine_->loss_scale() / double(owner_.executor_->schedule().micro_batches);
+    BackwardRoots roots{{output}, {last(chunk) ? at::full_like(output, loss_scale) : grad}};
+    if (auto it = auxiliary_.find({micro_batch, chunk}); it != auxiliary_.end()) {
+      roots.outputs.push_back(it->second);
+      roots.grads.push_back(at::full_like(it->second, loss_scale));
       auxiliary_.erase(it);
     }
-    engine.backward(outputs, grads);
-    engine.record_batch(owner_.micro_batch_size_);
-    // Engine::step() counts micro-steps; the last one (the optimizer's) waits for OptimizerStep,
-    // after the tied weights' gradients are summed.
-    if (++backwards_ < m) engine.step();
+    return roots;
+  }
+
+  void weight_pass(int, int chunk, const std::function<void()>& pass) override {
+    Engine& engine = *owner_.engine_;
+    engine.run_backward(pass);
+    if (chunk == 0) engine.record_batch(owner_.micro_batch_size_);
+    // Engine::step() counts micro-steps (one per chunk's backward); the last one (the optimizer's)
+    // waits for OptimizerStep, after the tied weights' gradients are summed.
+    const auto& schedule = owner_.executor_->schedule();
+    if (++backwards_ < schedule.micro_batches * schedule.chunks) engine.step();
   }
 
   void reduce_tied_grads() override {
@@ -67,12 +79,23 @@ class PipelineEngine::Stage final : public pipeline::PipelineStage {
   void step() override {}  // PipelineEngine::train_batch steps once the batch's loss is known
 
  private:
-  bool first() const { return owner_.stage() == 0; }
-  bool last() const { return owner_.stage() == owner_.stages() - 1; }
-  std::map<int, at::Tensor> auxiliary_;  // per micro-batch in flight: its auxiliary loss
+  // The model's first and last chunks (interleaved schedules: stage 0's chunk 0, the last stage's v − 1).
+  bool first(int chunk) const { return owner_.stage() == 0 && chunk == 0; }
+  bool last(int chunk) const {
+    return owner_.stage() == owner_.stages() - 1 && chunk == owner_.executor_->schedule().chunks - 1;
+  }
+  static at::Tensor take(std::map<int, at::Tensor>& by_micro_batch, int micro_batch) {
+    auto it = by_micro_batch.find(micro_batch);
+    if (it == by_micro_batch.end())
+      throw std::logic_error("PipelineEngine: micro-batch " + std::to_string(micro_batch) + " was not loaded");
+    at::Tensor t = std::move(it->second);
+    by_micro_batch.erase(it);
+    return t;
+  }
+  std::map<std::pair<int, int>, at::Tensor> auxiliary_;  // per (micro-batch, chunk) in flight: its auxiliary loss
   PipelineEngine& owner_;
   const MicroBatchSource& data_;
-  at::Tensor input_, labels_;
+  std::map<int, at::Tensor> inputs_, labels_;  // loaded, until the first / last chunk's forward reads them
   int backwards_ = 0;
 };
 
@@ -89,7 +112,7 @@ PipelineEngine::PipelineEngine(Config config, ParallelContext& parallel, Pipelin
     if (std::find(t.stages.begin(), t.stages.end(), stage()) == t.stages.end())
       throw std::invalid_argument("PipelineEngine: a tied group lists stages without this one (" + std::to_string(stage()) + ")");
   }
-  auto schedule = pipeline::make_schedule(config.pipeline.schedule, stages, static_cast<int>(m));
+  auto schedule = pipeline::make_schedule(config.pipeline.schedule, stages, static_cast<int>(m), config.pipeline.virtual_stages);
   const bool dynamic_shape = config.pipeline.dynamic_shape;
   engine_ = std::make_unique<Engine>(std::move(config), parallel, std::move(stage_params), EngineRole::PipelineStage);
   executor_ = std::make_unique<PipelineExecutor>(parallel.pipe(), std::move(schedule), dynamic_shape);
@@ -126,7 +149,7 @@ double PipelineEngine::eval_batch(const MicroBatchSource& data) {
   at::NoGradGuard no_grad;
   if (!eval_executor_)
     eval_executor_ = std::make_unique<PipelineExecutor>(
-        parallel_.pipe(), pipeline::forward_only(stages(), executor_->schedule().micro_batches),
+        parallel_.pipe(), pipeline::forward_only(stages(), executor_->schedule().micro_batches, executor_->schedule().chunks),
         engine_->config().pipeline.dynamic_shape);
   Stage stage(*this, data);
   engine_->wait_for_parameters();

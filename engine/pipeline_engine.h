@@ -1,8 +1,9 @@
 // PipelineEngine: DeepSpeed's pipeline engine for a C++ model cut into stages. Each rank holds
 // one stage (its layers, from partition_layers) and an Engine over that stage's parameters; one
 // train_batch() runs gradient_accumulation_steps micro-batches through the pipeline by the
-// configured schedule (pipeline.schedule: 1F1B or GPipe, parallel/pipeline/schedule.h) and the
-// optimizer step, and returns the batch's mean loss on every rank:
+// configured schedule (pipeline.schedule: 1F1B, GPipe, ZB-H1 or interleaved 1F1B over
+// pipeline.virtual_stages model chunks, parallel/pipeline/schedule.h) and the optimizer step, and
+// returns the batch's mean loss on every rank:
 //
 //   PipelineEngine pipe(config, ctx, stage_model, stage_params);
 //   for (step ...) double loss = pipe.train_batch(next_micro_batch);
@@ -32,6 +33,10 @@ class PipelineStageModel {
   // The stage's layers: the first stage gets the micro-batch's inputs, the others the previous
   // stage's output.
   virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // Interleaved schedules (pipeline.virtual_stages v): this rank's model chunk `chunk` of v, the
+  // model's chunk stage + chunk·p (partition.h's stage_layer_ranges). The default is forward()
+  // for chunk 0, and an error for the others (a stage of one chunk).
+  virtual at::Tensor forward(int chunk, const at::Tensor& input);
   // The last stage: the micro-batch's mean loss from its output and the labels.
   virtual at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) = 0;
   // Losses the forward just run added inside the stage (an MoE block's load-balancing loss), with

@@ -259,6 +259,7 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
     for (const pipeline::TimedInstruction& t : report.timeline)
       text += "{\"stage\": " + std::to_string(s) + ", \"op\": \"" + pipeline::op_name(t.instruction.op) +
               "\", \"micro_batch\": " + std::to_string(t.instruction.micro_batch) +
+              ", \"chunk\": " + std::to_string(t.instruction.chunk) +
               ", \"start\": " + std::to_string(t.start) + ", \"end\": " + std::to_string(t.end) + "}\n";
     at::Tensor length = at::full({1}, int64_t(text.size()), at::kLong), lengths = at::empty({stages}, at::kLong);
     ctx.pipe().all_gather(length, lengths);
@@ -290,18 +291,21 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   const int64_t dp = ctx.data().size(), rank = ctx.coordinates().data;
   const int64_t seq_len = model.config().block_size;
   const double weight_decay = config.optimizer ? config.optimizer->params.weight_decay : 0.0;
-  const std::vector<int> bounds = pipeline::partition_layers(model.layer_infos(), stages, config.pipeline.partition_method);
+  // stages·v model chunks (v = pipeline.virtual_stages); this rank holds chunks stage, stage + stages, ...
+  const std::vector<int> bounds = pipeline::partition_chunks(model.layer_infos(), stages, config.pipeline.virtual_stages,
+                                                             config.pipeline.partition_method);
   if (leader) {
     std::printf("train_gpt: %d pipeline stages (%s, %s schedule, %lld micro-batches):\n%s", stages,
                 config.pipeline.partition_method.c_str(), config.pipeline.schedule.c_str(), (long long)accumulation,
-                pipeline::describe_partition(model.layer_infos(), bounds).c_str());
+                pipeline::describe_partition(model.layer_infos(), bounds, stages).c_str());
     std::fflush(stdout);
   }
-  model.keep_only_layers(bounds[stage], bounds[stage + 1]);  // the other stages' parameters are freed
-  GptStage stage_model(model, bounds[stage], bounds[stage + 1]);
+  const Gpt::LayerRanges chunks = pipeline::stage_layer_ranges(bounds, stage, stages);
+  model.keep_only_layers(chunks);  // the other stages' parameters are freed
+  GptStage stage_model(model, chunks);
   // The embedding is on stage 0 and the head on the last: the tied wte is in a group of its own there.
   const bool holds_wte = stage == 0 || stage == stages - 1;
-  ModelDescription params = model.stage_param_groups(weight_decay, bounds[stage], bounds[stage + 1], holds_wte);
+  ModelDescription params = model.stage_param_groups(weight_decay, chunks, holds_wte);
   std::vector<TiedGroup> tied;
   if (holds_wte) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, stages - 1}});
   PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
@@ -348,7 +352,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
     // Each stage's trained parameters, from its ranks to every stage (one flat broadcast per stage).
     std::vector<at::Tensor> whole = model.full_parameters();
     for (int s = 0; s < stages; ++s) {
-      const std::vector<int64_t> owned = model.full_parameters_of_layers(bounds[s], bounds[s + 1]);
+      const std::vector<int64_t> owned = model.full_parameters_of_layers(pipeline::stage_layer_ranges(bounds, s, stages));
       std::vector<at::Tensor> parts;
       for (int64_t i : owned) parts.push_back(whole[i].reshape({-1}).to(at::kFloat));
       at::Tensor flat = at::cat(parts).contiguous();

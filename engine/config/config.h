@@ -259,14 +259,19 @@ struct PipelineConfig {
   std::string partition_method = "parameters";
   std::optional<int64_t> micro_batches;  // resolved: gradient_accumulation_steps
   int activation_checkpoint_interval = 0;
-  std::string schedule = "1f1b";  // tessera's key: "1f1b" (PipeDream-flush) or "gpipe" (parallel/pipeline/schedule.h)
+  // tessera's keys (parallel/pipeline/schedule.h): "1f1b" (PipeDream-flush), "gpipe", "zb_h1" (zero
+  // bubble: each backward split, weight gradients deferred) or "interleaved_1f1b" with
+  // virtual_stages model chunks per stage (Megatron's virtual pipeline size).
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
   bool dynamic_shape = false;     // tessera's key: send each activation's shape with it (shapes vary by micro-batch)
   template <class V> void fields(V& v) {
     v("stages", stages, at_least(1));
     v("partition_method", partition_method, partition_method_rule());
     v("micro_batches", micro_batches, at_least<int64_t>(1));
     v("activation_checkpoint_interval", activation_checkpoint_interval, at_least(0));
-    v("schedule", schedule, one_of({"1f1b", "gpipe"}));
+    v("schedule", schedule, one_of({"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"}));
+    v("virtual_stages", virtual_stages, at_least(1));
     v("dynamic_shape", dynamic_shape);
   }
 };

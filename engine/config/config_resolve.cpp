@@ -126,6 +126,18 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
                                                " != gradient_accumulation_steps " + s(*c.gradient_accumulation_steps) +
                                                "; a pipeline runs one micro-batch per accumulation step");
   if (!c.pipeline.micro_batches) c.pipeline.micro_batches = c.gradient_accumulation_steps;
+  // The schedule's own needs (parallel/pipeline/schedule.h): model chunks only for the interleaved
+  // schedule, whose micro-batches go through the chunks in groups of pipeline.stages.
+  if (c.pipeline.stages > 1 && !unparsed({"pipeline.schedule", "pipeline.virtual_stages", "pipeline.stages"})) {
+    const PipelineConfig& pc = c.pipeline;
+    if (pc.virtual_stages > 1 && pc.schedule != "interleaved_1f1b")
+      report.error("pipeline.virtual_stages", "pipeline.virtual_stages " + s(pc.virtual_stages) +
+                                                  " needs pipeline.schedule \"interleaved_1f1b\", got \"" + pc.schedule + "\"");
+    else if (pc.virtual_stages > 1 && pc.micro_batches && *pc.micro_batches % pc.stages != 0)
+      report.error("gradient_accumulation_steps", "interleaved_1f1b runs the micro-batches through the model chunks in "
+                                                  "groups of pipeline.stages: gradient_accumulation_steps (pipeline.micro_batches) " +
+                                                      s(*pc.micro_batches) + " must be a multiple of pipeline.stages " + s(pc.stages));
+  }
 
   auto& z = c.zero_optimization;
   if (!z.overlap_comm) z.overlap_comm = z.stage == 3;  // DeepSpeed's default

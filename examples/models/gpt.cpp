@@ -384,15 +384,16 @@ ModelDescription Gpt::groups_of(const std::vector<int64_t>& indices, double weig
   return model;
 }
 
-std::vector<int64_t> Gpt::parameters_of_layers(int64_t begin, int64_t end) const {
+std::vector<int64_t> Gpt::parameters_of_layers(const LayerRanges& ranges) const {
   std::vector<int64_t> indices;
-  for (int64_t layer = begin; layer < end; ++layer)
-    for (int64_t i : layer_parameters(layer))
-      if (std::find(indices.begin(), indices.end(), i) == indices.end()) indices.push_back(i);
+  for (const auto& [begin, end] : ranges)
+    for (int64_t layer = begin; layer < end; ++layer)
+      for (int64_t i : layer_parameters(layer))
+        if (std::find(indices.begin(), indices.end(), i) == indices.end()) indices.push_back(i);
   return indices;
 }
 
-std::vector<int64_t> Gpt::full_parameters_of_layers(int64_t begin, int64_t end) const {
+std::vector<int64_t> Gpt::full_parameters_of_layers(const LayerRanges& ranges) const {
   // Where each parameter starts in full_parameters(): a block's experts take 4·E places at its
   // first expert parameter (the others none).
   std::vector<int64_t> first(params_.size());
@@ -403,7 +404,7 @@ std::vector<int64_t> Gpt::full_parameters_of_layers(int64_t begin, int64_t end) 
     else if (!expert_[i - 1]) at += 4 * moe_.config->num_experts;
   }
   std::vector<int64_t> out;
-  for (int64_t i : parameters_of_layers(begin, end)) {
+  for (int64_t i : parameters_of_layers(ranges)) {
     if (!expert_[i]) out.push_back(first[i]);
     else if (!expert_[i - 1])
       for (int64_t k = 0; k < 4 * moe_.config->num_experts; ++k) out.push_back(first[i] + k);
@@ -411,8 +412,8 @@ std::vector<int64_t> Gpt::full_parameters_of_layers(int64_t begin, int64_t end) 
   return out;
 }
 
-void Gpt::keep_only_layers(int64_t begin, int64_t end) {
-  const std::vector<int64_t> kept = parameters_of_layers(begin, end);
+void Gpt::keep_only_layers(const LayerRanges& ranges) {
+  const std::vector<int64_t> kept = parameters_of_layers(ranges);
   for (size_t i = 0; i < params_.size(); ++i)
     if (std::find(kept.begin(), kept.end(), static_cast<int64_t>(i)) == kept.end())
       params_[i] = at::empty(params_[i].sizes(), params_[i].options().device(at::kMeta));
@@ -424,8 +425,8 @@ std::vector<int64_t> Gpt::whole_shape(int64_t i) const {
   return shape;
 }
 
-ModelDescription Gpt::stage_param_groups(double weight_decay, int64_t begin, int64_t end, bool separate_wte) const {
-  std::vector<int64_t> indices = parameters_of_layers(begin, end);
+ModelDescription Gpt::stage_param_groups(double weight_decay, const LayerRanges& ranges, bool separate_wte) const {
+  std::vector<int64_t> indices = parameters_of_layers(ranges);
   if (separate_wte) indices.erase(std::remove(indices.begin(), indices.end(), wte_), indices.end());
   ModelDescription model = groups_of(indices, weight_decay);
   if (separate_wte) {

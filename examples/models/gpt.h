@@ -139,18 +139,21 @@ class Gpt {
   int64_t num_layers() const { return config_.n_layer + 2; }
   at::Tensor forward_layers(const at::Tensor& input, int64_t begin, int64_t end);
   std::vector<pipeline::LayerInfo> layer_infos() const;
-  // The indices in parameters() of layers [begin, end)'s parameters, each once.
-  std::vector<int64_t> parameters_of_layers(int64_t begin, int64_t end) const;
+  // Layer ranges [begin, end): a pipeline stage's (interleaved schedules give a rank several,
+  // pipeline/partition.h's stage_layer_ranges).
+  using LayerRanges = std::vector<std::pair<int, int>>;
+  // The indices in parameters() of the ranges' layers' parameters, each once.
+  std::vector<int64_t> parameters_of_layers(const LayerRanges& ranges) const;
   // The same layers' indices in full_parameters() (every expert of their MoE blocks included).
-  std::vector<int64_t> full_parameters_of_layers(int64_t begin, int64_t end) const;
-  // A pipeline stage: every parameter outside layers [begin, end) becomes a meta tensor (its shape,
-  // no memory), so a rank holds only its stage. whole_shape(i) is parameter i's single-device shape.
-  void keep_only_layers(int64_t begin, int64_t end);
+  std::vector<int64_t> full_parameters_of_layers(const LayerRanges& ranges) const;
+  // A pipeline stage: every parameter outside the ranges becomes a meta tensor (its shape, no
+  // memory), so a rank holds only its stage. whole_shape(i) is parameter i's single-device shape.
+  void keep_only_layers(const LayerRanges& ranges);
   std::vector<int64_t> whole_shape(int64_t i) const;
-  // The parameters of layers [begin, end) in optimizer groups as param_groups() makes them, with
-  // the tied wte in a group of its own ("tied", last) when `separate_wte` (it is then summed with
-  // the other stage's copy); no units (a stage reports none).
-  ModelDescription stage_param_groups(double weight_decay, int64_t begin, int64_t end, bool separate_wte) const;
+  // The ranges' parameters in optimizer groups as param_groups() makes them, with the tied wte in
+  // a group of its own ("tied", last) when `separate_wte` (it is then summed with the other
+  // stage's copy); no units (a stage reports none).
+  ModelDescription stage_param_groups(double weight_decay, const LayerRanges& ranges, bool separate_wte) const;
 
   // Two groups, as nanoGPT's configure_optimizers: "decay" (every parameter with dim >= 2: the
   // linear weights and both embeddings) with `weight_decay`, "no_decay" (biases, LayerNorm) with 0;

@@ -1,5 +1,6 @@
-// The example GPT (gpt.h) as one pipeline stage: layers [begin, end) of its layer list (embedding,
-// blocks, head), what PipelineEngine (engine/pipeline_engine.h) runs on this rank.
+// The example GPT (gpt.h) as one pipeline stage: its layer ranges [begin, end) of the layer list
+// (embedding, blocks, head), one per model chunk (several under interleaved schedules), what
+// PipelineEngine (engine/pipeline_engine.h) runs on this rank.
 #pragma once
 
 #include "engine/pipeline_engine.h"
@@ -9,8 +10,11 @@ namespace tessera::examples {
 
 class GptStage final : public PipelineStageModel {
  public:
-  GptStage(Gpt& gpt, int64_t begin, int64_t end) : gpt_(gpt), begin_(begin), end_(end) {}
-  at::Tensor forward(const at::Tensor& input) override { return gpt_.forward_layers(input, begin_, end_); }
+  GptStage(Gpt& gpt, Gpt::LayerRanges chunks) : gpt_(gpt), chunks_(std::move(chunks)) {}
+  at::Tensor forward(const at::Tensor& input) override { return forward(0, input); }
+  at::Tensor forward(int chunk, const at::Tensor& input) override {
+    return gpt_.forward_layers(input, chunks_.at(chunk).first, chunks_.at(chunk).second);
+  }
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets) override {
     return gpt_.loss_of_logits(logits, targets);
   }
@@ -19,7 +23,7 @@ class GptStage final : public PipelineStageModel {
 
  private:
   Gpt& gpt_;
-  int64_t begin_, end_;
+  Gpt::LayerRanges chunks_;
 };
 
 }  // namespace tessera::examples

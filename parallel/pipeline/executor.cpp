@@ -1,5 +1,6 @@
 #include "parallel/pipeline/executor.h"
 
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/stack.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -8,10 +9,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "parallel/pipeline/split_backward.h"
+
 namespace tessera::pipeline {
 
-void PipelineStage::backward(int, const at::Tensor& output, const at::Tensor& grad) {
-  torch::autograd::backward({output}, grad.defined() ? std::vector<at::Tensor>{grad} : std::vector<at::Tensor>{});
+PipelineStage::BackwardRoots PipelineStage::backward_roots(int, int, const at::Tensor& output, const at::Tensor& grad) {
+  return {{output}, {grad.defined() ? grad : at::ones_like(output)}};
 }
 
 at::Tensor PipelineStage::forward(int micro_batch, int chunk, const at::Tensor& input) {
@@ -43,6 +46,10 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
   // Per (chunk, micro-batch), from its Forward to its Backward: the stage's input (a leaf whose
   // gradient goes back) and its output (or the loss); then the input's gradient until SendGrad.
   std::vector<at::Tensor> inputs(v * m), outputs(v * m), grads(v * m), input_grads(v * m);
+  // Split schedules, from B to W: the input's path already back-propagated, or (the model's first
+  // chunk, which sends nothing back) the whole backward's roots.
+  std::vector<std::unique_ptr<SplitBackward>> splits(v * m);
+  std::vector<PipelineStage::BackwardRoots> deferred(v * m);
   std::vector<at::Tensor> losses;  // the last stage's, read to the host once at the end
   BatchReport report;
   int held = 0;
@@ -83,8 +90,18 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         }
         break;
       case Op::RecvGrad: grads[at] = link_.recv(next, Stream::Gradient); break;
-      case Op::Backward:
-        stage.backward(mb, c, outputs[at], grads[at]);
+      case Op::Backward: {
+        PipelineStage::BackwardRoots roots = stage.backward_roots(mb, c, outputs[at], grads[at]);
+        if (schedule_.split_backward) {  // B: the input's gradient now, the weights' at BackwardWeight
+          if (first) deferred[at] = std::move(roots);
+          else {
+            splits[at] = std::make_unique<SplitBackward>(std::move(roots.outputs), std::move(roots.grads), inputs[at]);
+            input_grads[at] = splits[at]->input_gradient();
+          }
+          grads[at] = at::Tensor();
+          break;
+        }
+        stage.weight_pass(mb, c, [&] { torch::autograd::backward(roots.outputs, roots.grads); });
         if (!first) {
           input_grads[at] = inputs[at].grad();
           if (!input_grads[at].defined())
@@ -92,6 +109,17 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
                                      "(micro-batch " + std::to_string(mb) + "): no gradient to send back");
         }
         inputs[at] = outputs[at] = grads[at] = at::Tensor();  // the micro-batch's activations are freed
+        --held;
+        break;
+      }
+      case Op::BackwardWeight:
+        stage.weight_pass(mb, c, [&] {
+          if (splits[at]) splits[at]->weights();
+          else torch::autograd::backward(deferred[at].outputs, deferred[at].grads);
+        });
+        splits[at].reset();
+        deferred[at] = {};
+        inputs[at] = outputs[at] = at::Tensor();  // freed only now: W reads what the forward saved
         --held;
         break;
       case Op::SendGrad:
@@ -105,7 +133,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         break;
     }
     const auto end = clock::now();
-    if (ins.op == Op::Forward || ins.op == Op::Backward) report.compute_seconds += std::chrono::duration<double>(end - start).count();
+    if (ins.op == Op::Forward || ins.op == Op::Backward || ins.op == Op::BackwardWeight) report.compute_seconds += std::chrono::duration<double>(end - start).count();
     report.timeline.push_back({ins, since(start), since(end)});
   }
   if (!schedule_.training) link_.wait_sends();

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "parallel/pipeline/p2p.h"
@@ -29,12 +30,17 @@ class PipelineStage {
   // stage + chunk·p); the first and last are those of the model's first and last chunks. The
   // default runs forward() for chunk 0 and refuses the others (a stage of one chunk).
   virtual at::Tensor forward(int micro_batch, int chunk, const at::Tensor& input);
-  // Back-propagates `grad` (undefined on the last stage) through `output` into the parameters'
-  // gradients and the input's. The default is autograd's; the Engine substitutes its own.
-  virtual void backward(int micro_batch, const at::Tensor& output, const at::Tensor& grad);
-  virtual void backward(int micro_batch, int chunk, const at::Tensor& output, const at::Tensor& grad) {
-    backward(micro_batch, output, grad);
-  }
+  // What the backward of (micro-batch, chunk) starts from: the stage's output (or the loss) with
+  // `grad`, the gradient received from the next stage (undefined on the last: the default then
+  // back-propagates the loss as is). The Engine adds its loss scale and the auxiliary losses.
+  struct BackwardRoots {
+    std::vector<at::Tensor> outputs, grads;
+  };
+  virtual BackwardRoots backward_roots(int micro_batch, int chunk, const at::Tensor& output, const at::Tensor& grad);
+  // Runs `pass`, the autograd pass that leaves the micro-batch's gradients in the weights' .grad (a
+  // whole backward, or a split schedule's W; split_backward.h), once per (micro-batch, chunk). The
+  // default runs it; the Engine runs it as its backward (its reductions, its micro-step count).
+  virtual void weight_pass(int micro_batch, int chunk, const std::function<void()>& pass) { pass(); }
   virtual void reduce_tied_grads() {}
   virtual void step() = 0;
 };

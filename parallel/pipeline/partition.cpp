@@ -83,8 +83,40 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stag
   return partition_balanced(weights, stages);
 }
 
-std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds) {
+std::vector<int> partition_chunks(const std::vector<LayerInfo>& layers, int stages, int chunks, const std::string& method) {
+  if (chunks < 1) throw std::invalid_argument("pipeline.virtual_stages: expected >= 1, got " + std::to_string(chunks));
+  if (chunks == 1) return partition_layers(layers, stages, method);
+  const int n = static_cast<int>(layers.size()), parts = stages * chunks;
+  const std::string sizes = "pipeline.virtual_stages " + std::to_string(chunks) + " x pipeline.stages " + std::to_string(stages) +
+                            " = " + std::to_string(parts) + " model chunks";
+  if (parts > n)
+    throw std::invalid_argument("pipeline.virtual_stages: " + sizes + " for a model of " + std::to_string(n) +
+                                " layers; every chunk needs at least one layer");
+  // The interleaved schedule assumes chunks of equal cost: the layers it counts must divide evenly.
+  int counted = n;
+  if (method.rfind("type:", 0) == 0 && method.size() > 5) {
+    const std::regex pattern(method.substr(5), std::regex::icase);
+    counted = static_cast<int>(std::count_if(layers.begin(), layers.end(),
+                                             [&](const LayerInfo& l) { return std::regex_search(l.type, pattern); }));
+  }
+  if (method != "parameters" && counted % parts != 0)
+    throw std::invalid_argument("pipeline.virtual_stages: " + sizes + " do not divide the " + std::to_string(counted) +
+                                (counted == n ? " layers" : " layers matching \"" + method + "\"") +
+                                " evenly (partition_method \"" + method + "\"); choose virtual_stages so that stages x "
+                                "virtual_stages divides them, or partition_method \"parameters\"");
+  return partition_layers(layers, parts, method);
+}
+
+std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int>& bounds, int stage, int stages) {
+  std::vector<std::pair<int, int>> ranges;
+  for (int chunk = stage; chunk + 1 < static_cast<int>(bounds.size()); chunk += stages)
+    ranges.push_back({bounds[chunk], bounds[chunk + 1]});
+  return ranges;
+}
+
+std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds, int stages) {
   std::string text;
+  const bool chunked = stages > 0 && static_cast<int>(bounds.size()) - 1 > stages;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     int64_t params = 0;
     std::string names;
@@ -92,7 +124,8 @@ std::string describe_partition(const std::vector<LayerInfo>& layers, const std::
       params += layers[i].parameters;
       names += (names.empty() ? "" : " ") + std::to_string(i) + ":" + layers[i].type;
     }
-    text += "stage " + std::to_string(s) + ": layers " + std::to_string(bounds[s]) + "-" + std::to_string(bounds[s + 1] - 1) +
+    text += (chunked ? "chunk " + std::to_string(s) + " (stage " + std::to_string(s % stages) + ")" : "stage " + std::to_string(s)) +
+            ": layers " + std::to_string(bounds[s]) + "-" + std::to_string(bounds[s + 1] - 1) +
             " (" + std::to_string(params) + " parameters): " + names + "\n";
   }
   return text;

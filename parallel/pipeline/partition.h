@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::pipeline {
@@ -22,11 +23,21 @@ struct LayerInfo {
 // [bounds[s], bounds[s + 1]). Errors name pipeline.stages / pipeline.partition_method.
 std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stages, const std::string& method);
 
+// Interleaved schedules: the layers cut into stages·chunks model chunks by `method` (chunks 1:
+// partition_layers). With "uniform" or "type:REGEX" the layers counted must divide evenly into the
+// chunks (the schedule assumes chunks of equal cost); errors name pipeline.virtual_stages.
+std::vector<int> partition_chunks(const std::vector<LayerInfo>& layers, int stages, int chunks, const std::string& method);
+
+// Stage `stage`'s layer ranges [begin, end) under `bounds` of stages·v chunks: chunks stage,
+// stage + stages, ... (rank r holds the non-adjacent chunks r, r + p, ...), in chunk order.
+std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int>& bounds, int stage, int stages);
+
 // Contiguous parts of `weights` (as many as `parts`, none empty) whose largest sum is the
 // smallest possible; the bounds as above.
 std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int parts);
 
-// The partition as printed once at start: one line per stage with its layers and parameters.
-std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds);
+// The partition as printed once at start: one line per stage with its layers and parameters (with
+// more bounds than `stages`, one per model chunk, naming the stage that holds it).
+std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds, int stages = 0);
 
 }  // namespace tessera::pipeline

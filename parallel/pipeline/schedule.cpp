@@ -82,11 +82,13 @@ Schedule gpipe(int stages, int micro_batches) {
   return schedule;
 }
 
-Schedule forward_only(int stages, int micro_batches) {
+Schedule forward_only(int stages, int micro_batches, int chunks) {
   check_sizes("forward_only", stages, micro_batches);
   Schedule schedule{"forward_only", stages, micro_batches, std::vector<std::vector<Instruction>>(stages), false};
+  schedule.chunks = chunks;
   for (int s = 0; s < stages; ++s)
-    for (int mb = 0; mb < micro_batches; ++mb) append(schedule.stage[s], forward_pass(s, stages, mb));
+    for (int c = 0; c < chunks; ++c)
+      for (int mb = 0; mb < micro_batches; ++mb) append(schedule.stage[s], forward_pass(s, stages, mb, c, chunks));
   return schedule;
 }
 

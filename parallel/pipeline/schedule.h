@@ -83,8 +83,9 @@ std::vector<Instruction> forward_pass(int s, int stages, int mb, int chunk = 0, 
 std::vector<Instruction> backward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1);
 
 Schedule gpipe(int stages, int micro_batches);
-// Evaluation: every micro-batch's forward pass, nothing held after its send, no backward or step.
-Schedule forward_only(int stages, int micro_batches);
+// Evaluation: every micro-batch's forward pass, nothing held after its send, no backward or step;
+// with chunks, every micro-batch through chunk 0, then through chunk 1, ...
+Schedule forward_only(int stages, int micro_batches, int chunks = 1);
 Schedule one_f_one_b(int stages, int micro_batches);
 // Interleaved 1F1B with `chunks` (v) model chunks per stage; micro_batches a multiple of stages.
 Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks);
