@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
+#include <map>
 #include <regex>
 
 #include "tests/example_runs.h"
@@ -36,17 +38,19 @@ struct Reference {
   std::vector<double> grad_norms;
   std::vector<float> parameters;
 };
-const Reference& reference() {
-  static const Reference ref = [] {
-    tessera::testing::TempDir dir;
-    auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port(),
-                           {"--save-parameters", dir.file("one.bin")});
-    INFO(one.output);
-    REQUIRE(one.status == 0);
-    CHECK(contains(one.output, "step 10 | loss "));
-    return Reference{final_loss(one.output), grad_norms(one.output), read_parameters(dir.file("one.bin"))};
-  }();
-  return ref;
+// `n_layer`: the model's blocks when not the default 4 (--n-layer), one reference run for each.
+const Reference& reference(const std::string& n_layer = "") {
+  static std::map<std::string, Reference> refs;
+  auto it = refs.find(n_layer);
+  if (it != refs.end()) return it->second;
+  tessera::testing::TempDir dir;
+  std::vector<std::string> flags{"--save-parameters", dir.file("one.bin")};
+  if (!n_layer.empty()) flags.insert(flags.end(), {"--n-layer", n_layer});
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port(), flags);
+  INFO(one.output);
+  REQUIRE(one.status == 0);
+  CHECK(contains(one.output, "step 10 | loss "));
+  return refs[n_layer] = Reference{final_loss(one.output), grad_norms(one.output), read_parameters(dir.file("one.bin"))};
 }
 double reference_loss() { return reference().loss; }
 
@@ -63,7 +67,8 @@ constexpr double kParameterTolerance = 1e-4;
 // Returns the output for further checks; `what` names the layout in a failure.
 std::string check_against_reference(int ranks, const std::string& config, const std::string& what,
                                     std::vector<std::string> flags = {}) {
-  const Reference& ref = reference();
+  const auto n_layer = std::find(flags.begin(), flags.end(), "--n-layer");
+  const Reference& ref = reference(n_layer != flags.end() && n_layer + 1 != flags.end() ? *(n_layer + 1) : "");
   REQUIRE(!ref.parameters.empty());
   tessera::testing::TempDir dir;
   flags.insert(flags.end(), {"--save-parameters", dir.file("parameters.bin")});
@@ -129,6 +134,65 @@ TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 
   // Each stage's blocks recomputed in backward (the GPT's own checkpointing, inside its stage).
   check_against_reference(2, with_sections(gpt_config(4, 1, 4), R"("pipeline": {"stages": 2})"),
                           "pp 2 with --checkpoint-activations", {"--checkpoint-activations"});
+}
+
+// The schedules with less idle time (parallel/pipeline/schedule.h): interleaved 1F1B, each rank
+// holding v = 2 model chunks (the GPT cut into p·v chunks; 6 blocks at p 4), and ZB-H1, each
+// backward split into the input's gradient and the weights' (parallel/pipeline/split_backward.h),
+// composed with data parallelism at ZeRO 0-2 and tensor parallelism; the tied wte sits on stage 0's
+// first chunk and the last stage's last.
+TEST_CASE("train_gpt: interleaved 1F1B and ZB-H1 (pp 2 and 4 - pp 2 x dp 2 at ZeRO 0-2 - pp 2 x tp 2) reach the "
+          "1-rank loss and parameters", "[slow]") {
+  struct Run { int ranks, pp, v, tp, micro, accumulation, stage; const char* schedule; const char* n_layer; };
+  for (Run r : {Run{2, 2, 2, 1, 4, 4, 1, "interleaved_1f1b", ""}, Run{4, 4, 2, 1, 4, 4, 0, "interleaved_1f1b", "6"},
+                Run{4, 2, 2, 1, 2, 4, 2, "interleaved_1f1b", ""}, Run{4, 2, 2, 2, 4, 4, 1, "interleaved_1f1b", ""},
+                Run{2, 2, 1, 1, 4, 4, 1, "zb_h1", ""}, Run{4, 4, 1, 1, 4, 4, 2, "zb_h1", ""},
+                Run{4, 2, 1, 1, 2, 4, 0, "zb_h1", ""}, Run{4, 2, 1, 2, 4, 4, 1, "zb_h1", ""}}) {
+    const std::string config = with_sections(
+        gpt_config(r.micro, r.stage, r.accumulation),
+        "\"pipeline\": {\"stages\": " + std::to_string(r.pp) + ", \"schedule\": \"" + r.schedule +
+            "\", \"virtual_stages\": " + std::to_string(r.v) + "}, \"tensor_parallel\": {\"tp_size\": " +
+            std::to_string(r.tp) + ", \"sequence_parallel\": " + (r.tp > 1 ? "true" : "false") + "}");
+    std::vector<std::string> flags;
+    if (*r.n_layer) flags = {"--n-layer", r.n_layer};
+    const std::string output = check_against_reference(
+        r.ranks, config,
+        "ranks " + std::to_string(r.ranks) + " pp " + std::to_string(r.pp) + " v " + std::to_string(r.v) + " tp " +
+            std::to_string(r.tp) + " ZeRO " + std::to_string(r.stage) + " " + r.schedule,
+        flags);
+    CHECK(contains(output, std::string(r.schedule) + " schedule"));
+    if (r.v > 1) CHECK(contains(output, "chunk 1 (stage 1)"));
+    // Each stage held what the simulator says it holds.
+    const std::regex held("held (\\d+) micro-batches \\(simulated (\\d+)\\)");
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), held);
+         it != std::sregex_iterator(); ++it)
+      CHECK((*it)[1] == (*it)[2]);
+  }
+}
+
+TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without interleaving, micro-batches not a "
+          "multiple of the stages, chunks that do not divide the layers - name the keys and the values") {
+  auto run = [](int ranks, const std::string& pipeline, int accumulation) {
+    return run_example(TESSERA_TRAIN_GPT_PATH, ranks,
+                       with_sections(gpt_config(4, 1, accumulation), "\"pipeline\": " + pipeline), 1,
+                       tessera::testing::free_port(), {"--n-layer", "4"});
+  };
+  auto not_interleaved = run(2, R"({"stages": 2, "schedule": "1f1b", "virtual_stages": 2})", 4);
+  CHECK(not_interleaved.status != 0);
+  CHECK(contains(not_interleaved.output, "pipeline.virtual_stages 2 needs pipeline.schedule \"interleaved_1f1b\""));
+  auto groups = run(2, R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2})", 3);
+  CHECK(groups.status != 0);
+  CHECK(contains(groups.output, "gradient_accumulation_steps (pipeline.micro_batches) 3 must be a multiple of pipeline.stages 2"));
+  auto uneven = run(2, R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2, "partition_method": "type:block"})", 4);
+  CHECK(uneven.status == 0);  // 4 blocks into 4 chunks
+  auto three = run(2, R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 3, "partition_method": "type:block"})", 4);
+  CHECK(three.status != 0);
+  CHECK(contains(three.output, "pipeline.virtual_stages 3 x pipeline.stages 2 = 6 model chunks do not divide the 4 "
+                               "layers matching \"type:block\" evenly"));
+  auto unknown = run(2, R"({"stages": 2, "schedule": "zb_v"})", 4);
+  CHECK(unknown.status != 0);
+  CHECK(contains(unknown.output, "pipeline.schedule"));
+  CHECK(contains(unknown.output, "zb_h1"));
 }
 
 // Context parallelism (the config's context_parallel section; parallel/context_parallel/): each
