@@ -170,6 +170,28 @@ TEST_CASE("train_gpt: interleaved 1F1B and ZB-H1 (pp 2 and 4 - pp 2 x dp 2 at Ze
   }
 }
 
+// bf16: each schedule runs the same micro-batches through the same stages, so every one ends where
+// 1F1B does (the sums of a micro-batch's gradients in bf16 go in the same order), and within bf16's
+// reach of the 1-rank bf16 run.
+TEST_CASE("train_gpt: bf16 through the pipeline by every schedule ends where 1F1B and the 1-rank run do", "[slow]") {
+  auto bf16 = [](int micro, int accumulation, const std::string& pipeline) {
+    std::string config = with_sections(gpt_config(micro, 1, accumulation), R"("bf16": {"enabled": true})");
+    return pipeline.empty() ? config : with_sections(config, "\"pipeline\": " + pipeline);
+  };
+  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, bf16(16, 1, ""), 10, tessera::testing::free_port());
+  REQUIRE(one.status == 0);
+  double one_f_one_b = 0;
+  for (const char* pipeline : {R"({"stages": 2})", R"({"stages": 2, "schedule": "gpipe"})", R"({"stages": 2, "schedule": "zb_h1"})",
+                               R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2})"}) {
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, bf16(4, 4, pipeline), 10, tessera::testing::free_port());
+    INFO(pipeline << "\n" << run.output);
+    REQUIRE(run.status == 0);
+    if (one_f_one_b == 0) one_f_one_b = final_loss(run.output);
+    CHECK(std::abs(final_loss(run.output) - one_f_one_b) < 1e-5);
+    CHECK(std::abs(final_loss(run.output) - final_loss(one.output)) < 2e-3);
+  }
+}
+
 TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without interleaving, micro-batches not a "
           "multiple of the stages, chunks that do not divide the layers - name the keys and the values") {
   auto run = [](int ranks, const std::string& pipeline, int accumulation) {
@@ -410,6 +432,14 @@ TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-
             "pp 2 x dp 2 ep 2 ZeRO 1", /*with_aux_in_loss=*/false);
   check_moe(dropless, 2, with_sections(moe_config(4, 4, 0, 1), R"("pipeline": {"stages": 2, "schedule": "gpipe"})"),
             "pp 2 GPipe ep 1 ZeRO 0", /*with_aux_in_loss=*/false);
+  // The load-balancing losses go back with each chunk's output: split by ZB-H1, and per chunk of
+  // interleaved 1F1B (block 1's MoE in chunk 1, on stage 1; block 3's in chunk 3).
+  check_moe(dropless, 4, with_sections(moe_config(4, 2, 1, 2), R"("pipeline": {"stages": 2, "schedule": "zb_h1"})"),
+            "pp 2 ZB-H1 x dp 2 ep 2 ZeRO 1", /*with_aux_in_loss=*/false);
+  check_moe(dropless, 2,
+            with_sections(moe_config(4, 4, 1, 1),
+                          R"("pipeline": {"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2, "partition_method": "type:block"})"),
+            "pp 2 interleaved v 2 ep 1 ZeRO 1", /*with_aux_in_loss=*/false);
 
   const std::string capacity = R"(, "drop_tokens": true, "capacity_factor": 0.5, "use_rts": false)";
   const MoeReference dropping = moe_reference(capacity);
