@@ -112,6 +112,11 @@ PipelineEngine::PipelineEngine(Config config, ParallelContext& parallel, Pipelin
     if (std::find(t.stages.begin(), t.stages.end(), stage()) == t.stages.end())
       throw std::invalid_argument("PipelineEngine: a tied group lists stages without this one (" + std::to_string(stage()) + ")");
   }
+  if (config.pipeline.activation_checkpoint_interval > 0 && config.pipeline.schedule == "zb_h1")
+    throw std::invalid_argument("pipeline.activation_checkpoint_interval " +
+                                std::to_string(config.pipeline.activation_checkpoint_interval) +
+                                " with pipeline.schedule \"zb_h1\": a recomputed segment computes its weights' "
+                                "gradients with its input's, which ZB-H1 splits; use \"1f1b\" or \"interleaved_1f1b\"");
   auto schedule = pipeline::make_schedule(config.pipeline.schedule, stages, static_cast<int>(m), config.pipeline.virtual_stages);
   const bool dynamic_shape = config.pipeline.dynamic_shape;
   engine_ = std::make_unique<Engine>(std::move(config), parallel, std::move(stage_params), EngineRole::PipelineStage);

@@ -131,6 +131,10 @@ int run(int argc, char** argv) {
   GptContextParallel cp;
   if (ctx->context().size() > 1) cp = {&ctx->context(), config.context_parallel.method};
   Gpt model(sizes, args.seed, init ? &*init : nullptr, tp, moe_of(config, *ctx), cp);
+  if (args.checkpoint_activations && config.pipeline.stages > 1 && config.pipeline.schedule == "zb_h1")
+    throw std::invalid_argument("--checkpoint-activations with pipeline.schedule \"zb_h1\": a recomputed block "
+                                "computes its weights' gradients with its input's, which ZB-H1 splits; use \"1f1b\" "
+                                "or \"interleaved_1f1b\" with checkpointing");
   if (args.checkpoint_activations) {
     // partition_activations splits the kept inputs over the tensor group, unless sequence
     // parallelism split them already (they then differ by tensor rank).

@@ -20,6 +20,9 @@ class PyStageModel : public PipelineStageModel {
   at::Tensor forward(const at::Tensor& input) override {
     PYBIND11_OVERRIDE_PURE(at::Tensor, PipelineStageModel, forward, input);
   }
+  at::Tensor forward(int chunk, const at::Tensor& input) override {
+    PYBIND11_OVERRIDE_NAME(at::Tensor, PipelineStageModel, "forward_chunk", forward, chunk, input);
+  }
   at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) override {
     PYBIND11_OVERRIDE_PURE(at::Tensor, PipelineStageModel, loss, output, labels);
   }
@@ -51,9 +54,16 @@ void bind_pipeline(py::module& m) {
              return pipeline::partition_layers(layer_infos_of(layers), stages, method);
            },
            py::arg("layers"), py::arg("stages"), py::arg("method"));
-  pipe.def("describe_partition", [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds) {
-    return pipeline::describe_partition(layer_infos_of(layers), bounds);
-  });
+  pipe.def("partition_chunks",
+           [](const std::vector<std::pair<std::string, int64_t>>& layers, int stages, int chunks, const std::string& method) {
+             return pipeline::partition_chunks(layer_infos_of(layers), stages, chunks, method);
+           },
+           py::arg("layers"), py::arg("stages"), py::arg("chunks"), py::arg("method"));
+  pipe.def("describe_partition",
+           [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds, int stages) {
+             return pipeline::describe_partition(layer_infos_of(layers), bounds, stages);
+           },
+           py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0);
   pipe.def("broadcast_between_stages",
            [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
              blocking([&] {

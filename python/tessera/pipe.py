@@ -14,7 +14,11 @@ parameters on the meta device). The first stage reads the inputs of each (inputs
 iterator yields, the last stage the labels; train_batch returns the batch's mean loss on every rank.
 Weights of a TiedLayerSpec key used on several stages start equal (broadcast from the first) and
 have their gradients summed between those stages before each step (engine/pipeline_engine.h).
-The schedule (pipeline.schedule: 1F1B or GPipe), the executor and the engines are C++.
+The schedule (pipeline.schedule: "1f1b", "gpipe", "zb_h1" or "interleaved_1f1b"), the executor and
+the engines are C++. ZB-H1 splits each backward of a stage's layers into its input's gradient and its
+weights' with autograd itself (no change to the modules). Interleaved 1F1B needs the module cut into
+num_stages × virtual_stages chunks: PipelineModule(..., virtual_stages=v) with pipeline.virtual_stages
+v in the config; stage s then holds chunks s, s + num_stages, ...
 """
 import functools
 import json
@@ -81,11 +85,18 @@ class PipelineModule(nn.Module):
     `seed_layers`, layer i is built after torch.manual_seed(base_seed + i), so its initial values do
     not depend on the partition (a 1-stage module equals any other cut of it). `tensor_parallel` t
     makes the process groups for t x num_stages when none exist; split the stage's layers then with
-    tessera.tensor_parallel.parallelize(model, {"local_layers.*.<linear>": "colwise", ...})."""
+    tessera.tensor_parallel.parallelize(model, {"local_layers.*.<linear>": "colwise", ...}).
+    `virtual_stages` v (pipeline.virtual_stages, for the "interleaved_1f1b" schedule) cuts the layers
+    into num_stages·v chunks; this stage holds chunks stage_id, stage_id + num_stages, ... (Megatron's
+    virtual pipeline), forward(x) runs its first and forward_chunk(c, x) its c-th."""
 
     def __init__(self, layers, num_stages=None, loss_fn=None, partition_method="parameters", seed_layers=False,
-                 base_seed=1234, activation_checkpoint_interval=0, tensor_parallel=None):
+                 base_seed=1234, activation_checkpoint_interval=0, tensor_parallel=None, virtual_stages=1):
         super().__init__()
+        if int(virtual_stages) < 1:
+            raise ValueError("tessera.pipe.PipelineModule: virtual_stages must be >= 1 (pipeline.virtual_stages), got %r"
+                             % virtual_stages)
+        self.virtual_stages = int(virtual_stages)
         if num_stages is None or int(num_stages) < 1:
             raise ValueError("tessera.pipe.PipelineModule: num_stages must be >= 1 (pipeline.stages), got %r" % num_stages)
         if int(activation_checkpoint_interval) < 0:
@@ -108,50 +119,57 @@ class PipelineModule(nn.Module):
         self.loss_fn = loss_fn
         self.partition_method = partition_method
         infos = [(_type_name(l), _count_parameters(l)) for l in layers]
-        self.parts = _C.pipeline.partition(infos, self.num_stages, partition_method)
+        self.parts = _C.pipeline.partition_chunks(infos, self.num_stages, self.virtual_stages, partition_method)
         if comm.get_rank() == 0:
-            print("tessera.pipe: %d stages by %s\n%s" % (self.num_stages, partition_method,
-                                                        _C.pipeline.describe_partition(infos, self.parts)), end="", flush=True)
-        begin, end = self.parts[self.stage_id], self.parts[self.stage_id + 1]
+            print("tessera.pipe: %d stages by %s\n%s" % (
+                self.num_stages, partition_method,
+                _C.pipeline.describe_partition(infos, self.parts, self.num_stages)), end="", flush=True)
+        chunks = len(self.parts) - 1
+        holder = {i: c % self.num_stages for c in range(chunks) for i in range(self.parts[c], self.parts[c + 1])}
         # Which stages hold each tied key (its weights' gradients are summed over them).
         self._tied_stages = {}
         for i, layer in enumerate(layers):
             if isinstance(layer, TiedLayerSpec):
-                stage = next(s for s in range(self.num_stages) if self.parts[s] <= i < self.parts[s + 1])
-                self._tied_stages.setdefault(layer.key, set()).add(stage)
+                self._tied_stages.setdefault(layer.key, set()).add(holder[i])
         self.tied_modules = nn.ModuleDict()
         self.tied_weight_attrs = {}
-        self.forward_funcs = []
+        self.chunk_funcs = []  # per model chunk this stage holds: its layers' forwards, in order
         self.local_layers = nn.ModuleList()  # the stage's modules, in order, for parameters()
         self.layers_by_index = {}  # layer index -> its module (or callable) on this stage
-        for i in range(begin, end):
-            layer = layers[i]
-            if seed_layers:
-                torch.manual_seed(base_seed + i)
-            if isinstance(layer, TiedLayerSpec):
-                if layer.key not in self.tied_modules:
-                    self.tied_modules[layer.key] = layer.build()
-                    self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
-                module, fn = self.tied_modules[layer.key], layer.forward_fn
-                self.forward_funcs.append((lambda m, f: (lambda x: f(m, x)) if f else m)(module, fn))
-            elif isinstance(layer, LayerSpec):
-                module = layer.build()
-                self.local_layers.append(module)
-                self.forward_funcs.append(module)
-            elif isinstance(layer, nn.Module):
-                self.local_layers.append(layer)
-                self.forward_funcs.append(layer)
-            elif callable(layer):
-                self.forward_funcs.append(layer)
-            else:
-                raise TypeError("tessera.pipe.PipelineModule: layers[%d] is a %s; expected a LayerSpec, an nn.Module or "
-                                "a callable" % (i, type(layer).__name__))
-            self.layers_by_index[i] = self.tied_modules[layer.key] if isinstance(layer, TiedLayerSpec) else \
-                self.forward_funcs[-1]
+        for chunk in range(self.stage_id, chunks, self.num_stages):
+            funcs = []
+            for i in range(self.parts[chunk], self.parts[chunk + 1]):
+                funcs.append(self._build(layers[i], i, seed_layers, base_seed))
+                self.layers_by_index[i] = self.tied_modules[layers[i].key] if isinstance(layers[i], TiedLayerSpec) \
+                    else funcs[-1]
+            self.chunk_funcs.append(funcs)
+        self.forward_funcs = self.chunk_funcs[0]
         if self.stage_id == self.num_stages - 1 and loss_fn is None:
             raise ValueError("tessera.pipe.PipelineModule: loss_fn is required (the last stage computes the loss)")
         self._context = ctx
         self._synchronize_tied_weights()
+
+    def _build(self, layer, i, seed_layers, base_seed):
+        """Layer i's forward on this stage (built here from its spec)."""
+        if seed_layers:
+            torch.manual_seed(base_seed + i)
+        if isinstance(layer, TiedLayerSpec):
+            if layer.key not in self.tied_modules:
+                self.tied_modules[layer.key] = layer.build()
+                self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
+            module, fn = self.tied_modules[layer.key], layer.forward_fn
+            return (lambda m, f: (lambda x: f(m, x)) if f else m)(module, fn)
+        if isinstance(layer, LayerSpec):
+            module = layer.build()
+            self.local_layers.append(module)
+            return module
+        if isinstance(layer, nn.Module):
+            self.local_layers.append(layer)
+            return layer
+        if callable(layer):
+            return layer
+        raise TypeError("tessera.pipe.PipelineModule: layers[%d] is a %s; expected a LayerSpec, an nn.Module or "
+                        "a callable" % (i, type(layer).__name__))
 
     def tied_groups(self):
         """[(key, [parameters], [stages])] for every tied key this stage holds and shares."""
@@ -171,21 +189,27 @@ class PipelineModule(nn.Module):
                     _C.pipeline.broadcast_between_stages(self._context, p.data, stages, stages[0])
 
     def forward(self, x):
+        return self.forward_chunk(0, x)
+
+    def forward_chunk(self, chunk, x):
+        """This stage's model chunk `chunk` (0 .. virtual_stages - 1) on x."""
+        funcs = self.chunk_funcs[chunk]
         k = self.activation_checkpoint_interval
         if k == 0 or not torch.is_grad_enabled():
-            for f in self.forward_funcs:
+            for f in funcs:
                 x = f(x)
             return x
-        # Every k layers run under tessera.checkpointing.checkpoint: only each chunk's input is kept,
-        # the chunk runs again in backward (DeepSpeed's activation_checkpoint_interval).
+        # Every k layers run under tessera.checkpointing.checkpoint: only each segment's input is
+        # kept, the segment runs again in backward (DeepSpeed's activation_checkpoint_interval).
         from . import checkpointing
-        for start in range(0, len(self.forward_funcs), k):
-            x = checkpointing.checkpoint(self._run_chunk(start, start + k), x)
+        for start in range(0, len(funcs), k):
+            x = checkpointing.checkpoint(self._run_segment(funcs[start:start + k]), x)
         return x
 
-    def _run_chunk(self, begin, end):
+    @staticmethod
+    def _run_segment(funcs):
         def run(x):
-            for f in self.forward_funcs[begin:end]:
+            for f in funcs:
                 x = f(x)
             return x
         return run
@@ -204,6 +228,9 @@ class _StageModel(_C.pipeline.StageModel):
 
     def forward(self, input):
         return self.module(input)
+
+    def forward_chunk(self, chunk, input):
+        return self.module.forward_chunk(chunk, input)
 
     def loss(self, output, labels):
         return self.module.loss_fn(output, labels)
@@ -268,6 +295,16 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
     interval = json.loads(cfg.to_json()).get("pipeline", {}).get("activation_checkpoint_interval", 0)
     if interval and not module.activation_checkpoint_interval:
         module.activation_checkpoint_interval = int(interval)  # the config's, where the module set none
+    pipeline = json.loads(cfg.to_json()).get("pipeline", {})
+    if pipeline.get("schedule") == "zb_h1" and module.activation_checkpoint_interval:
+        raise ValueError("tessera.initialize: activation_checkpoint_interval %d with pipeline.schedule \"zb_h1\": a "
+                         "recomputed segment computes its weights' gradients with its input's, which ZB-H1 splits; "
+                         "use \"1f1b\" or \"interleaved_1f1b\"" % module.activation_checkpoint_interval)
+    virtual = pipeline.get("virtual_stages", 1)
+    if virtual != module.virtual_stages:
+        raise ValueError("tessera.initialize: the config's pipeline.virtual_stages is %d but the PipelineModule was cut "
+                         "into %d chunk(s) per stage; pass virtual_stages=%d to PipelineModule" % (
+                             virtual, module.virtual_stages, virtual))
     if cfg.pipe != module.num_stages:
         raise ValueError("tessera.initialize: the PipelineModule has %d stages, the config's pipeline.stages is %d"
                          % (module.num_stages, cfg.pipe))

@@ -211,6 +211,11 @@ TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without in
   CHECK(three.status != 0);
   CHECK(contains(three.output, "pipeline.virtual_stages 3 x pipeline.stages 2 = 6 model chunks do not divide the 4 "
                                "layers matching \"type:block\" evenly"));
+  auto recomputed = run_example(TESSERA_TRAIN_GPT_PATH, 2,
+                                with_sections(gpt_config(4, 1, 4), R"("pipeline": {"stages": 2, "schedule": "zb_h1"})"), 1,
+                                tessera::testing::free_port(), {"--checkpoint-activations"});
+  CHECK(recomputed.status != 0);
+  CHECK(contains(recomputed.output, "--checkpoint-activations with pipeline.schedule \"zb_h1\""));
   auto unknown = run(2, R"({"stages": 2, "schedule": "zb_v"})", 4);
   CHECK(unknown.status != 0);
   CHECK(contains(unknown.output, "pipeline.schedule"));

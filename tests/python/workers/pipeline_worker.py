@@ -5,7 +5,8 @@ reference whole). Checks each step's loss and global gradient norm, and every pa
 rank's stage; prints "pipeline ok on rank R". Exits non-zero with the first difference.
 
     pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL [TP]]   (OPTIMIZER: SGD or AdamW;
-        TP > 1 splits each block's MLP over a tensor group of TP ranks)
+        TP > 1 splits each block's MLP over a tensor group of TP ranks; SCHEDULE interleaved_1f1b
+        cuts the model into 2 chunks per stage)
     pipeline_worker.py STAGES SCHEDULE ZERO_STAGE fp16     the loss scaler under a pipeline: an initial
         scale of 2^20 overflows; every stage must skip the same steps and agree on the scale
 """
@@ -137,9 +138,10 @@ def main():
     tp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     world = int(os.environ["WORLD_SIZE"])
     dp = world // (stages * tp)
+    virtual = 2 if schedule == "interleaved_1f1b" else 1  # each stage holds 2 model chunks
     model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, partition_method="parameters",
                            seed_layers=True, base_seed=SEED, activation_checkpoint_interval=interval,
-                           tensor_parallel=tp)
+                           tensor_parallel=tp, virtual_stages=virtual)
     if tp > 1:  # each block's attention (one head per rank) and MLP split over the tensor group
         tessera.tensor_parallel.parallelize(model, {
             "local_layers.*.attn.c_attn": tessera.tensor_parallel.Colwise(fused=3), "local_layers.*.attn.c_proj": "rowwise",
@@ -152,7 +154,7 @@ def main():
     engine, _, _, _ = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
         "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule},
+        "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule, "virtual_stages": virtual},
         "tensor_parallel": {"tp_size": tp}})
     # bf16 keeps 8 bits of mantissa in the activations and the compute copy of the weights
     loss_tol, norm_tol, param_tol = (2e-2, 5e-2, 1e-2) if bf16 else (1e-5, 1e-5, 2e-5)
