@@ -446,6 +446,11 @@ void Engine::gather_all_parameters() {
   if (PartitionedParameters* p = zero_->partitioned()) p->gather_all();
 }
 
+void Engine::partition_without_units() {
+  zero_->wait_for_parameters();
+  if (PartitionedParameters* p = zero_->partitioned()) p->partition_without_units();
+}
+
 void Engine::release_all_parameters() {
   if (PartitionedParameters* p = zero_->partitioned()) p->release_all();
 }

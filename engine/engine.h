@@ -136,6 +136,10 @@ class Engine {
   };
   GatheredScope gathered_parameters() { return GatheredScope(this); }
   void gather_all_parameters();   // what the scope does; pair each with release_all_parameters()
+  // ZeRO-3 for a model that reports no units and gathers its parameters itself (a pipeline stage:
+  // gathered_parameters() around its batch or each forward and backward): partitioned from now on,
+  // whole only inside such scopes. At other stages this does nothing.
+  void partition_without_units();
   void release_all_parameters();
   // After the model's parameters were modified on data-parallel rank `root` (inside
   // gathered_parameters() at ZeRO-3): every rank's buffers, shards and master copy take its values.

@@ -1,6 +1,7 @@
 #include "engine/pipeline_engine.h"
 
 #include <map>
+#include <optional>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/full.h>
@@ -70,6 +71,14 @@ class PipelineEngine::Stage final : public pipeline::PipelineStage {
     if (++backwards_ < schedule.micro_batches * schedule.chunks) engine.step();
   }
 
+  // ZeRO-3 with pipeline.zero3_gather "micro_batch": the stage's parameters whole only while an
+  // instruction computes (autograd's saved views see them gathered again for the backward).
+  void compute(const std::function<void()>& work) override {
+    if (!owner_.gather_per_instruction_) return work();
+    Engine::GatheredScope whole = owner_.engine_->gathered_parameters();
+    work();
+  }
+
   void reduce_tied_grads() override {
     for (const TiedGroup& t : owner_.tied_)
       owner_.engine_->sum_tied_gradients(t.param_group, owner_.parallel_.pipe_stages(t.stages),
@@ -119,7 +128,12 @@ PipelineEngine::PipelineEngine(Config config, ParallelContext& parallel, Pipelin
                                 "gradients with its input's, which ZB-H1 splits; use \"1f1b\" or \"interleaved_1f1b\"");
   auto schedule = pipeline::make_schedule(config.pipeline.schedule, stages, static_cast<int>(m), config.pipeline.virtual_stages);
   const bool dynamic_shape = config.pipeline.dynamic_shape;
+  const bool zero3 = config.zero_optimization.stage == 3;
+  gather_per_instruction_ = zero3 && config.pipeline.zero3_gather == "micro_batch";
   engine_ = std::make_unique<Engine>(std::move(config), parallel, std::move(stage_params), EngineRole::PipelineStage);
+  // ZeRO-3: the stage reports no units; it gathers its partitioned parameters itself, around the
+  // batch or each forward and backward (pipeline.zero3_gather).
+  if (zero3) engine_->partition_without_units();
   executor_ = std::make_unique<PipelineExecutor>(parallel.pipe(), std::move(schedule), dynamic_shape);
 }
 
@@ -143,7 +157,12 @@ double PipelineEngine::mean_loss(const std::vector<double>& losses) {
 
 double PipelineEngine::train_batch(const MicroBatchSource& data) {
   Stage stage(*this, data);
-  report_ = executor_->run(stage);
+  {
+    // ZeRO-3 gathered once per batch (the default): whole while the stage runs its micro-batches.
+    std::optional<Engine::GatheredScope> whole;
+    if (engine_->config().zero_optimization.stage == 3 && !gather_per_instruction_) whole.emplace(engine_->gathered_parameters());
+    report_ = executor_->run(stage);
+  }
   const double loss = mean_loss(report_.losses);
   engine_->record_loss(loss);
   engine_->step();  // the boundary: the optimizer step (and the progress line when due)
@@ -158,6 +177,8 @@ double PipelineEngine::eval_batch(const MicroBatchSource& data) {
         engine_->config().pipeline.dynamic_shape);
   Stage stage(*this, data);
   engine_->wait_for_parameters();
+  std::optional<Engine::GatheredScope> whole;
+  if (engine_->config().zero_optimization.stage == 3 && !gather_per_instruction_) whole.emplace(engine_->gathered_parameters());
   BatchReport report = eval_executor_->run(stage);
   return mean_loss(report.losses);
 }

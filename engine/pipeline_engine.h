@@ -9,7 +9,8 @@
 //   for (step ...) double loss = pipe.train_batch(next_micro_batch);
 //
 // Data and tensor parallelism compose as for the Engine (each stage's Engine reduces over the data
-// group; the gradient norm and the loss scaler's overflow are decided over all stages). Weights
+// group, at ZeRO 0-3: at ZeRO-3 the stage's parameters are partitioned over it and gathered once per
+// batch or around each forward and backward, pipeline.zero3_gather; the gradient norm and the loss scaler's overflow are decided over all stages). Weights
 // tied across stages (a GPT's embedding and head) sit in a parameter group of their own on each
 // stage that holds them; their gradients are summed over those stages before the step, so the
 // copies stay identical (the first holder counts them in the norm).
@@ -87,6 +88,7 @@ class PipelineEngine {
   std::unique_ptr<pipeline::PipelineExecutor> executor_, eval_executor_;
   std::vector<TiedGroup> tied_;
   int64_t micro_batch_size_ = 1;
+  bool gather_per_instruction_ = false;  // ZeRO-3, pipeline.zero3_gather "micro_batch"
   pipeline::BatchReport report_;
 };
 

@@ -74,9 +74,6 @@ std::vector<std::string> check_runnable(const Config& c, const RunContext& run) 
     throw ConfigError("tessera: pipeline.stages is " + std::to_string(run.grid.pipe) +
                       ": a model cut into stages trains through tessera::PipelineEngine (engine/pipeline_engine.h, "
                       "C++ only so far; docs/pipeline.md); the Engine alone trains a whole model");
-  if (run.pipeline_stage && c.zero_optimization.stage == 3)
-    throw ConfigError("tessera: zero_optimization.stage: 3 under pipeline parallelism (pipeline.stages = " +
-                      std::to_string(run.grid.pipe) + ") is not supported yet; expected 0, 1 or 2");
   // Keys the engine does not act on yet (engine/config/config_support.h): errors refuse the
   // config, the rest are named once.
   std::string refused, ignored;

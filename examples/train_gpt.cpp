@@ -47,7 +47,8 @@ using namespace tessera::examples;
 
 namespace {
 
-int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus);
+int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus,
+                    PartitionedInit* init);
 
 constexpr int64_t kEvalBatches = 16;  // fixed validation batches (the same at every evaluation)
 
@@ -158,7 +159,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
   }
 
-  if (ctx->pipe().size() > 1) return train_pipelined(args, std::move(config), *ctx, model, corpus);
+  if (ctx->pipe().size() > 1) return train_pipelined(args, std::move(config), *ctx, model, corpus, init ? &*init : nullptr);
 
   ModelDescription description = model.param_groups(weight_decay);
   if (init) init->take_shards(description);  // the engine builds its buffers from the chunks
@@ -245,17 +246,21 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
   const pipeline::BatchReport& report = engine.last_report();
   const pipeline::Simulation sim = pipeline::simulate(engine.schedule());
   const int s = engine.stage(), stages = engine.stages();
+  const MemoryReport memory = engine.engine().memory();
+  constexpr int kFields = 9;
   at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
-                                sim.idle_fraction[s], report.seconds, double(peak_rss_bytes())},
+                                sim.idle_fraction[s], report.seconds, double(peak_rss_bytes()), double(memory.parameters),
+                                double(memory.gathered_parameters), double(memory.gathered_parameters_peak)},
                                at::kDouble);
-  at::Tensor all = at::empty({stages * 6}, at::kDouble);
+  at::Tensor all = at::empty({stages * kFields}, at::kDouble);
   ctx.pipe().all_gather(mine, all);
   if (ctx.rank() == 0)
     for (int k = 0; k < stages; ++k) {
-      const double* v = all.data_ptr<double>() + 6 * k;
+      const double* v = all.data_ptr<double>() + kFields * k;
       std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
-                  "(simulated with equal stage costs: %.3f); peak rss %.0f MiB\n",
-                  k, int(v[0]), int(v[1]), v[2], v[4], v[3], v[5] / 1048576.0);
+                  "(simulated with equal stage costs: %.3f); peak rss %.0f MiB; parameters %.0f bytes held, "
+                  "gathered now %.0f, at most %.0f\n",
+                  k, int(v[0]), int(v[1]), v[2], v[4], v[3], v[5] / 1048576.0, v[6], v[7], v[8]);
     }
   if (!timeline.empty()) {
     // Every stage's lines, gathered to rank 0 as text (one all-gather of lengths, one of bytes).
@@ -287,7 +292,8 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
 // pipeline.stages > 1: this rank runs its stage of the GPT's layers (embedding, blocks, head, cut
 // by pipeline.partition_method) through PipelineEngine; the tied wte is held by the first and the
 // last stage, its gradients summed between them.
-int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus) {
+int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus,
+                    PartitionedInit* init) {
   const bool leader = ctx.rank() == 0;
   const int stages = ctx.pipe().size(), stage = ctx.pipe().rank();
   const int64_t micro = config.train_micro_batch_size_per_gpu.value_or(1);
@@ -312,6 +318,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   ModelDescription params = model.stage_param_groups(weight_decay, chunks, holds_wte);
   std::vector<TiedGroup> tied;
   if (holds_wte) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, stages - 1}});
+  if (init) init->take_shards(params);  // ZeRO-3: the stage's chunks, built partitioned over its data group
   PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
   int64_t first_step = 0;
   if (!args.load.empty()) {  // --load: as without stages, each stage's engine reads its own parameters
@@ -354,6 +361,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   report_pipeline(engine, ctx, args.timeline);
   if (!args.save_parameters.empty()) {
     // Each stage's trained parameters, from its ranks to every stage (one flat broadcast per stage).
+    auto gathered = engine.engine().gathered_parameters();  // ZeRO-3: the stage's partitions made whole
     std::vector<at::Tensor> whole = model.full_parameters();
     for (int s = 0; s < stages; ++s) {
       const std::vector<int64_t> owned = model.full_parameters_of_layers(pipeline::stage_layer_ranges(bounds, s, stages));

@@ -393,6 +393,13 @@ void PartitionedParameters::abort_backward() {
     for (size_t s = 0; s < slots_.size(); ++s) release(static_cast<int>(s));
 }
 
+void PartitionedParameters::partition_without_units() {
+  partitioned_mode_ = true;
+  if (gather_all_depth_ == 0)
+    for (size_t s = 0; s < slots_.size(); ++s) release(static_cast<int>(s));
+  peak_live_numel_ = live_numel_;
+}
+
 void PartitionedParameters::gather_all() {
   if (gather_all_depth_++ > 0) return;
   for (size_t s = 0; s < slots_.size(); ++s)

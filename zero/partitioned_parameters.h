@@ -90,6 +90,10 @@ class PartitionedParameters final : public UnitListener {
   void fetch(const at::Tensor& param);
   // The model's whole forward ended; without grad (evaluation) nothing it gathered stays.
   void end_of_forward();
+  // A model that reports no units but gathers its parameters itself (a pipeline stage: around its
+  // batch, or around each forward and backward): partitioned from now on, every slot released until
+  // gather_all().
+  void partition_without_units();
   // Every slot gathered (refcounted: GatheredParameters scopes nest), and released again.
   void gather_all();
   void release_all();

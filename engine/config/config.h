@@ -264,6 +264,11 @@ struct PipelineConfig {
   // virtual_stages model chunks per stage (Megatron's virtual pipeline size).
   std::string schedule = "1f1b";
   int virtual_stages = 1;
+  // tessera's key: at ZeRO-3, when a stage's partitioned parameters are gathered: "step" (once per
+  // batch, kept whole while the stage runs its micro-batches, as torchtitan keeps FSDP's unsharded
+  // under a pipeline) or "micro_batch" (around each forward and backward: less memory, one allgather
+  // each).
+  std::string zero3_gather = "step";
   bool dynamic_shape = false;     // tessera's key: send each activation's shape with it (shapes vary by micro-batch)
   template <class V> void fields(V& v) {
     v("stages", stages, at_least(1));
@@ -272,6 +277,7 @@ struct PipelineConfig {
     v("activation_checkpoint_interval", activation_checkpoint_interval, at_least(0));
     v("schedule", schedule, one_of({"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"}));
     v("virtual_stages", virtual_stages, at_least(1));
+    v("zero3_gather", zero3_gather, one_of({"step", "micro_batch"}));
     v("dynamic_shape", dynamic_shape);
   }
 };

@@ -64,7 +64,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
       case Op::LoadMicroBatch: stage.load(mb); break;
       case Op::RecvActivation: inputs[at] = link_.recv(previous, Stream::Activation).requires_grad_(true); break;
       case Op::Forward: {
-        outputs[at] = stage.forward(mb, c, inputs[at]);
+        stage.compute([&] { outputs[at] = stage.forward(mb, c, inputs[at]); });
         if (!last && outputs[at].dim() == 0)
           throw std::invalid_argument("pipeline: stage " + std::to_string(s) + " of " + std::to_string(p) +
                                       " returned a scalar from its forward (micro-batch " + std::to_string(mb) +
@@ -95,13 +95,15 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         if (schedule_.split_backward) {  // B: the input's gradient now, the weights' at BackwardWeight
           if (first) deferred[at] = std::move(roots);
           else {
-            splits[at] = std::make_unique<SplitBackward>(std::move(roots.outputs), std::move(roots.grads), inputs[at]);
+            stage.compute([&] {
+              splits[at] = std::make_unique<SplitBackward>(std::move(roots.outputs), std::move(roots.grads), inputs[at]);
+            });
             input_grads[at] = splits[at]->input_gradient();
           }
           grads[at] = at::Tensor();
           break;
         }
-        stage.weight_pass(mb, c, [&] { torch::autograd::backward(roots.outputs, roots.grads); });
+        stage.compute([&] { stage.weight_pass(mb, c, [&] { torch::autograd::backward(roots.outputs, roots.grads); }); });
         if (!first) {
           input_grads[at] = inputs[at].grad();
           if (!input_grads[at].defined())
@@ -113,9 +115,11 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         break;
       }
       case Op::BackwardWeight:
-        stage.weight_pass(mb, c, [&] {
-          if (splits[at]) splits[at]->weights();
-          else torch::autograd::backward(deferred[at].outputs, deferred[at].grads);
+        stage.compute([&] {
+          stage.weight_pass(mb, c, [&] {
+            if (splits[at]) splits[at]->weights();
+            else torch::autograd::backward(deferred[at].outputs, deferred[at].grads);
+          });
         });
         splits[at].reset();
         deferred[at] = {};

@@ -41,6 +41,9 @@ class PipelineStage {
   // whole backward, or a split schedule's W; split_backward.h), once per (micro-batch, chunk). The
   // default runs it; the Engine runs it as its backward (its reductions, its micro-step count).
   virtual void weight_pass(int micro_batch, int chunk, const std::function<void()>& pass) { pass(); }
+  // Runs one Forward, Backward or BackwardWeight instruction's work (a ZeRO-3 stage gathers its
+  // parameters around it when they are gathered per micro-batch).
+  virtual void compute(const std::function<void()>& work) { work(); }
   virtual void reduce_tied_grads() {}
   virtual void step() = 0;
 };
