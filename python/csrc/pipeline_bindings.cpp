@@ -125,7 +125,12 @@ void bind_pipeline(py::module& m) {
         d["losses"] = r.losses;
         return d;
       })
-      .def("wait_for_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().wait_for_parameters(); }); });
+      .def("wait_for_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().wait_for_parameters(); }); })
+      // ZeRO-3: the stage's partitioned parameters whole for a while (tessera.zero.GatheredParameters).
+      .def("gather_all_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().gather_all_parameters(); }); })
+      .def("release_all_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().release_all_parameters(); }); })
+      .def("write_back_parameters",
+           [](PipelineHandle& h, int root) { blocking([&] { h.engine->engine().write_back_parameters(root); }); });
 }
 
 }  // namespace tessera

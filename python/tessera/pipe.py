@@ -244,6 +244,10 @@ class PipelineEngine(CheckpointCalls):
         self._stage_model = _StageModel(module)
         self._c = _C.pipeline.Engine(cfg, context, self._stage_model, groups, tied)
         self._data_iter = None
+        # ZeRO-3: the stage's parameters are partitioned between batches; tessera.zero.GatheredParameters
+        # makes them whole for a while (through this engine).
+        from . import zero
+        zero.register_engine(self, [p for params, *_ in groups for p in params])
 
     def set_dataiterator(self, iterator):
         self._data_iter = iterator

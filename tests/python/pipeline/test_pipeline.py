@@ -2,7 +2,8 @@
 pipeline_worker.py trains a tied-embedding language model cut into stages and checks, on every
 rank, each step's loss and global gradient norm (clipping active) and its stage's parameters
 against the same layers trained whole in one process — SGD (a wrong gradient scale shows) and
-AdamW; 1F1B, GPipe, ZB-H1 and interleaved 1F1B (2 chunks per stage); pp 2 and 4; pp 2 x dp 2 with ZeRO 2; pp 2 x tp 2 and pp 2 x dp 2 x tp 2;
+AdamW; 1F1B, GPipe, ZB-H1 and interleaved 1F1B (2 chunks per stage); pp 2 and 4; pp 2 x dp 2 with ZeRO 2
+and 3 (gathered per batch, and per micro-batch under ZB-H1); pp 2 x tp 2 and pp 2 x dp 2 x tp 2;
 activation_checkpoint_interval; and
 fp16's overflow decision shared by the stages."""
 import pytest
@@ -14,14 +15,16 @@ CASES = [(2, 2, "1f1b", 0, "SGD", 0, 1), (2, 2, "gpipe", 1, "AdamW", 0, 1), (4, 
          (8, 2, "1f1b", 2, "AdamW", 0, 2), (2, 2, "1f1b", 1, "bf16", 0, 1),
          (2, 2, "zb_h1", 0, "SGD", 0, 1), (4, 4, "zb_h1", 1, "AdamW", 0, 1), (4, 2, "zb_h1", 2, "SGD", 0, 2),
          (2, 2, "interleaved_1f1b", 1, "SGD", 0, 1), (4, 2, "interleaved_1f1b", 2, "AdamW", 0, 1),
-         (4, 2, "interleaved_1f1b", 1, "SGD", 0, 2)]
+         (4, 2, "interleaved_1f1b", 1, "SGD", 0, 2), (4, 2, "1f1b", 3, "AdamW", 0, 1), (4, 2, "zb_h1", 3, "SGD", 0, 1),
+         (8, 2, "interleaved_1f1b", 3, "SGD", 0, 2)]
 
 
 @pytest.mark.parametrize("ranks,stages,schedule,zero,optimizer,interval,tp", CASES,
                          ids=["pp2-1f1b-z0-sgd", "pp2-gpipe-z1-adamw", "pp2xdp2-z2-adamw", "pp4-z1-sgd",
                               "pp2-checkpoint-every-2", "pp2xtp2-z1-sgd", "pp2xdp2xtp2-z2-adamw", "pp2-bf16-sgd",
                               "pp2-zbh1-z0-sgd", "pp4-zbh1-z1-adamw", "pp2xtp2-zbh1-z2-sgd",
-                              "pp2-interleaved-z1-sgd", "pp2xdp2-interleaved-z2-adamw", "pp2xtp2-interleaved-z1-sgd"])
+                              "pp2-interleaved-z1-sgd", "pp2xdp2-interleaved-z2-adamw", "pp2xtp2-interleaved-z1-sgd",
+                              "pp2xdp2-z3-adamw", "pp2xdp2-zbh1-z3-per-micro-batch-sgd", "pp2xdp2xtp2-interleaved-z3-sgd"])
 def test_pipeline_module_matches_plain_pytorch(ranks, stages, schedule, zero, optimizer, interval, tp):
     """(with activation_checkpoint_interval 2: every 2 layers recomputed in backward, same results;
     with tp 2: each block's MLP split over the tensor group, parameters gathered for the comparison;

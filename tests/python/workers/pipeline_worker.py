@@ -153,8 +153,11 @@ def main():
         {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4}}  # eps: see run_reference
     engine, _, _, _ = tessera.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
-        "optimizer": opt, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
-        "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule, "virtual_stages": virtual},
+        "optimizer": opt, "gradient_clipping": 1.0,
+        # ZeRO-3: every tensor partitioned (the model is small); gathered per micro-batch under ZB-H1
+        "zero_optimization": {"stage": zero_stage, "stage3_param_persistence_threshold": 0},
+        "bf16": {"enabled": bf16}, "pipeline": {"stages": stages, "schedule": schedule, "virtual_stages": virtual,
+                                           "zero3_gather": "micro_batch" if schedule == "zb_h1" else "step"},
         "tensor_parallel": {"tp_size": tp}})
     # bf16 keeps 8 bits of mantissa in the activations and the compute copy of the weights
     loss_tol, norm_tol, param_tol = (2e-2, 5e-2, 1e-2) if bf16 else (1e-5, 1e-5, 2e-5)
@@ -173,6 +176,10 @@ def main():
         assert abs(norms[step] - ref_norms[step]) < norm_tol * max(1.0, ref_norms[step]), \
             ("grad norm", step, norms[step], ref_norms[step])
     checked = 0
+    if zero_stage == 3:  # between batches each rank holds its shard only: the parameters read NaN
+        assert all(torch.isnan(p).all() for p in model.parameters()), "ZeRO-3: a parameter stayed whole"
+    whole = tessera.zero.GatheredParameters(list(model.parameters()))  # ZeRO-3's shards made whole
+    whole.__enter__()
     for i, layer in model.layers_by_index.items():
         if not isinstance(layer, nn.Module):
             continue
@@ -181,6 +188,7 @@ def main():
             assert diff < param_tol * max(1.0, q.detach().abs().max().item()), ("layer %d %s differs by %g" % (i, name, diff))
             checked += 1
     assert checked > 0
+    whole.__exit__(None, None, None)
     print("pipeline ok on rank %d (stage %d, %d tensors checked, losses %s; reference %s)"
           % (tessera.comm.get_rank(), model.stage_id, checked, " ".join("%.5f" % l for l in losses),
              " ".join("%.5f" % l for l in ref_losses)), flush=True)
