@@ -8,6 +8,7 @@
 
 #include "engine_handle.h"
 #include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/simulator.h"
 
 namespace py = pybind11;
 
@@ -64,6 +65,23 @@ void bind_pipeline(py::module& m) {
              return pipeline::describe_partition(layer_infos_of(layers), bounds, stages);
            },
            py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0);
+  // The simulator (parallel/pipeline/simulator.h) for a schedule by its config name: each stage's idle
+  // fraction and peak activations with the given costs (a stage's forward, its whole backward, W's
+  // share of it in split schedules).
+  pipe.def("simulate",
+           [](const std::string& name, int stages, int micro_batches, int chunks, double forward, double backward,
+              double weight_share) {
+             pipeline::Costs costs;
+             costs.forward = forward, costs.backward = backward, costs.weight_share = weight_share;
+             const pipeline::Simulation sim = pipeline::simulate(pipeline::make_schedule(name, stages, micro_batches, chunks), costs);
+             py::dict d;
+             d["idle_fraction"] = sim.idle_fraction;
+             d["peak_activations"] = sim.peak_activations;
+             d["makespan"] = sim.makespan;
+             return d;
+           },
+           py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks") = 1, py::arg("forward") = 1.0,
+           py::arg("backward") = 2.0, py::arg("weight_share") = 0.5);
   pipe.def("broadcast_between_stages",
            [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
              blocking([&] {
@@ -123,6 +141,11 @@ void bind_pipeline(py::module& m) {
         d["idle_fraction"] = r.idle_fraction();
         d["seconds"] = r.seconds;
         d["losses"] = r.losses;
+        py::list timeline;  // (op, micro-batch, chunk, start, end): seconds since the batch began
+        for (const pipeline::TimedInstruction& t : r.timeline)
+          timeline.append(py::make_tuple(pipeline::op_name(t.instruction.op), t.instruction.micro_batch, t.instruction.chunk,
+                                         t.start, t.end));
+        d["timeline"] = timeline;
         return d;
       })
       .def("wait_for_parameters", [](PipelineHandle& h) { blocking([&] { h.engine->engine().wait_for_parameters(); }); })

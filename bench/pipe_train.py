@@ -1,0 +1,184 @@
+"""One pipeline-parallel training run for bench/run_pp_schedules.sh, through tessera.pipe or
+DeepSpeed's pipeline engine, on the same layers and data.
+
+    tessera launch --nproc-per-node 4 -- python bench/pipe_train.py --impl tessera --stages 4 --schedule zb_h1
+
+The model is the example GPT (examples/python/models.py's Block) as a layer list both engines take
+unchanged: the token embedding (tied with the head), the position embedding, --layers blocks, the
+final LayerNorm, the tied head. fp32, AdamW, clipping 1.0, Gloo; --micro-batches micro-batches of
+--micro sequences of 128 bytes of `fortunes` a step on each data-parallel rank.
+
+Rank 0 prints one JSON line: samples_per_s (median step after --warmup), step_ms, peak RSS of every
+rank, final_loss; tessera adds each stage's measured idle fraction in the last batch (1 − time in
+forward/backward / the batch) beside the simulator's for the same schedule with the stage's
+measured forward, backward and (ZB-H1) weight-gradient costs, and the activations held.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+from data import FORTUNES, FortunesCorpus  # noqa: E402
+from models import Block  # noqa: E402
+
+SEQ_LEN, VOCAB = 128, 256
+
+
+class TokenEmbedding(nn.Module):
+    """The token embedding; its weight is also the head's (a tied layer in both engines)."""
+
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, dim) * 0.02)
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight)
+
+
+class PositionEmbedding(nn.Module):
+    def __init__(self, block_size, dim):
+        super().__init__()
+        self.wpe = nn.Embedding(block_size, dim)
+        nn.init.normal_(self.wpe.weight, 0.0, 0.02)
+
+    def forward(self, x):
+        return x + self.wpe(torch.arange(x.size(1), device=x.device))
+
+
+def head(module, x):
+    return F.linear(x, module.weight)
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def layers(pipe, args):
+    return [pipe.TiedLayerSpec("embed", TokenEmbedding, VOCAB, args.embd),
+            pipe.LayerSpec(PositionEmbedding, SEQ_LEN, args.embd),
+            *[pipe.LayerSpec(Block, args.embd, args.heads) for _ in range(args.layers)],
+            pipe.LayerSpec(nn.LayerNorm, args.embd),
+            pipe.TiedLayerSpec("embed", TokenEmbedding, VOCAB, args.embd, forward_fn=head)]
+
+
+def config(args):
+    return {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": args.micro_batches,
+            "steps_per_print": 10**9, "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                      "weight_decay": 0.1}},
+            "zero_optimization": {"stage": args.stage, "stage3_param_persistence_threshold": 0},
+            "pipeline": {"stages": args.stages, "schedule": args.schedule, "virtual_stages": args.virtual,
+                         "zero3_gather": args.zero3_gather}}
+
+
+def stage_costs(timeline):
+    """The stage's mean forward, whole backward and W's share of it, from its last batch."""
+    spent = {}
+    for op, _, _, start, end in timeline:
+        spent.setdefault(op, []).append(end - start)
+    mean = {op: statistics.mean(v) for op, v in spent.items()}
+    forward = mean.get("Forward", 0.0)
+    b, w = mean.get("Backward", 0.0), mean.get("BackwardWeight", 0.0)
+    return forward, b + w, (w / (b + w) if b + w > 0 else 0.5)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impl", choices=["tessera", "deepspeed"], required=True)
+    ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--schedule", default="1f1b", help="tessera: 1f1b, gpipe, zb_h1, interleaved_1f1b")
+    ap.add_argument("--virtual", type=int, default=1)
+    ap.add_argument("--stage", type=int, default=1, help="ZeRO stage")
+    ap.add_argument("--zero3-gather", default="step")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--micro", type=int, default=1)
+    ap.add_argument("--micro-batches", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+
+    if args.impl == "tessera":
+        sys.path.insert(0, os.path.join(HERE, "..", "python"))
+        import tessera
+        from tessera import pipe
+        model = pipe.PipelineModule(layers(pipe, args), num_stages=args.stages, loss_fn=loss_fn,
+                                    partition_method="type:Block", seed_layers=True, base_seed=args.seed,
+                                    virtual_stages=args.virtual)
+        engine, _, _, _ = tessera.initialize(model=model, config=config(args))
+        rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
+        stage = model.stage_id
+        data_rank = tessera.comm.parallel_context().group_rank("data")
+        all_reduce = lambda t: tessera.comm.all_reduce(t)  # noqa: E731
+    else:
+        import deepspeed
+        import torch.distributed as dist
+        from deepspeed import pipe
+        deepspeed.init_distributed(dist_backend="gloo")
+        # seed_layers: DeepSpeed 0.19.8 passes a numpy integer to random.seed, which refuses it
+        torch.manual_seed(args.seed)
+        model = pipe.PipelineModule(layers(pipe, args), num_stages=args.stages, loss_fn=loss_fn,
+                                    partition_method="type:Block")
+        cfg = config(args)
+        del cfg["pipeline"]
+        cfg["zero_optimization"] = {"stage": args.stage}
+        engine, _, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+        rank, world = dist.get_rank(), dist.get_world_size()
+        stage = model.stage_id
+        data_rank = engine.grid.data_parallel_id
+
+        def all_reduce(t):
+            dist.all_reduce(t)
+            return t
+    dp = world // args.stages
+    corpus = FortunesCorpus(FORTUNES)
+    times, loss = [], 0.0
+    for step in range(args.steps):
+        # The step's global batch; micro-batch m of data rank d is its rows [(m·dp + d)·micro, +micro).
+        x, y = corpus.sample(args.micro * dp * args.micro_batches, SEQ_LEN, step, args.seed)
+        rows = [slice((m * dp + data_rank) * args.micro, (m * dp + data_rank + 1) * args.micro)
+                for m in range(args.micro_batches)]
+        it = iter([(x[r], y[r]) for r in rows])
+        t0 = time.perf_counter()
+        loss = float(engine.train_batch(it))
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    rss = torch.zeros(world, dtype=torch.float64)
+    rss[rank] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    all_reduce(rss)
+    result = {"impl": args.impl, "stages": args.stages, "schedule": args.schedule if args.impl == "tessera" else "1f1b",
+              "virtual": args.virtual, "stage": args.stage, "world": world,
+              "samples_per_s": args.micro * dp * args.micro_batches / step_s, "step_ms": 1000 * step_s,
+              "peak_rss_bytes": [int(v) for v in rss.tolist()], "final_loss": loss,
+              "parameters_this_rank": sum(p.numel() for p in model.parameters())}
+    if args.impl == "tessera":
+        # Each stage's last batch: measured idle and activations, and the simulator's with its costs.
+        report = engine.last_report()
+        forward, backward, share = stage_costs(report["timeline"])
+        sim = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
+                                           forward, backward, share)
+        mine = torch.zeros(world, 6, dtype=torch.float64)
+        mine[rank] = torch.tensor([stage, report["idle_fraction"], sim["idle_fraction"][stage], report["peak_activations"],
+                                   sim["peak_activations"][stage], report["seconds"]], dtype=torch.float64)
+        all_reduce(mine)
+        result["stages_last_batch"] = [
+            {"stage": int(r[0]), "idle": r[1], "simulated_idle": r[2], "held": int(r[3]), "simulated_held": int(r[4]),
+             "batch_s": r[5]} for r in mine.tolist()]
+    if rank == 0:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Pipeline schedules against each other and against DeepSpeed's pipeline engine (issue 45's
+# benchmark), bench/pipe_train.py: the example GPT at ~85M parameters (12 × 768, 12 heads, block
+# 128) as one layer list both engines take, fp32 AdamW, 8 micro-batches of MICRO sequences a step,
+# 1 thread per rank, Gloo.
+#   p4-gpipe, p4-1f1b, p4-interleaved (v 2), p4-zb_h1   tessera.pipe on 4 ranks, pp 4, ZeRO-1
+#   p4-deepspeed                                         DeepSpeed 0.19.8's PipelineEngine (1F1B), ZeRO-1
+#   p2-1f1b, p2-interleaved, p2-zb_h1, p2-deepspeed      the same on 2 ranks, pp 2 (one core per rank)
+#   pp2dp2-z1, pp2dp2-z3, pp2dp2-z3-micro                pp 2 x dp 2: ZeRO-1, ZeRO-3 gathered per
+#                                                        batch, ZeRO-3 gathered per micro-batch
+# Medians of ROUNDS interleaved rounds: samples/s, the ratios to tessera's 1F1B and DeepSpeed's at
+# the same pp, peak RSS per rank, and each stage's idle fraction in the last batch beside the
+# simulator's (the schedule timed with that stage's measured forward, backward and W costs).
+#
+#   bench/run_pp_schedules.sh [ROUNDS=2]     LAYERS=12 EMBD=768 HEADS=12 MICRO=1 STEPS=6
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+layers=${LAYERS:-12} embd=${EMBD:-768} heads=${HEADS:-12} micro=${MICRO:-1} steps=${STEPS:-6}
+python=$(scripts/setup.sh | tail -n 1)
+ds_python=$(bench/setup_deepspeed.sh | tail -n 1)
+scripts/build.sh tessera_cli tessera_python >/dev/null
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+common=(--layers "$layers" --embd "$embd" --heads "$heads" --micro "$micro" --micro-batches 8 --steps "$steps"
+        --warmup $((steps / 3)))
+runs=(p4-gpipe p4-1f1b p4-interleaved p4-zb_h1 p4-deepspeed p2-1f1b p2-interleaved p2-zb_h1 p2-deepspeed
+      pp2dp2-z1 pp2dp2-z3 pp2dp2-z3-micro)
+port=29870
+for round in $(seq 1 "$rounds"); do
+  for run in "${runs[@]}"; do
+    tessera=("$python" bench/pipe_train.py --impl tessera)
+    deepspeed=(env DS_ACCELERATOR=cpu "$ds_python" bench/pipe_train.py --impl deepspeed)
+    case $run in
+      p4-gpipe) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule gpipe) ;;
+      p4-1f1b) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule 1f1b) ;;
+      p4-interleaved) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule interleaved_1f1b --virtual 2) ;;
+      p4-zb_h1) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_h1) ;;
+      p4-deepspeed) ranks=4 cmd=("${deepspeed[@]}" --stages 4) ;;
+      p2-1f1b) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b) ;;
+      p2-interleaved) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule interleaved_1f1b --virtual 2) ;;
+      p2-zb_h1) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule zb_h1) ;;
+      p2-deepspeed) ranks=2 cmd=("${deepspeed[@]}" --stages 2) ;;
+      pp2dp2-z1) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 1) ;;
+      pp2dp2-z3) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 3) ;;
+      pp2dp2-z3-micro) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 3 --zero3-gather micro_batch) ;;
+    esac
+    echo "round $round/$rounds: $run" >&2
+    build/bin/tessera launch --nproc-per-node "$ranks" --master-port $((port++)) -- "${cmd[@]}" "${common[@]}" \
+      > "$out/$run.$round.log" 2> "$out/$run.$round.err" || { tail -n 30 "$out/$run.$round.err" >&2; exit 1; }
+  done
+done
+
+"$python" - "$out" "$rounds" "${runs[@]}" <<'PY'
+import json, sys
+d, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def result(path):
+    return next(json.loads(l) for l in open(path) if l.startswith("{"))
+runs = {k: [result("%s/%s.%d.log" % (d, k, r)) for r in range(1, rounds + 1)] for k in names}
+med = {k: sorted(v, key=lambda x: x["samples_per_s"])[(rounds - 1) // 2] for k, v in runs.items()}
+print("| run | samples/s | vs tessera 1F1B | vs DeepSpeed | peak RSS per rank (MiB) | last batch per stage: idle (simulated), held (simulated) | samples/s by round | final loss |")
+print("|---|---|---|---|---|---|---|---|")
+for k in names:
+    m = med[k]
+    pp = k.split("-")[0]
+    one = med.get(pp + "-1f1b") or med.get("pp2dp2-z1")
+    ds = med.get(pp + "-deepspeed")
+    stages = "; ".join("%d: %.3f (%.3f), %d (%d)" % (s["stage"], s["idle"], s["simulated_idle"], s["held"], s["simulated_held"])
+                       for s in m.get("stages_last_batch", []))
+    print("| %s | %.3f | %s | %s | %s | %s | %s | %.4f |" % (
+        k, m["samples_per_s"], "%.2f" % (m["samples_per_s"] / one["samples_per_s"]) if one else "-",
+        "%.2f" % (m["samples_per_s"] / ds["samples_per_s"]) if ds else "-",
+        " ".join(str(b >> 20) for b in m["peak_rss_bytes"]), stages or "-",
+        " ".join("%.3f" % r["samples_per_s"] for r in runs[k]), m["final_loss"]))
+PY
