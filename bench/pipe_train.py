@@ -10,8 +10,9 @@ final LayerNorm, the tied head. fp32, AdamW, clipping 1.0, Gloo; --micro-batches
 
 Rank 0 prints one JSON line: samples_per_s (median step after --warmup), step_ms, peak RSS of every
 rank, final_loss; tessera adds each stage's measured idle fraction in the last batch (1 − time in
-forward/backward / the batch) beside the simulator's for the same schedule with the stage's
-measured forward, backward and (ZB-H1) weight-gradient costs, and the activations held.
+forward/backward / the batch) beside the simulator's for the same schedule timed with the stages'
+mean measured forward and backward costs (and W's share of the backward, ZB-H1), and the
+activations held.
 """
 import argparse
 import json
@@ -81,14 +82,12 @@ def config(args):
 
 
 def stage_costs(timeline):
-    """The stage's mean forward, whole backward and W's share of it, from its last batch."""
+    """The stage's mean forward, backward (B: the whole backward in unsplit schedules) and weight
+    pass (W) in its last batch."""
     spent = {}
     for op, _, _, start, end in timeline:
         spent.setdefault(op, []).append(end - start)
-    mean = {op: statistics.mean(v) for op, v in spent.items()}
-    forward = mean.get("Forward", 0.0)
-    b, w = mean.get("Backward", 0.0), mean.get("BackwardWeight", 0.0)
-    return forward, b + w, (w / (b + w) if b + w > 0 else 0.5)
+    return [statistics.mean(spent[op]) if op in spent else 0.0 for op in ("Forward", "Backward", "BackwardWeight")]
 
 
 def main():
@@ -166,9 +165,19 @@ def main():
     if args.impl == "tessera":
         # Each stage's last batch: measured idle and activations, and the simulator's with its costs.
         report = engine.last_report()
-        forward, backward, share = stage_costs(report["timeline"])
+        # The simulator's costs: the stages' mean forward and backward; W's share from the stages
+        # that split (the first stage's first chunk sends no input gradient: its whole backward is W).
+        costs = torch.zeros(world, 3, dtype=torch.float64)
+        costs[rank] = torch.tensor(stage_costs(report["timeline"]), dtype=torch.float64)
+        all_reduce(costs)
+        # (a chunk's costs are 1/v of the stage's, which the simulator takes)
+        forward = args.virtual * costs[:, 0].mean().item()
+        backward = args.virtual * (costs[:, 1] + costs[:, 2]).mean().item()
+        split = [r for r in costs.tolist() if r[1] > 0 and r[2] > 0]
+        share = statistics.mean(w / (b + w) for _, b, w in split) if split else 0.5
         sim = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
                                            forward, backward, share)
+        result["simulator_costs_s"] = {"forward": forward, "backward": backward, "weight_share": share}
         mine = torch.zeros(world, 6, dtype=torch.float64)
         mine[rank] = torch.tensor([stage, report["idle_fraction"], sim["idle_fraction"][stage], report["peak_activations"],
                                    sim["peak_activations"][stage], report["seconds"]], dtype=torch.float64)

@@ -3,9 +3,10 @@
 # benchmark), bench/pipe_train.py: the example GPT at ~85M parameters (12 × 768, 12 heads, block
 # 128) as one layer list both engines take, fp32 AdamW, 8 micro-batches of MICRO sequences a step,
 # 1 thread per rank, Gloo.
-#   p4-gpipe, p4-1f1b, p4-interleaved (v 2), p4-zb_h1   tessera.pipe on 4 ranks, pp 4, ZeRO-1
+#   p4-gpipe, p4-1f1b, p4-interleaved (v 3: the 12 blocks in 12 chunks), p4-zb_h1
+#                                                        tessera.pipe on 4 ranks, pp 4, ZeRO-1
 #   p4-deepspeed                                         DeepSpeed 0.19.8's PipelineEngine (1F1B), ZeRO-1
-#   p2-1f1b, p2-interleaved, p2-zb_h1, p2-deepspeed      the same on 2 ranks, pp 2 (one core per rank)
+#   p2-1f1b, p2-interleaved (v 2), p2-zb_h1, p2-deepspeed   the same on 2 ranks, pp 2 (one core per rank)
 #   pp2dp2-z1, pp2dp2-z3, pp2dp2-z3-micro                pp 2 x dp 2: ZeRO-1, ZeRO-3 gathered per
 #                                                        batch, ZeRO-3 gathered per micro-batch
 # Medians of ROUNDS interleaved rounds: samples/s, the ratios to tessera's 1F1B and DeepSpeed's at
@@ -20,8 +21,9 @@ layers=${LAYERS:-12} embd=${EMBD:-768} heads=${HEADS:-12} micro=${MICRO:-1} step
 python=$(scripts/setup.sh | tail -n 1)
 ds_python=$(bench/setup_deepspeed.sh | tail -n 1)
 scripts/build.sh tessera_cli tessera_python >/dev/null
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# Every run's log stays in OUT (default a fresh temporary folder, named at the end).
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 common=(--layers "$layers" --embd "$embd" --heads "$heads" --micro "$micro" --micro-batches 8 --steps "$steps"
         --warmup $((steps / 3)))
 runs=(p4-gpipe p4-1f1b p4-interleaved p4-zb_h1 p4-deepspeed p2-1f1b p2-interleaved p2-zb_h1 p2-deepspeed
@@ -34,7 +36,7 @@ for round in $(seq 1 "$rounds"); do
     case $run in
       p4-gpipe) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule gpipe) ;;
       p4-1f1b) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule 1f1b) ;;
-      p4-interleaved) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule interleaved_1f1b --virtual 2) ;;
+      p4-interleaved) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule interleaved_1f1b --virtual 3) ;;
       p4-zb_h1) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_h1) ;;
       p4-deepspeed) ranks=4 cmd=("${deepspeed[@]}" --stages 4) ;;
       p2-1f1b) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b) ;;
@@ -46,8 +48,13 @@ for round in $(seq 1 "$rounds"); do
       pp2dp2-z3-micro) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 3 --zero3-gather micro_batch) ;;
     esac
     echo "round $round/$rounds: $run" >&2
-    build/bin/tessera launch --nproc-per-node "$ranks" --master-port $((port++)) -- "${cmd[@]}" "${common[@]}" \
-      > "$out/$run.$round.log" 2> "$out/$run.$round.err" || { tail -n 30 "$out/$run.$round.err" >&2; exit 1; }
+    # A rank that dies after the result is printed (DeepSpeed 0.19.8 over Gloo sometimes aborts in its
+    # teardown: "terminate called without an active exception") keeps the result, with a warning.
+    if ! build/bin/tessera launch --nproc-per-node "$ranks" --master-port $((port++)) -- "${cmd[@]}" "${common[@]}" \
+      > "$out/$run.$round.log" 2> "$out/$run.$round.err"; then
+      grep -q '^{' "$out/$run.$round.log" || { tail -n 30 "$out/$run.$round.err" >&2; exit 1; }
+      echo "warning: $run round $round exited with an error after printing its result" >&2
+    fi
   done
 done
 
@@ -73,3 +80,4 @@ for k in names:
         " ".join(str(b >> 20) for b in m["peak_rss_bytes"]), stages or "-",
         " ".join("%.3f" % r["samples_per_s"] for r in runs[k]), m["final_loss"]))
 PY
+echo "logs: $out" >&2

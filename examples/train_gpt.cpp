@@ -244,8 +244,27 @@ int run(int argc, char** argv) {
 // times, one JSON object a line, in `timeline` (bench/plot_pipeline.py draws them).
 void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::string& timeline) {
   const pipeline::BatchReport& report = engine.last_report();
-  const pipeline::Simulation sim = pipeline::simulate(engine.schedule());
   const int s = engine.stage(), stages = engine.stages();
+  // The simulator's costs: the stages' mean forward and backward in this batch (a chunk's times v),
+  // and W's share of the backward from the stages that split it (the first stage's first chunk
+  // sends no input gradient: its whole backward is its W).
+  double spent[3] = {0, 0, 0}, count[3] = {0, 0, 0};
+  for (const pipeline::TimedInstruction& t : report.timeline) {
+    const int k = t.instruction.op == pipeline::Op::Forward    ? 0
+                  : t.instruction.op == pipeline::Op::Backward ? 1
+                  : t.instruction.op == pipeline::Op::BackwardWeight ? 2 : -1;
+    if (k >= 0) spent[k] += t.end - t.start, count[k] += 1;
+  }
+  const int v = engine.schedule().chunks;
+  const double f = count[0] ? v * spent[0] / count[0] : 0, b = count[1] ? v * spent[1] / count[1] : 0,
+               w = count[2] ? v * spent[2] / count[2] : 0;
+  at::Tensor costs = at::tensor({f, b + w, b > 0 && w > 0 ? w / (b + w) : 0.0, b > 0 && w > 0 ? 1.0 : 0.0}, at::kDouble);
+  ctx.pipe().all_reduce(costs, ReduceOp::Sum);
+  pipeline::Costs measured;
+  measured.forward = costs[0].item<double>() / stages;
+  measured.backward = costs[1].item<double>() / stages;
+  if (costs[3].item<double>() > 0) measured.weight_share = costs[2].item<double>() / costs[3].item<double>();
+  const pipeline::Simulation sim = pipeline::simulate(engine.schedule(), measured);
   const MemoryReport memory = engine.engine().memory();
   constexpr int kFields = 9;
   at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
@@ -258,7 +277,7 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
     for (int k = 0; k < stages; ++k) {
       const double* v = all.data_ptr<double>() + kFields * k;
       std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
-                  "(simulated with equal stage costs: %.3f); peak rss %.0f MiB; parameters %.0f bytes held, "
+                  "(simulated with the stages' mean costs: %.3f); peak rss %.0f MiB; parameters %.0f bytes held, "
                   "gathered now %.0f, at most %.0f\n",
                   k, int(v[0]), int(v[1]), v[2], v[4], v[3], v[5] / 1048576.0, v[6], v[7], v[8]);
     }
