@@ -41,3 +41,25 @@ def test_fp16_overflow_is_decided_for_the_whole_pipeline():
     result = check(launch(2, ["tests/python/workers/pipeline_worker.py", "2", "1f1b", "1", "fp16"]))
     for rank in range(2):
         assert "pipeline fp16 ok on rank %d" % rank in result.stdout, result.stdout
+
+
+def test_simulator_and_chunk_partition_from_python():
+    """tessera._C.pipeline.simulate gives any schedule's idle fractions and activations (ZB-H1 below
+    1F1B at 1F1B's peak; interleaved (p - 1)/(v·m + p - 1)); partition_chunks refuses chunks that do
+    not divide the blocks, naming pipeline.virtual_stages and the sizes."""
+    import tessera
+    pipeline = tessera._C.pipeline
+    one = pipeline.simulate("1f1b", 4, 8, 1, 1.0, 2.0, 0.5)
+    zb = pipeline.simulate("zb_h1", 4, 8, 1, 1.0, 2.0, 0.5)
+    interleaved = pipeline.simulate("interleaved_1f1b", 4, 8, 2, 1.0, 2.0, 0.5)
+    assert all(abs(i - 3 / 11) < 1e-9 for i in one["idle_fraction"])
+    assert all(abs(i - 3 / 19) < 1e-9 for i in interleaved["idle_fraction"])
+    assert all(z < o for z, o in zip(zb["idle_fraction"], one["idle_fraction"]))
+    assert max(zb["peak_activations"]) == max(one["peak_activations"]) == 4
+    assert abs(zb["makespan"] - (3 * 8 + 3)) < 1e-9
+    blocks = [("Embedding", 10)] + [("Block", 100)] * 12 + [("Head", 10)]
+    # 12 chunks of one block each, the embedding with the first and the head with the last
+    assert pipeline.partition_chunks(blocks, 4, 3, "type:Block") == [0] + list(range(2, 13)) + [14]
+    with pytest.raises(ValueError, match=r"pipeline.virtual_stages 2 x pipeline.stages 4 = 8 model chunks do not "
+                                         r"divide the 12 layers matching \"type:Block\""):
+        pipeline.partition_chunks(blocks, 4, 2, "type:Block")
