@@ -10,7 +10,8 @@
 //
 // Data and tensor parallelism compose as for the Engine (each stage's Engine reduces over the data
 // group, at ZeRO 0-3: at ZeRO-3 the stage's parameters are partitioned over it and gathered once per
-// batch or around each forward and backward, pipeline.zero3_gather; the gradient norm and the loss scaler's overflow are decided over all stages). Weights
+// batch or around each forward and backward, pipeline.zero3_gather; the gradient norm and the loss
+// scaler's overflow are decided over all stages). Weights
 // tied across stages (a GPT's embedding and head) sit in a parameter group of their own on each
 // stage that holds them; their gradients are summed over those stages before the step, so the
 // copies stay identical (the first holder counts them in the norm).
