@@ -130,6 +130,7 @@ PipelineEngine::PipelineEngine(Config config, ParallelContext& parallel, Pipelin
   const bool dynamic_shape = config.pipeline.dynamic_shape;
   const bool zero3 = config.zero_optimization.stage == 3;
   gather_per_instruction_ = zero3 && config.pipeline.zero3_gather == "micro_batch";
+  gather_per_batch_ = zero3 && !gather_per_instruction_;
   engine_ = std::make_unique<Engine>(std::move(config), parallel, std::move(stage_params), EngineRole::PipelineStage);
   // ZeRO-3: the stage reports no units; it gathers its partitioned parameters itself, around the
   // batch or each forward and backward (pipeline.zero3_gather).
@@ -155,14 +156,16 @@ double PipelineEngine::mean_loss(const std::vector<double>& losses) {
   return mean.item<double>();
 }
 
+BatchReport PipelineEngine::run_batch(PipelineExecutor& executor, pipeline::PipelineStage& stage) {
+  // ZeRO-3 gathered once per batch (the default): whole while the stage runs its micro-batches.
+  std::optional<Engine::GatheredScope> whole;
+  if (gather_per_batch_) whole.emplace(engine_->gathered_parameters());
+  return executor.run(stage);
+}
+
 double PipelineEngine::train_batch(const MicroBatchSource& data) {
   Stage stage(*this, data);
-  {
-    // ZeRO-3 gathered once per batch (the default): whole while the stage runs its micro-batches.
-    std::optional<Engine::GatheredScope> whole;
-    if (engine_->config().zero_optimization.stage == 3 && !gather_per_instruction_) whole.emplace(engine_->gathered_parameters());
-    report_ = executor_->run(stage);
-  }
+  report_ = run_batch(*executor_, stage);
   const double loss = mean_loss(report_.losses);
   engine_->record_loss(loss);
   engine_->step();  // the boundary: the optimizer step (and the progress line when due)
@@ -177,9 +180,7 @@ double PipelineEngine::eval_batch(const MicroBatchSource& data) {
         engine_->config().pipeline.dynamic_shape);
   Stage stage(*this, data);
   engine_->wait_for_parameters();
-  std::optional<Engine::GatheredScope> whole;
-  if (engine_->config().zero_optimization.stage == 3 && !gather_per_instruction_) whole.emplace(engine_->gathered_parameters());
-  BatchReport report = eval_executor_->run(stage);
+  BatchReport report = run_batch(*eval_executor_, stage);
   return mean_loss(report.losses);
 }
 

@@ -82,6 +82,8 @@ class PipelineEngine {
  private:
   class Stage;
   double mean_loss(const std::vector<double>& losses);  // over micro-batches (last stage), then data ranks, on every stage
+  // Runs `executor` over one batch, the stage's parameters whole meanwhile where gathered per batch.
+  pipeline::BatchReport run_batch(pipeline::PipelineExecutor& executor, pipeline::PipelineStage& stage);
 
   ParallelContext& parallel_;
   PipelineStageModel& model_;
@@ -89,7 +91,9 @@ class PipelineEngine {
   std::unique_ptr<pipeline::PipelineExecutor> executor_, eval_executor_;
   std::vector<TiedGroup> tied_;
   int64_t micro_batch_size_ = 1;
-  bool gather_per_instruction_ = false;  // ZeRO-3, pipeline.zero3_gather "micro_batch"
+  // ZeRO-3 (pipeline.zero3_gather): the stage gathers its parameters around the batch, or around
+  // each forward and backward.
+  bool gather_per_batch_ = false, gather_per_instruction_ = false;
   pipeline::BatchReport report_;
 };
 

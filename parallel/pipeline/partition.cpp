@@ -53,6 +53,25 @@ std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int par
   return bounds;
 }
 
+namespace {
+
+// "type:REGEX": 1 for each layer whose type matches (case-insensitive), 0 for the others; none
+// matching is an error naming the types. Empty for the other methods.
+std::vector<int64_t> type_weights(const std::vector<LayerInfo>& layers, const std::string& method) {
+  std::vector<int64_t> weights;
+  if (method.rfind("type:", 0) != 0 || method.size() <= 5) return weights;
+  const std::regex pattern(method.substr(5), std::regex::icase);
+  for (const LayerInfo& l : layers) weights.push_back(std::regex_search(l.type, pattern) ? 1 : 0);
+  if (std::accumulate(weights.begin(), weights.end(), int64_t{0}) == 0) {
+    std::string types;
+    for (const LayerInfo& l : layers) types += (types.empty() ? "" : ", ") + l.type;
+    throw std::invalid_argument("pipeline.partition_method: \"" + method + "\" matches none of the layer types (" + types + ")");
+  }
+  return weights;
+}
+
+}  // namespace
+
 std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stages, const std::string& method) {
   const int n = static_cast<int>(layers.size());
   if (stages < 1) throw std::invalid_argument("pipeline.stages: expected >= 1, got " + std::to_string(stages));
@@ -65,18 +84,10 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stag
     for (int s = 0; s < stages; ++s) bounds.push_back(bounds.back() + n / stages + (s < n % stages ? 1 : 0));
     return bounds;
   }
-  std::vector<int64_t> weights;
+  std::vector<int64_t> weights = type_weights(layers, method);
   if (method == "parameters") {
     for (const LayerInfo& l : layers) weights.push_back(l.parameters);
-  } else if (method.rfind("type:", 0) == 0 && method.size() > 5) {
-    const std::regex pattern(method.substr(5), std::regex::icase);
-    for (const LayerInfo& l : layers) weights.push_back(std::regex_search(l.type, pattern) ? 1 : 0);
-    if (std::accumulate(weights.begin(), weights.end(), int64_t{0}) == 0) {
-      std::string types;
-      for (const LayerInfo& l : layers) types += (types.empty() ? "" : ", ") + l.type;
-      throw std::invalid_argument("pipeline.partition_method: \"" + method + "\" matches none of the layer types (" + types + ")");
-    }
-  } else {
+  } else if (weights.empty()) {
     throw std::invalid_argument("pipeline.partition_method: expected \"parameters\", \"uniform\" or \"type:<regex>\", got \"" +
                                 method + "\"");
   }
@@ -93,12 +104,8 @@ std::vector<int> partition_chunks(const std::vector<LayerInfo>& layers, int stag
     throw std::invalid_argument("pipeline.virtual_stages: " + sizes + " for a model of " + std::to_string(n) +
                                 " layers; every chunk needs at least one layer");
   // The interleaved schedule assumes chunks of equal cost: the layers it counts must divide evenly.
-  int counted = n;
-  if (method.rfind("type:", 0) == 0 && method.size() > 5) {
-    const std::regex pattern(method.substr(5), std::regex::icase);
-    counted = static_cast<int>(std::count_if(layers.begin(), layers.end(),
-                                             [&](const LayerInfo& l) { return std::regex_search(l.type, pattern); }));
-  }
+  const std::vector<int64_t> matched = type_weights(layers, method);
+  const int counted = matched.empty() ? n : static_cast<int>(std::accumulate(matched.begin(), matched.end(), int64_t{0}));
   if (method != "parameters" && counted % parts != 0)
     throw std::invalid_argument("pipeline.virtual_stages: " + sizes + " do not divide the " + std::to_string(counted) +
                                 (counted == n ? " layers" : " layers matching \"" + method + "\"") +

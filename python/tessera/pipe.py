@@ -143,7 +143,6 @@ class PipelineModule(nn.Module):
                 self.layers_by_index[i] = self.tied_modules[layers[i].key] if isinstance(layers[i], TiedLayerSpec) \
                     else funcs[-1]
             self.chunk_funcs.append(funcs)
-        self.forward_funcs = self.chunk_funcs[0]
         if self.stage_id == self.num_stages - 1 and loss_fn is None:
             raise ValueError("tessera.pipe.PipelineModule: loss_fn is required (the last stage computes the loss)")
         self._context = ctx
@@ -296,10 +295,10 @@ class PipelineEngine(CheckpointCalls):
 def initialize_pipeline(module, cfg, weight_decay_groups=None):
     """tessera.initialize's path for a PipelineModule: the stage's parameters in one group, each
     shared tied key in a group of its own (listed with its stages)."""
-    interval = json.loads(cfg.to_json()).get("pipeline", {}).get("activation_checkpoint_interval", 0)
+    pipeline = json.loads(cfg.to_json()).get("pipeline", {})
+    interval = pipeline.get("activation_checkpoint_interval", 0)
     if interval and not module.activation_checkpoint_interval:
         module.activation_checkpoint_interval = int(interval)  # the config's, where the module set none
-    pipeline = json.loads(cfg.to_json()).get("pipeline", {})
     if pipeline.get("schedule") == "zb_h1" and module.activation_checkpoint_interval:
         raise ValueError("tessera.initialize: activation_checkpoint_interval %d with pipeline.schedule \"zb_h1\": a "
                          "recomputed segment computes its weights' gradients with its input's, which ZB-H1 splits; "
