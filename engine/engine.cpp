@@ -87,7 +87,7 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
   run.pipeline_stage = role == EngineRole::PipelineStage;
   for (const ParamGroup& g : model.groups) {
     for (const at::Tensor& p : g.params) run.parameters += p.defined() ? p.numel() : 0;
-    for (bool sharded : g.tensor_sharded) run.tensor_sliced = run.tensor_sliced || sharded;
+    for (const TensorSplit& split : g.tensor_splits) run.tensor_sliced = run.tensor_sliced || split.sharded();
   }
   const std::vector<std::string> notes = check_runnable(config_, run);  // engine/runnable.h
   if (parallel_.rank() == 0) {

@@ -87,7 +87,7 @@ std::vector<std::string> check_runnable(const Config& c, const RunContext& run) 
   // trains a whole copy on every tensor rank: correct, but nothing is split.
   if (run.grid.tensor > 1 && !run.tensor_sliced)
     notes.push_back("warning: tensor_parallel.tp_size is " + std::to_string(run.grid.tensor) +
-                    " but no parameter is marked tensor-sharded (ParamGroup::tensor_sharded): every tensor rank "
+                    " but no parameter is marked tensor-sharded (ParamGroup::tensor_splits): every tensor rank "
                     "trains a whole copy of the model");
   // bf16 on a CPU without bf16 arithmetic: every matmul converts through fp32, ~11x slower.
   if (c.bf16.enabled && run.device.is_cpu() && !cpu_has_fast_bf16())

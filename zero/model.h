@@ -9,7 +9,7 @@
 // model is one unit.
 //
 // Parameter groups are the optimizer's (DeepSpeed's param_groups): their own lr and weight decay.
-// A parameter flagged tensor-sharded holds only this rank's slice of a tensor-parallel weight: its
+// A parameter with a tensor split holds only this rank's slice of a tensor-parallel weight: its
 // gradient norm is summed over the tensor group; a replicated one is counted once.
 #pragma once
 
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "optim/flat_optimizer.h"
+#include "parallel/tensor_parallel/tensor_split.h"
 
 namespace tessera {
 
@@ -32,7 +33,9 @@ struct ParamGroup {
   std::optional<double> weight_decay;  // overrides optimizer.params.weight_decay
   std::string name;
   std::vector<std::string> param_names;  // optional, one per parameter: named in errors
-  std::vector<bool> tensor_sharded;      // optional, one per parameter (default: replicated)
+  // optional, one per parameter (default: replicated): how a tensor-parallel slice is cut from the
+  // whole parameter (its norm is summed over the tensor group; a checkpoint records the cut)
+  std::vector<TensorSplit> tensor_splits;
   // optional, one per parameter: its values as this rank's chunk (zero/partitioned_init.h) when it
   // was partitioned at construction and holds no bytes itself; undefined where it is whole
   std::vector<at::Tensor> shards;

@@ -16,6 +16,9 @@ void ZeroGroup::check() const {
   const size_t buckets = layout.buckets.size();
   if (params.size() != layout.params.size() || names.size() != params.size() || unit_of.size() != params.size())
     fail("its parameters, names and units do not match its layout");
+  if (tensor_splits.size() != params.size()) fail("a tensor split per parameter");
+  for (const TensorSplit& split : tensor_splits)
+    if (split.sharded() != tensor_sharded) fail("a tensor-parallel slice and a replicated parameter in one group");
   if (segments.size() != buckets || pending.size() != buckets || staging.size() != buckets)
     fail("a segment, counter and staging slot per bucket");
   if (partitioned != !gathered.empty() || (partitioned && gathered.size() != buckets))

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "optim/flat_optimizer.h"
+#include "parallel/tensor_parallel/tensor_split.h"
 #include "zero/flat_layout.h"
 
 namespace tessera {
@@ -24,6 +25,7 @@ struct ZeroGroup {
   std::vector<std::string> names;  // for error messages
   std::vector<int> unit_of;        // per parameter: the unit that owns it (zero/units.h), -1 if none
   bool tensor_sharded = false;     // its parameters are tensor-parallel slices (zero/model.h)
+  std::vector<TensorSplit> tensor_splits;  // per parameter: how its slice is cut (checkpoints record it)
   // The ranks its gradients are averaged over and its shards partitioned over (ParamGroup::
   // communicator: the data group unless the model names another), and at stage 3 a second group
   // over the same ranks for its parameter gathers.

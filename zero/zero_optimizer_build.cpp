@@ -59,7 +59,7 @@ std::vector<GroupSpec> split_groups(const ModelDescription& model, const std::fu
       for (bool partitioned : {true, false}) {
         GroupSpec s{&g, {}, sharded, partitioned};
         for (size_t i = 0; i < g.params.size(); ++i)
-          if ((i < g.tensor_sharded.size() && g.tensor_sharded[i]) == sharded &&
+          if ((i < g.tensor_splits.size() && g.tensor_splits[i].sharded()) == sharded &&
               (partition && g.params[i].defined() && partition(g.params[i])) == partitioned)
             s.members.push_back(static_cast<int>(i));
         if (!s.members.empty()) out.push_back(std::move(s));
@@ -240,6 +240,9 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
       g.index = static_cast<int>(gi);
       g.names = std::move(names[gi]);
       g.tensor_sharded = spec.tensor_sharded;
+      for (int i : spec.members)
+        g.tensor_splits.push_back(i < static_cast<int>(spec.source->tensor_splits.size()) ? spec.source->tensor_splits[i]
+                                                                                        : TensorSplit{});
       g.source_group = static_cast<int>(spec.source - model.groups.data());
       g.comm = comms[gi];
       g.comm_name = comm_names[gi];

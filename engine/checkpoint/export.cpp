@@ -16,6 +16,7 @@
 #include "engine/checkpoint/checkpoint_dir.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/checkpoint/metadata.h"
+#include "engine/checkpoint/reshard.h"
 #include "engine/checkpoint/safetensors.h"
 
 namespace tessera::checkpoint {
@@ -77,23 +78,23 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   ExportResult result;
   result.checkpoint = resolve_checkpoint(o.dir, o.tag);
   const Metadata m = Metadata::read(result.checkpoint);
-  // The module's names must identify each tensor: one whole tensor per name.
-  std::map<std::string, const ParameterRecord*> by_name;
-  for (const ParameterRecord& p : m.parameters) {
-    if (p.tensor_rank >= 0)
-      throw std::runtime_error("tessera checkpoint export: " + p.name + " is a tensor-parallel slice (" + m.layout.str() +
-                               "); exporting tensor-parallel checkpoints is not built yet");
-    if (!by_name.emplace(p.name, &p).second)
-      throw std::runtime_error("tessera checkpoint export: two parameters are named " + p.name +
-                               " (on different pipeline stages): name the model's parameters uniquely");
-  }
+  // One whole tensor per name: tensor-parallel slices put together, a weight tied across pipeline
+  // stages (saved by each) taken once.
+  const SavedParameters saved(m);
+  std::map<std::string, const SavedParameter*> by_name;
+  for (const ParameterRecord& p : m.parameters) by_name.emplace(p.name, saved.find(p.name));
   CheckpointFiles files(result.checkpoint, m);
   // Output files of at most max_shard_bytes each, in name order.
-  std::vector<std::vector<const ParameterRecord*>> shards(1);
+  std::vector<std::vector<const SavedParameter*>> shards(1);
   int64_t in_shard = 0;
   const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  auto numel = [](const SavedParameter* p) {
+    int64_t n = 1;
+    for (int64_t d : p->whole_shape) n *= d;
+    return n;
+  };
   for (const auto& [name, p] : by_name) {
-    const int64_t bytes = p->numel() * element;
+    const int64_t bytes = numel(p) * element;
     if (in_shard > 0 && in_shard + bytes > o.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -101,7 +102,7 @@ ExportResult export_checkpoint(const ExportOptions& o) {
     shards.back().push_back(p);
     in_shard += bytes;
     result.parameters += 1;
-    result.elements += p->numel();
+    result.elements += numel(p);
     result.bytes += bytes;
   }
   const std::string stem = o.output.substr(0, o.output.size() - suffix.size());
@@ -111,9 +112,9 @@ ExportResult export_checkpoint(const ExportOptions& o) {
     std::snprintf(name, sizeof(name), "-%05zu-of-%05zu", k + 1, shards.size());
     const std::string path = shards.size() == 1 ? o.output : stem + name + suffix;
     std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const ParameterRecord* p : shards[k]) {
-      at::Tensor whole = p->numel() ? read_range(files, *p, "fp32", 0, p->numel()) : at::empty({0}, at::kFloat);
-      tensors.emplace_back(p->name, whole.to(dtype).view(p->shape));
+    for (const SavedParameter* p : shards[k]) {
+      const at::Tensor whole = read_elements(files, *p, "fp32", whole_indices(p->whole_shape, {}, 0, 1, 0, numel(p)));
+      tensors.emplace_back(p->name, whole.to(dtype).view(p->whole_shape));
       const size_t slash = path.rfind('/');
       weight_map[p->name] = slash == std::string::npos ? path : path.substr(slash + 1);
     }

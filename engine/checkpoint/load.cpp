@@ -16,6 +16,7 @@
 #include "engine/checkpoint/engine_checkpoint.h"
 #include "engine/checkpoint/metadata.h"
 #include "engine/checkpoint/rank_state.h"
+#include "engine/checkpoint/reshard.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/config/config.h"
 #include "optim/loss_scaler.h"
@@ -83,63 +84,91 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     }
     rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
-    if (m.layout.tensor_parallel != now.tensor_parallel || m.layout.pipeline_parallel != now.pipeline_parallel)
-      throw std::runtime_error("tessera: checkpoint " + path + " was saved with " + m.layout.str() + "; this run has " +
-                               now.str() + ": a checkpoint loads at another data-parallel size or ZeRO stage, but "
-                               "tensor_parallel.tp_size and pipeline.stages must match (resharding those is not built yet)");
     if (optimizer && m.layout.optimizer != now.optimizer)
       throw std::runtime_error("tessera: checkpoint " + path + " holds " + m.layout.optimizer + " state; this engine runs " +
                                now.optimizer + ": load it with load_optimizer_states=False (the weights alone)");
     const bool same_layout = m.layout == now;
     CheckpointFiles files(path, m);
+    const SavedParameters saved(m);
     matched = at::zeros({static_cast<int64_t>(m.parameters.size()) + 1}, at::kInt);
     const bool has_compute = std::count(m.layout.states.begin(), m.layout.states.end(), "compute") > 0;
     const std::string weights = o.load_from_fp32_weights || !has_compute ? "fp32" : "compute";
+    const int tensor_ranks = s.parallel.grid().tensor;
 
-    // Every parameter of this rank's model is in the checkpoint, with its shape.
+    // Every parameter of this rank's model is in the checkpoint (on any stage, whole or in slices),
+    // with its whole shape.
     for (const auto& gp : s.zero.groups()) {
       const ZeroGroup& g = *gp;
-      const int tensor_rank = g.tensor_sharded ? s.parallel.coordinates().tensor : -1;
       for (size_t i = 0; i < g.params.size(); ++i) {
-        const ParameterRecord* rec = m.find(g.names[i], rs.pipeline_stage, tensor_rank);
-        if (rec) matched[rec - m.parameters.data()].fill_(1);
-        if (!rec && o.load_module_strict && g.params[i].numel() > 0)
+        const SavedParameter* p = saved.find(g.names[i]);
+        if (p)
+          for (const ParameterRecord& rec : m.parameters)
+            if (rec.name == g.names[i]) matched[&rec - m.parameters.data()].fill_(1);
+        if (!p && o.load_module_strict && g.params[i].numel() > 0)
           throw std::runtime_error("tessera: checkpoint " + path + " has no parameter " + g.names[i] +
-                                   (tensor_rank >= 0 ? " (tensor rank " + std::to_string(tensor_rank) + ")" : "") +
                                    ": it was saved from another model (load_module_strict=False loads the parameters it has)");
-        if (rec && rec->shape != g.params[i].sizes().vec())
+        const std::vector<int64_t> shape = whole_shape_of(g.params[i].sizes().vec(), g.tensor_splits[i], tensor_ranks);
+        if (p && !p->whole_shape.empty() && p->whole_shape != shape)
           throw std::runtime_error("tessera: checkpoint " + path + " holds " + g.names[i] + " with shape " +
-                                   shape_str(rec->shape) + "; the model's is " + shape_str(g.params[i].sizes().vec()));
+                                   shape_str(p->whole_shape) + "; the model's is " + shape_str(shape) +
+                                   (g.tensor_sharded ? " (whole; this rank holds a tensor-parallel slice of it)" : ""));
       }
     }
     // This rank's pieces: the weights, and the optimizer's state laid out by element or parameter.
-    for (const PieceView& p : rs.pieces) {
-      const ParameterRecord* rec = m.find(p.name, rs.pipeline_stage, p.tensor_rank);
-      if (!rec) continue;
-      copies.push_back({p.states.front().second, read_range(files, *rec, weights, p.begin, p.numel)});
+    // Where the checkpoint holds the same cut of the parameter (the tensor-parallel degree and split
+    // unchanged, the stage perhaps not), the piece's range is read as it is; otherwise its elements
+    // are named in the whole parameter and gathered from the slices that hold them.
+    for (const PieceView& piece : rs.pieces) {
+      const SavedParameter* p = saved.find(piece.name);
+      if (!p) continue;
+      const ParameterRecord* same = piece.tensor_rank >= 0 ? p->same_cut(piece.tensor_rank, tensor_ranks, piece.split)
+                                                            : p->same_cut(-1, 1, TensorSplit{});
+      at::Tensor elements;
+      if (!same)
+        elements = whole_indices(p->whole_shape, piece.split, std::max(piece.tensor_rank, 0), tensor_ranks, piece.begin,
+                                 piece.numel);
+      auto read = [&](const std::string& state) {
+        return same ? read_range(files, *same, state, piece.begin, piece.numel) : read_elements(files, *p, state, elements);
+      };
+      copies.push_back({piece.states.front().second, read(weights)});
       if (!optimizer) continue;
-      for (size_t k = 1; k < p.states.size(); ++k)
-        copies.push_back({p.states[k].second, read_range(files, *rec, p.states[k].first, p.begin, p.numel)});
-      for (const auto& [state, t] : p.per_parameter)
-        copies.push_back({t, files.read(first_shard(*rec).file, state + "/" + p.name)});
+      for (size_t k = 1; k < piece.states.size(); ++k) copies.push_back({piece.states[k].second, read(piece.states[k].first)});
+      for (const auto& [state, t] : piece.per_parameter) {
+        if (same)
+          copies.push_back({t, files.read(first_shard(*same).file, state + "/" + piece.name)});
+        else
+          notes.push_back(state + " keeps its initial value (it is each tensor-parallel slice's own, and the slices changed)");
+      }
     }
     // Group state (the same on every rank) and each rank's own (the same layout only).
     const std::string own_file = rank_file_name(s.parallel.rank());
     for (const GroupView& g : rs.groups) {
       if (!optimizer) break;
       if (!g.group_states.empty()) {
+        // The same group: by its first parameter and tensor rank (any tensor rank's when the degree
+        // changed: a group's state is the same on every rank), on this stage or the one that held it.
+        const bool same_slices = m.layout.tensor_parallel == now.tensor_parallel;
+        const bool regrouped = !same_slices || m.layout.pipeline_parallel != now.pipeline_parallel;
         const GroupRecord* found = nullptr;
         for (const GroupRecord& r : m.groups)
-          if (r.first_parameter == g.first_parameter && r.pipeline_stage == rs.pipeline_stage && r.tensor_rank == g.tensor_rank)
+          if (r.first_parameter == g.first_parameter && (r.tensor_rank == g.tensor_rank || !same_slices) &&
+              (!found || r.pipeline_stage == rs.pipeline_stage))
             found = &r;
         for (const auto& [state, t] : g.group_states) {
-          // Grouped otherwise (ZeRO-3 splits a group into partitioned and persistent parameters): a
-          // value every group shares (Uniform) loads from any group of this stage that saved it.
+          // Grouped otherwise (ZeRO-3 splits a group into partitioned and persistent parameters; the
+          // stages hold other layers): a value every group shares (Uniform) loads from any group
+          // that saved it, this stage's first.
           const GroupRecord* holder = found;
           if (!holder && std::count(g.uniform.begin(), g.uniform.end(), state))
             for (const GroupRecord& r : m.groups)
-              if (!holder && r.pipeline_stage == rs.pipeline_stage && std::count(r.states.begin(), r.states.end(), state))
+              if (std::count(r.states.begin(), r.states.end(), state) &&
+                  (!holder || (holder->pipeline_stage != rs.pipeline_stage && r.pipeline_stage == rs.pipeline_stage)))
                 holder = &r;
+          if (!holder && regrouped) {
+            notes.push_back(state + " of the parameter group that begins with " + g.first_parameter +
+                            " keeps its initial value (" + m.layout.str() + " grouped the parameters otherwise)");
+            continue;
+          }
           if (!holder)
             throw std::runtime_error("tessera: checkpoint " + path + " has no state for the parameter group that begins with " +
                                      g.first_parameter + " (" + m.layout.str() + " grouped the parameters otherwise)");

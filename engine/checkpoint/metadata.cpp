@@ -67,6 +67,7 @@ json Metadata::to_json() const {
     for (const ShardRecord& s : p.shards) shards.push_back({{"file", s.file}, {"begin", s.begin}, {"end", s.end}});
     params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype}, {"pipeline_stage", p.pipeline_stage},
                       {"tensor_rank", p.tensor_rank}, {"shards", shards}});
+    if (p.split.sharded()) params.back()["split"] = {p.split.dim, p.split.fused};
   }
   j["parameters"] = params;
   json groups = json::array();
@@ -158,6 +159,14 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
       rec.shape.push_back(d.get<int64_t>());
     }
     rec.dtype = r.string(p, "dtype", where);
+    if (p.contains("split")) {
+      const json& split = r.get(p, "split", where, json::value_t::array);
+      if (rec.tensor_rank < 0 || split.size() != 2 || !split[0].is_number_integer() || !split[1].is_number_integer() ||
+          split[0].get<int64_t>() < 0 || split[0].get<int64_t>() >= static_cast<int64_t>(rec.shape.size()) ||
+          split[1].get<int64_t>() < 1)
+        r.fail(where + ".split", "expected [dim, fused] of a tensor-parallel slice (dim < its rank, fused >= 1)");
+      rec.split = TensorSplit{split[0].get<int64_t>(), split[1].get<int64_t>()};
+    }
     const json& shards = r.get(p, "shards", where, json::value_t::array);
     for (size_t k = 0; k < shards.size(); ++k) {
       const std::string at = where + ".shards[" + std::to_string(k) + "]";

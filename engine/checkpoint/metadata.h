@@ -7,13 +7,15 @@
 //    "engine":  {"global_step", "micro_step", "skipped_steps", "optimizer_step_base",
 //                "schedule_step_base", "loss_scaler": {...}, "lr_scheduler": "WarmupLR"},
 //    "client_state": {...},
-//    "parameters": [{"name", "shape", "dtype", "pipeline_stage", "tensor_rank",
+//    "parameters": [{"name", "shape", "dtype", "pipeline_stage", "tensor_rank", ["split": [dim, fused]],
 //                    "shards": [{"file", "begin", "end"}, ...]}, ...],
 //    "groups": [{"first_parameter", "pipeline_stage", "tensor_rank", "file", "states": [...]}],
 //    "files": {"rank00000.safetensors": {"rank", "bytes", "xxh64": {"fp32/wte.weight": "…", ...}}}}
 //
 // A parameter is one tensor of the model, by its name and place (pipeline stage; tensor rank for a
-// tensor-parallel slice, -1 for one every tensor rank holds whole); its shards are element ranges
+// tensor-parallel slice, -1 for one every tensor rank holds whole; a slice's "split" says how it is
+// cut from the whole parameter, tensor_parallel_slice's dim and fused over layout.tensor_parallel
+// ranks, so that its elements are elements of the whole: engine/checkpoint/reshard.h); its shards are element ranges
 // [begin, end) of the flattened tensor, disjoint and covering it, each held by one file. For each
 // shard the file holds "<state>/<name>" for every state in layout.states ("fp32": the master
 // weights; "compute": the model's own dtype under mixed precision; the optimizer's moments), 1-D,
@@ -31,6 +33,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "parallel/tensor_parallel/tensor_split.h"
 
 namespace tessera::checkpoint {
 
@@ -50,6 +54,7 @@ struct ParameterRecord {
   std::string dtype;  // the model's dtype, as safetensors names it ("F32", "BF16")
   int pipeline_stage = 0;
   int tensor_rank = -1;  // -1: whole on every tensor rank; else this tensor rank's slice
+  TensorSplit split;     // a slice's cut from the whole (dim -1: unknown, written before splits were recorded)
   std::vector<ShardRecord> shards;
   int64_t numel() const;
 };

@@ -72,6 +72,7 @@ RankState rank_state(ZeroOptimizer& zero, ParallelContext& parallel) {
       p.shape = g.params[piece.param].sizes().vec();
       p.dtype = g.params[piece.param].scalar_type();
       p.tensor_rank = tensor_rank;
+      if (g.tensor_sharded) p.split = g.tensor_splits[piece.param];
       p.begin = piece.param_offset;
       p.numel = piece.numel;
       p.states.emplace_back("fp32", offloaded_master.defined() ? offloaded_master.narrow(0, piece.local_offset, piece.numel)

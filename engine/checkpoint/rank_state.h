@@ -27,6 +27,7 @@ struct PieceView {
   std::vector<int64_t> shape;   // the parameter's (a tensor-parallel slice's own)
   at::ScalarType dtype;         // the model's
   int tensor_rank = -1;         // -1: whole on every tensor rank
+  TensorSplit split;            // how the slice is cut from the whole (tensor_rank >= 0)
   int64_t begin = 0, numel = 0;
   NamedTensors states;          // "fp32", then the optimizer's Shard-layout states: 1-D views
   at::Tensor compute;           // the model's own dtype, mixed precision only

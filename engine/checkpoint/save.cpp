@@ -51,6 +51,7 @@ json write_rank_file(const RankState& rs, const std::string& path, const std::st
     params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", safetensors_dtype(p.dtype)},
                       {"pipeline_stage", rs.pipeline_stage}, {"tensor_rank", p.tensor_rank},
                       {"begin", p.begin}, {"end", p.begin + p.numel}});
+    if (p.split.sharded()) params.back()["split"] = {p.split.dim, p.split.fused};
   }
   for (size_t i = 0; i < rs.groups.size(); ++i) {
     const GroupView& g = rs.groups[i];
@@ -90,6 +91,7 @@ Metadata merge(const std::vector<std::string>& entries, Metadata m) {
       if (rec.shards.empty()) {
         rec.shape = p.at("shape").get<std::vector<int64_t>>();
         rec.dtype = p.at("dtype");
+        if (p.contains("split")) rec.split = TensorSplit{p.at("split")[0].get<int64_t>(), p.at("split")[1].get<int64_t>()};
       }
       rec.shards.push_back({file, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>()});
     }

@@ -363,17 +363,20 @@ std::vector<pipeline::LayerInfo> Gpt::layer_infos() const {
 
 ModelDescription Gpt::groups_of(const std::vector<int64_t>& indices, double weight_decay) const {
   std::vector<at::Tensor> params, experts;
-  std::vector<std::string> expert_names;
-  for (int64_t i : indices) (expert_[i] ? experts : params).push_back(params_[i]);
-  ModelDescription model = decay_groups(params, weight_decay);
+  std::vector<std::string> names, expert_names;
+  for (int64_t i : indices) {
+    (expert_[i] ? experts : params).push_back(params_[i]);
+    (expert_[i] ? expert_names : names).push_back(names_[i]);
+  }
+  ModelDescription model = decay_groups(params, weight_decay, names);
   // Which ones are tensor-parallel slices (their norm is summed over the group), in each group's
   // order: decay_groups keeps the order within "decay" (dim >= 2) and "no_decay".
   for (int64_t i : indices)
-    if (!expert_[i]) model.groups[params_[i].dim() >= 2 ? 0 : 1].tensor_sharded.push_back(splits_[i].dim >= 0);
+    if (!expert_[i]) model.groups[params_[i].dim() >= 2 ? 0 : 1].tensor_splits.push_back(splits_[i]);
   if (!experts.empty()) {
     // The experts: reduced and partitioned over their expert-data group, their averaged gradients
     // scaled by 1/ep_size (zero/model.h, ParamGroup::gradient_scale).
-    ModelDescription e = decay_groups(experts, weight_decay);
+    ModelDescription e = decay_groups(experts, weight_decay, expert_names);
     for (ParamGroup& g : e.groups) {
       g.name = "experts." + g.name;
       g.communicator = moe_.expert_data;

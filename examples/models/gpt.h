@@ -76,12 +76,6 @@ struct GptContextParallel {
   std::string method = "ulysses";
 };
 
-// How a parameter is cut over the tensor group: tensor_parallel_slice's dim (-1: replicated) and fused.
-struct TensorSplit {
-  int64_t dim = -1;
-  int64_t fused = 1;
-};
-
 class Gpt {
  public:
   // Deterministic initialization from `seed` (GPT-2's): linear and embedding weights N(0, 0.02),

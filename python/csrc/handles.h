@@ -23,15 +23,17 @@ struct ConfigHandle {
   ResolvedLayout layout;
 };
 
-// A parameter group as Python passes it: (params, lr, weight_decay, name, param names, tensor-sharded
-// flags, communicator: "" is the data group, gradient scale: ParamGroup::gradient_scale).
+// A parameter group as Python passes it: (params, lr, weight_decay, name, param names, tensor splits
+// as (dim, fused) with dim -1 for a replicated parameter, communicator: "" is the data group, gradient
+// scale: ParamGroup::gradient_scale).
 using GroupTuple = std::tuple<std::vector<at::Tensor>, std::optional<double>, std::optional<double>, std::string,
-                              std::vector<std::string>, std::vector<bool>, std::string, double>;
+                              std::vector<std::string>, std::vector<std::pair<int64_t, int64_t>>, std::string, double>;
 
 inline ModelDescription description_of(const std::vector<GroupTuple>& groups) {
   ModelDescription model;
-  for (const auto& [params, lr, weight_decay, name, names, tensor_sharded, communicator, scale] : groups) {
-    model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, tensor_sharded, {}});
+  for (const auto& [params, lr, weight_decay, name, names, splits, communicator, scale] : groups) {
+    model.groups.push_back(ParamGroup{params, lr, weight_decay, name, names, {}, {}});
+    for (const auto& [dim, fused] : splits) model.groups.back().tensor_splits.push_back(TensorSplit{dim, fused});
     model.groups.back().communicator = communicator;
     model.groups.back().gradient_scale = scale;
   }

@@ -341,7 +341,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     trainable = {id(p): p for g in groups for p in g[0]}
     unit_modules, unit_spec = _units(model, units, trainable)
     cgroups = [(params, lr, weight_decay, name, [names.get(id(p), "") for p in params],
-                [hasattr(p, "_tessera_tensor_parallel") for p in params], communicator, gradient_scale)
+                [tensor_parallel.split_of(p) for p in params], communicator, gradient_scale)
                for params, lr, weight_decay, name, communicator, gradient_scale in groups]
     # A model built under tessera.zero.Init: the engine builds its buffers from the chunks.
     inits = {}

@@ -26,7 +26,7 @@ import json
 import torch
 import torch.nn as nn
 
-from . import _C, comm
+from . import _C, comm, tensor_parallel
 from ._checkpoint_calls import CheckpointCalls
 
 __all__ = ["LayerSpec", "TiedLayerSpec", "PipelineModule", "PipelineEngine"]
@@ -324,7 +324,7 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
     own = [p for p in module.parameters() if p.requires_grad and id(p) not in tied_ids]
 
     def sliced(params):  # tensor-parallel slices (tessera.tensor_parallel.parallelize on the stage's layers)
-        return [hasattr(p, "_tessera_tensor_parallel") for p in params]
+        return [tensor_parallel.split_of(p) for p in params]
     groups = [(own, None, None, "stage", [names.get(id(p), "") for p in own], sliced(own), "", 1.0)] if own else []
     tied_spec = []
     for key, params, stages in tied:

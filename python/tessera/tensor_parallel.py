@@ -333,6 +333,14 @@ def auto_plan(module):
 
 # ---- reading a tensor-parallel model whole ----
 
+def split_of(p):
+    """(dim, fused): how parameter `p` is cut over the tensor group (tensor_parallel_slice's
+    arguments), or (-1, 1) when every tensor rank holds it whole. The engine keeps it per parameter
+    so that a checkpoint records which elements of the whole each slice holds."""
+    dim, fused = getattr(p, "_tessera_tensor_parallel", (-1, 1))
+    return int(dim), int(fused)
+
+
 def full_tensor(p, context=None):
     """The whole (single-device) value of parameter `p`: its slices gathered from the tensor group
     when it is tensor-parallel, else p itself. A collective: every tensor rank calls it."""
