@@ -135,6 +135,7 @@ class PipelineModule(nn.Module):
         self.tied_weight_attrs = {}
         self.chunk_funcs = []  # per model chunk this stage holds: its layers' forwards, in order
         self.local_layers = nn.ModuleList()  # the stage's modules, in order, for parameters()
+        self._global_index = []  # per local layer: its index in the whole model's layers
         self.layers_by_index = {}  # layer index -> its module (or callable) on this stage
         for chunk in range(self.stage_id, chunks, self.num_stages):
             funcs = []
@@ -161,14 +162,28 @@ class PipelineModule(nn.Module):
         if isinstance(layer, LayerSpec):
             module = layer.build()
             self.local_layers.append(module)
+            self._global_index.append(i)
             return module
         if isinstance(layer, nn.Module):
             self.local_layers.append(layer)
+            self._global_index.append(i)
             return layer
         if callable(layer):
             return layer
         raise TypeError("tessera.pipe.PipelineModule: layers[%d] is a %s; expected a LayerSpec, an nn.Module or "
                         "a callable" % (i, type(layer).__name__))
+
+    def parameter_names(self):
+        """{id(parameter): name} by the layer's place in the whole model ("layers.<i>.<name>", and
+        "tied.<key>.<name>" for a tied module), not by this stage's local list: the names a checkpoint
+        finds them by, so that it loads at another number of stages (DeepSpeed names its layer files
+        by the global index likewise)."""
+        names = {}
+        for key, module in self.tied_modules.items():
+            names.update((id(p), "tied.%s.%s" % (key, n)) for n, p in module.named_parameters())
+        for i, module in zip(self._global_index, self.local_layers):
+            names.update((id(p), "layers.%d.%s" % (i, n)) for n, p in module.named_parameters())
+        return names
 
     def tied_groups(self):
         """[(key, [parameters], [stages])] for every tied key this stage holds and shares."""
@@ -318,7 +333,7 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
         raise ValueError("tessera.initialize: tensor_parallel.tp_size is %d but no layer of this stage is split; apply "
                          "tessera.tensor_parallel.parallelize(model, plan) to the PipelineModule first (its layers are "
                          "model.local_layers.<i>)" % cfg.tensor)
-    names = {id(p): n for n, p in module.named_parameters()}
+    names = module.parameter_names()
     tied = module.tied_groups()
     tied_ids = {id(p) for _, params, _ in tied for p in params}
     own = [p for p in module.parameters() if p.requires_grad and id(p) not in tied_ids]

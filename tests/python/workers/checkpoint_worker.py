@@ -58,6 +58,8 @@ def pipe_run(run):
         path, client_state = engine.load_checkpoint(kwargs.pop("dir"), **kwargs)
         result.update(loaded=path, client_state=client_state)
         start = client_state["next_step"]
+        if run.get("save_loaded"):
+            engine.save_checkpoint(run["save_loaded"], client_state=client_state)
     result["global_steps_at_start"] = engine.global_steps
     for step in range(start, start + run["steps"]):
         result["losses"].append(engine.train_batch(iter([pw.micro_batch(step, m, d) for m in range(pw.ACCUMULATION)])))
