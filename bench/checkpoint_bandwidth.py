@@ -9,8 +9,17 @@ moments are not zeros), then, timed between barriers:
   load        engine.load_checkpoint of the same checkpoint (every tensor's checksum verified)
 Rank 0 prints the bytes, each bandwidth and the ratios save/raw write and load/raw read.
 
+Then the cost of a save to the training around it (checkpoint.async_save, issue 46), each timed
+between barriers over the same --steps training steps (micro-batch --micro of --seq tokens):
+  steps             the steps alone
+  + sync save       a synchronous save, then the steps
+  + async save      save_checkpoint(async_save=True), the steps while its thread writes, then
+                    wait_for_checkpoint(); also the save call alone (the host copy) and whether
+                    the write had ended when the steps did
+printed with their ratios to the steps alone.
+
   tessera launch --nproc-per-node 2 -- python bench/checkpoint_bandwidth.py [--dir D] [--stage 1]
-        [--layers 12 --embd 768 --heads 12] [--rounds 3]
+        [--layers 12 --embd 768 --heads 12] [--rounds 3] [--steps 8 --micro 4 --seq 256]
 """
 import argparse
 import json
@@ -72,15 +81,22 @@ def main():
     ap.add_argument("--embd", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
     a = ap.parse_args()
-    model = Gpt(vocab=50304, block_size=64, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, seed=1)
-    config = {"train_micro_batch_size_per_gpu": 1, "steps_per_print": 1000,
+    model = Gpt(vocab=50304, block_size=a.seq, n_layer=a.layers, n_head=a.heads, n_embd=a.embd, seed=1)
+    config = {"train_micro_batch_size_per_gpu": a.micro, "steps_per_print": 1000,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": a.stage}}
     engine, _, _, _ = tessera.initialize(model=model, config=config)
-    x = torch.randint(0, 50304, (1, 65))
-    loss = engine(x[:, :-1], x[:, 1:])
-    engine.backward(loss)
-    engine.step()
+    x = torch.randint(0, 50304, (a.micro, a.seq + 1))
+
+    def train(steps):
+        for _ in range(steps):
+            engine.backward(engine(x[:, :-1], x[:, 1:]))
+            engine.step()
+
+    train(1)
     rank = tessera.comm.get_rank()
     params = sum(p.numel() for p in model.parameters())
     if rank == 0:
@@ -103,6 +119,25 @@ def main():
         rows.append((total, save_s, write_s, load_s, read_s, dropped))
         if r > 0 and rank == 0:
             shutil.rmtree(os.path.join(a.dir, "round%d" % (r - 1)))
+    # The cost of a save to the steps around it.
+    steps_s, sync_s, async_s, call_s, pending_after = [], [], [], [], []
+    for r in range(a.rounds):
+        steps_s.append(timed(lambda: train(a.steps)))
+        sync_s.append(timed(lambda: (engine.save_checkpoint(a.dir, tag="sync%d" % r), train(a.steps))))
+        start = time.perf_counter()
+
+        def async_round():
+            engine.save_checkpoint(a.dir, tag="async%d" % r, async_save=True)
+            call_s.append(time.perf_counter() - start)
+            train(a.steps)
+            pending_after.append(engine.checkpoint_in_flight())
+            engine.wait_for_checkpoint()
+        tessera.comm.barrier()
+        start = time.perf_counter()
+        async_s.append(timed(async_round))
+        if rank == 0:
+            for tag in ("sync%d" % r, "async%d" % r):
+                shutil.rmtree(os.path.join(a.dir, tag), ignore_errors=True)
     if rank == 0:
         print("checkpoint bandwidth: GPT %.1fM parameters, AdamW, ZeRO %d, %d ranks, %s" %
               (params / 1e6, a.stage, tessera.comm.get_world_size(), a.dir))
@@ -113,7 +148,13 @@ def main():
                   (gb, save_s, gb / save_s, write_s, gb / write_s, write_s / save_s,
                    load_s, gb / load_s, read_s, gb / read_s, read_s / load_s,
                    "" if dropped else " (page cache not dropped: reads may come from memory)"))
-        print(json.dumps({"rows": rows}))
+        print("save during training: %d steps of micro-batch %d x %d tokens" % (a.steps, a.micro, a.seq))
+        for r in range(a.rounds):
+            print("  steps %.2f s | + sync save %.2f s (%.3fx) | + async save %.2f s (%.3fx), the call %.3f s, "
+                  "written %s the steps" % (steps_s[r], sync_s[r], sync_s[r] / steps_s[r], async_s[r],
+                                            async_s[r] / steps_s[r], call_s[r],
+                                            "after" if pending_after[r] else "before the end of"))
+        print(json.dumps({"rows": rows, "steps_s": steps_s, "sync_s": sync_s, "async_s": async_s, "call_s": call_s}))
     engine.close()
 
 

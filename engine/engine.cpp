@@ -494,14 +494,30 @@ TrainingState Engine::training_state() {
 }
 
 std::string Engine::save_checkpoint(const SaveOptions& options) {
+  wait_for_checkpoint();  // one save at a time, committed in order
   TrainingState state = training_state();
   SaveOptions o = options;
+  o.async = o.async || config_.checkpoint.async_save;
   // Read at each save, not with the rest at construction: a test sets it just before the save it kills.
-  if (o.crash_at.empty()) o.crash_at = EngineEnvironment::read().checkpoint_crash_at;
-  return tessera::save_checkpoint(state, o);
+  const EngineEnvironment environment = EngineEnvironment::read();
+  if (o.crash_at.empty()) o.crash_at = environment.checkpoint_crash_at;
+  if (o.write_delay_ms == 0) o.write_delay_ms = environment.checkpoint_write_delay_ms;
+  SaveResult saved = tessera::save_checkpoint(state, o);
+  pending_save_ = std::move(saved.pending);
+  return saved.path;
 }
 
+void Engine::wait_for_checkpoint() {
+  if (!pending_save_) return;
+  std::unique_ptr<BackgroundSave> pending = std::move(pending_save_);
+  pending->wait();
+}
+
+int64_t Engine::checkpoint_host_bytes() const { return pending_save_ ? pending_save_->host_bytes() : 0; }
+bool Engine::checkpoint_in_flight() const { return pending_save_ && !pending_save_->done(); }
+
 LoadResult Engine::load_checkpoint(LoadOptions options) {
+  wait_for_checkpoint();
   options.load_from_fp32_weights = config_.zero_optimization.load_from_fp32_weights;
   TrainingState state = training_state();
   LoadResult result = tessera::load_checkpoint(state, options);

@@ -196,8 +196,16 @@ class Engine {
   // Checkpoints (engine/checkpoint/engine_checkpoint.h, DeepSpeed's calls): every rank calls them.
   // save_checkpoint returns the checkpoint's directory; load_checkpoint its directory and the
   // client_state saved with it (JSON text). options.load_from_fp32_weights comes from the config.
+  // With checkpoint.async_save (or options.async) the save returns once this rank's state is copied
+  // to host memory; the next save, a load, wait_for_checkpoint() and the engine's end wait for it
+  // and raise its error, on every rank.
   std::string save_checkpoint(const SaveOptions& options);
   LoadResult load_checkpoint(LoadOptions options);
+  void wait_for_checkpoint();
+  // The asynchronous save not yet waited for, if any: its snapshot's bytes on this rank (0: none),
+  // and whether its thread is still writing.
+  int64_t checkpoint_host_bytes() const;
+  bool checkpoint_in_flight() const;
   // The model's weights in its own dtype, whole, in one safetensors file written by rank 0
   // (DeepSpeed's save_16bit_model; ZeRO-3 gathers them first). Returns the file's path.
   std::string save_16bit_model(const std::string& save_dir, const std::string& save_filename = "model.safetensors");
@@ -243,6 +251,8 @@ class Engine {
   std::mutex autograd_open_mutex_;
   std::shared_ptr<Engine*> alive_ = std::make_shared<Engine*>(this);  // hooks on outputs hold it weakly
   std::chrono::steady_clock::time_point backward_start_;
+  // checkpoint.async_save: the save being written (declared last: its thread ends first).
+  std::unique_ptr<BackgroundSave> pending_save_;
 };
 
 }  // namespace tessera

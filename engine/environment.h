@@ -6,6 +6,9 @@
 //   TESSERA_CHECKPOINT_CRASH=P   a save kills the process at point P (SaveOptions::crash_at): the
 //                                crash tests' hook (before_commit, after_fsync, after_rename,
 //                                after_latest, after_shard_write)
+//   TESSERA_CHECKPOINT_WRITE_DELAY_MS=N   a save's file writes start N ms late (SaveOptions::
+//                                write_delay_ms): the asynchronous-save tests' hook, so that
+//                                training has changed the engine's buffers before the write
 // Tuning knobs that pick a kernel or size an allocator (TESSERA_CPU_*, TESSERA_AIO_BACKEND,
 // TESSERA_HEAP_TRIM_MIB, ...) stay with the code they tune: they change no result.
 #pragma once
@@ -18,12 +21,14 @@ namespace tessera {
 struct EngineEnvironment {
   bool host_staging_on_cpu = false;
   std::string checkpoint_crash_at;
+  int checkpoint_write_delay_ms = 0;
 
   static EngineEnvironment read() {
     EngineEnvironment e;
     const char* staging = std::getenv("TESSERA_HOST_STAGING");
     e.host_staging_on_cpu = staging != nullptr && std::string(staging) == "1";
     if (const char* at = std::getenv("TESSERA_CHECKPOINT_CRASH")) e.checkpoint_crash_at = at;
+    if (const char* ms = std::getenv("TESSERA_CHECKPOINT_WRITE_DELAY_MS")) e.checkpoint_write_delay_ms = std::atoi(ms);
     return e;
   }
 };

@@ -9,15 +9,18 @@
 //   in the metadata  every parameter's shards as element ranges with checksums, the layout, the
 //                    step counters, the loss scaler, the schedule, the caller's client_state (JSON)
 //
-// Loading reads, on every rank, the ranges its shard owns NOW from whichever files hold them, so a
-// checkpoint loads at another data-parallel size or ZeRO stage without a conversion step (tensor
-// and pipeline degrees must match so far). Every value is read and checked (checksum, size,
+// Loading reads, on every rank, the elements its shard owns NOW from whichever files hold them, so a
+// checkpoint loads at another data-parallel, tensor-parallel or pipeline degree and ZeRO stage
+// without a conversion step (reshard.h). Every value is read and checked (checksum, size,
 // shape) before anything is changed, and the ranks agree on success first: a bad file leaves the
 // engine as it was, on every rank, with an error naming the file and the parameter.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "engine/checkpoint/background_save.h"
 
 namespace tessera {
 
@@ -52,11 +55,21 @@ struct SaveOptions {
   std::string tag;                  // empty: "global_step<N>"
   std::string client_state = "{}";  // JSON text (an object), returned by the load
   std::string crash_at;             // tests: SIGKILL at this point of the save (engine/environment.h)
+  int write_delay_ms = 0;           // tests: the file writes start this late (engine/environment.h)
+  // checkpoint.async_save: the tensors copied to host memory, the files written and committed by a
+  // thread (background_save.h) while training goes on.
+  bool async = false;
 };
 
-// Collective over every rank; returns the checkpoint's directory. Throws, on every rank, when a
-// rank could not write (the previous checkpoint and `latest` stay as they were).
-std::string save_checkpoint(TrainingState& state, const SaveOptions& options);
+struct SaveResult {
+  std::string path;                                 // the checkpoint's directory
+  std::unique_ptr<BackgroundSave> pending;  // async: the save still being written
+};
+
+// Collective over every rank. Throws, on every rank, when a rank could not write (the previous
+// checkpoint and `latest` stay as they were); an asynchronous save's write errors are thrown by
+// its pending->wait().
+SaveResult save_checkpoint(TrainingState& state, const SaveOptions& options);
 
 // The model's weights in their own dtype, whole, as one safetensors file `save_dir/save_filename`
 // written by global rank 0 (a collective; the caller gathers ZeRO-3's parameters first). Names

@@ -1,7 +1,11 @@
 // Engine save (engine_checkpoint.h): each rank writes its file into the partial directory, the
 // ranks exchange what they wrote (names, ranges, checksums), and global rank 0 writes
 // metadata.json and commits.
+#include <ATen/ops/empty.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -10,6 +14,7 @@
 #include <stdexcept>
 #include <sys/stat.h>
 
+#include "engine/checkpoint/background_save.h"
 #include "engine/checkpoint/checkpoint_dir.h"
 #include "engine/checkpoint/checksum.h"
 #include "engine/checkpoint/engine_checkpoint.h"
@@ -37,46 +42,68 @@ json loss_scaler_json(const LossScaler& scaler) {
   return {{"type", scaler.dynamic() ? "dynamic" : (scaler.scale() == 1.0 ? "none" : "static")}, {"scale", scaler.scale()}};
 }
 
-// This rank's file: what it writes, and its entry for the metadata.
-json write_rank_file(const RankState& rs, const std::string& path, const std::string& file, int rank,
-                     const c10::Device& device) {
+// What a rank writes: its tensors on the host, and its entry for the metadata (the checksums are
+// added as the file is written).
+struct RankFile {
   NamedTensors tensors;
   json params = json::array(), groups = json::array();
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const auto& [name, t] : tensors) n += static_cast<int64_t>(t.nbytes());
+    return n;
+  }
+};
+
+// On the host and contiguous: what is written is what is hashed. A snapshot (an asynchronous save)
+// is a copy whatever the tensor's device (pinned for a device's), since training goes on changing
+// the engine's buffers; otherwise host tensors are written from where they are.
+at::Tensor on_host(const at::Tensor& t, bool snapshot) {
+  const at::Tensor d = t.detach();
+  if (!snapshot) return d.to(at::kCPU).contiguous();
+  at::Tensor copy = at::empty(d.sizes(), d.options().device(at::kCPU).pinned_memory(!d.is_cpu()));
+  copy.copy_(d);
+  return copy;
+}
+
+RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool snapshot) {
+  RankFile f;
   for (size_t i = 0; i < rs.pieces.size(); ++i) {
     if (!rs.writes_piece[i]) continue;
     const PieceView& p = rs.pieces[i];
-    for (const auto& [state, t] : p.states) tensors.emplace_back(state + "/" + p.name, t);
-    if (p.compute.defined()) tensors.emplace_back("compute/" + p.name, p.compute);
-    for (const auto& [state, t] : p.per_parameter) tensors.emplace_back(state + "/" + p.name, t);
-    params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", safetensors_dtype(p.dtype)},
-                      {"pipeline_stage", rs.pipeline_stage}, {"tensor_rank", p.tensor_rank},
-                      {"begin", p.begin}, {"end", p.begin + p.numel}});
-    if (p.split.sharded()) params.back()["split"] = {p.split.dim, p.split.fused};
+    for (const auto& [state, t] : p.states) f.tensors.emplace_back(state + "/" + p.name, t);
+    if (p.compute.defined()) f.tensors.emplace_back("compute/" + p.name, p.compute);
+    for (const auto& [state, t] : p.per_parameter) f.tensors.emplace_back(state + "/" + p.name, t);
+    f.params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", safetensors_dtype(p.dtype)},
+                        {"pipeline_stage", rs.pipeline_stage}, {"tensor_rank", p.tensor_rank},
+                        {"begin", p.begin}, {"end", p.begin + p.numel}});
+    if (p.split.sharded()) f.params.back()["split"] = {p.split.dim, p.split.fused};
   }
   for (size_t i = 0; i < rs.groups.size(); ++i) {
     const GroupView& g = rs.groups[i];
-    for (const auto& [state, t] : g.rank_local) tensors.emplace_back("local/" + g.first_parameter + "/" + state, t);
+    for (const auto& [state, t] : g.rank_local) f.tensors.emplace_back("local/" + g.first_parameter + "/" + state, t);
     if (!rs.writes_group[i] || g.group_states.empty()) continue;
     std::vector<std::string> states;
     for (const auto& [state, t] : g.group_states) {
-      tensors.emplace_back("group/" + g.first_parameter + "/" + state, t);
+      f.tensors.emplace_back("group/" + g.first_parameter + "/" + state, t);
       states.push_back(state);
     }
-    groups.push_back({{"first_parameter", g.first_parameter}, {"pipeline_stage", rs.pipeline_stage},
-                      {"tensor_rank", g.tensor_rank}, {"states", states}});
+    f.groups.push_back({{"first_parameter", g.first_parameter}, {"pipeline_stage", rs.pipeline_stage},
+                        {"tensor_rank", g.tensor_rank}, {"states", states}});
   }
-  for (auto& e : rng_states(device)) tensors.push_back(std::move(e));
-  // On the host, contiguous: what is written is what is hashed.
+  for (auto& e : rng_states(device)) f.tensors.push_back(std::move(e));
+  for (auto& [name, t] : f.tensors) t = on_host(t, snapshot);
+  return f;
+}
+
+// Writes this rank's file; returns its entry for the metadata.
+json write_rank_file(const RankFile& f, const std::string& path, const std::string& file, int rank) {
   json sums = json::object();
-  for (auto& [name, t] : tensors) {
-    t = t.detach().to(at::kCPU).contiguous();
-    sums[name] = xxh64_hex(t.data_ptr(), t.nbytes());
-  }
-  write_safetensors(path, tensors, {{"format", "tessera-checkpoint"}, {"rank", std::to_string(rank)}});
+  for (const auto& [name, t] : f.tensors) sums[name] = xxh64_hex(t.data_ptr(), t.nbytes());
+  write_safetensors(path, f.tensors, {{"format", "tessera-checkpoint"}, {"rank", std::to_string(rank)}});
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("tessera: " + path + " vanished after it was written");
   return {{"file", file}, {"rank", rank}, {"bytes", static_cast<int64_t>(st.st_size)}, {"xxh64", sums},
-          {"parameters", params}, {"groups", groups}};
+          {"parameters", f.params}, {"groups", f.groups}};
 }
 
 // Rank 0: every rank's entry merged into the metadata.
@@ -104,9 +131,43 @@ Metadata merge(const std::vector<std::string>& entries, Metadata m) {
   return m;
 }
 
+// The part of a save after the snapshot: this rank's file written, the entries exchanged over
+// `comm`, and rank 0's metadata and commit. Run in the call, or by a BackgroundSave's thread.
+struct SaveJob {
+  RankFile file;
+  std::string tag, path, file_name, crash_at;
+  int rank = 0, delay_ms = 0;
+  std::unique_ptr<CheckpointWriter> writer;  // rank 0's
+  Metadata base;                             // rank 0's: the layout and counters at the save
+
+  void run(Communicator& comm) {
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    std::string error, entry;
+    try {
+      entry = write_rank_file(file, path, file_name, rank).dump();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    file.tensors.clear();  // a snapshot's memory goes once it is written
+    crash_point(crash_at, "after_shard_write");
+    std::vector<std::string> entries = all_gather_strings(comm, error.empty() ? entry : "");
+    agree(comm, error, "writing checkpoint " + tag);
+    if (rank == 0) {
+      try {
+        const Metadata m = merge(entries, std::move(base));
+        write_file_durably(writer->file(kMetadataFile), m.to_json().dump(1));
+        writer->commit();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    agree(comm, error, "committing checkpoint " + tag);
+  }
+};
+
 }  // namespace
 
-std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
+SaveResult save_checkpoint(TrainingState& s, const SaveOptions& options) {
   Communicator& world = s.parallel.world();
   const int64_t gas = *s.config.gradient_accumulation_steps;
   if (s.steps.micro_step % gas != 0)
@@ -134,58 +195,55 @@ std::string save_checkpoint(TrainingState& s, const SaveOptions& options) {
       }
   }
   s.zero.wait_for_parameters();
-  const int rank = s.parallel.rank();
+  auto job = std::make_shared<SaveJob>();
+  job->tag = tag;
+  job->rank = s.parallel.rank();
+  job->file_name = rank_file_name(job->rank);
+  job->path = partial_dir_of(options.save_dir, tag) + "/" + job->file_name;
+  job->crash_at = options.crash_at;
+  job->delay_ms = options.write_delay_ms;
 
-  // 1. Rank 0 makes the partial directory; then every rank writes its file into it.
-  std::unique_ptr<CheckpointWriter> writer;
-  if (rank == 0 && error.empty()) {
+  // 1. Rank 0 makes the partial directory.
+  if (job->rank == 0 && error.empty()) {
     try {
-      writer = std::make_unique<CheckpointWriter>(options.save_dir, tag, options.crash_at);
+      job->writer = std::make_unique<CheckpointWriter>(options.save_dir, tag, options.crash_at);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   agree(world, error, "creating checkpoint " + tag);
-  // NVMe parameter offload: the shards in memory while the rank's view reads or fills them
-  // (opened inside the try: a failed read is agreed on by every rank like any other).
-  std::optional<ZeroOptimizer::ResidentParameters> resident;
-  RankState rs;
-  const std::string file = rank_file_name(rank);
-  std::string entry;
+  // 2. This rank's part on the host (a copy when the save goes on in the background).
   try {
-    resident.emplace(s.zero, /*modifies=*/false);
-    rs = rank_state(s.zero, s.parallel);
-    entry = write_rank_file(rs, partial_dir_of(options.save_dir, tag) + "/" + file, file, rank, s.parallel.device()).dump();
+    // NVMe parameter offload: the shards in memory while the rank's view reads them.
+    ZeroOptimizer::ResidentParameters resident(s.zero, /*modifies=*/false);
+    const RankState rs = rank_state(s.zero, s.parallel);
+    job->file = collect_rank_file(rs, s.parallel.device(), options.async);
+    if (job->rank == 0) {
+      job->base.tag = tag;
+      job->base.layout = current_layout(s, rs.shard_states);
+      job->base.engine = {{"global_step", s.steps.global_step},
+                          {"micro_step", s.steps.micro_step},
+                          {"skipped_steps", s.steps.skipped_steps},
+                          {"optimizer_step_base", s.steps.optimizer_step_base},
+                          {"schedule_step_base", s.steps.schedule_step_base},
+                          {"loss_scaler", loss_scaler_json(s.scaler)},
+                          {"lr_scheduler", s.lr_schedule}};
+      job->base.client_state = client_state;
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
-  crash_point(options.crash_at, "after_shard_write");
-  std::vector<std::string> entries = all_gather_strings(world, error.empty() ? entry : "");
   agree(world, error, "writing checkpoint " + tag);
-
-  // 2. Rank 0: the metadata, then the commit (latest last).
-  if (rank == 0) {
-    try {
-      Metadata m;
-      m.tag = tag;
-      m.layout = current_layout(s, rs.shard_states);
-      m.engine = {{"global_step", s.steps.global_step},
-                  {"micro_step", s.steps.micro_step},
-                  {"skipped_steps", s.steps.skipped_steps},
-                  {"optimizer_step_base", s.steps.optimizer_step_base},
-                  {"schedule_step_base", s.steps.schedule_step_base},
-                  {"loss_scaler", loss_scaler_json(s.scaler)},
-                  {"lr_scheduler", s.lr_schedule}};
-      m.client_state = client_state;
-      m = merge(entries, std::move(m));
-      write_file_durably(writer->file(kMetadataFile), m.to_json().dump(1));
-      writer->commit();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+  // 3. The files and the commit: here, or by a thread over a communicator of its own.
+  SaveResult result{options.save_dir + "/" + tag, nullptr};
+  if (!options.async) {
+    job->run(world);
+    return result;
   }
-  agree(world, error, "committing checkpoint " + tag);
-  return options.save_dir + "/" + tag;
+  Communicator& own = s.parallel.group_over("world", "checkpoint");  // every rank asks together, here
+  const int64_t bytes = job->file.bytes();
+  result.pending = std::make_unique<BackgroundSave>(result.path, bytes, [job, &own] { job->run(own); });
+  return result;
 }
 
 std::string save_16bit_model(TrainingState& s, const std::string& save_dir, const std::string& save_filename) {

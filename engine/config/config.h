@@ -356,8 +356,12 @@ struct CheckpointConfig {
   // tessera's: a checkpoint every save_interval optimizer steps (0: none) into save_dir.
   int64_t save_interval = 0;
   std::string save_dir = "checkpoints";
+  // tessera's (Megatron-Core's async_save, torch DCP's async_save): a save copies the state to host
+  // memory and returns; a thread writes and commits it (engine/checkpoint/background_save.h).
+  bool async_save = false;
   template <class V> void fields(V& v) {
     v("save_interval", save_interval, at_least<int64_t>(0));
+    v("async_save", async_save);
     v("save_dir", save_dir);
     v("tag_validation", tag_validation, one_of({"Ignore", "Warn", "Fail"}));
     v("load_universal", load_universal);

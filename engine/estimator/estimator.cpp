@@ -261,8 +261,16 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   add_line(c, cpu_device ? "offloaded optimizer states" : "optimizer states (offloaded)", ranks * st.h_optim, per);
   add_line(c, "pinned swap buffers", ranks * st.h_pinned, st.h_pinned_detail);
   add_line(c, "checkpointed activations", ranks * ad.on_cpu, "cpu_checkpointing");
+  // checkpoint.async_save: while a save is written, each rank's saved tensors wait in host memory
+  // (engine/checkpoint/background_save.h): its fp32 values (and compute copy under mixed
+  // precision) and optimizer state; at ZeRO 0 data rank 0 saves the whole replica.
+  const int64_t saved_elements = s.zero_stage == 0 ? m.params : (m.params + dp - 1) / dp;
+  const int64_t async_copy = s.async_checkpoint ? saved_elements * (s.precision == "fp32" ? 4 : 6) + st.optim +
+                                                      st.h_optim + st.n_optim
+                                                : 0;
+  add_line(c, "async checkpoint copy", ranks * async_copy, per + " x the saved state (checkpoint.async_save)");
   c.model_states += ranks * (st.h_params + st.h_master + st.h_grads + st.h_optim);
-  c.buffers += ranks * st.h_pinned;
+  c.buffers += ranks * (st.h_pinned + async_copy);
   c.activations += ranks * ad.on_cpu;
   // Construction on the host: each rank builds its model in fp32 before moving it to the GPU
   // (DeepSpeed's 4·P·gpus_per_node term); ZeRO-3 builds it partitioned (zero.Init).

@@ -63,6 +63,7 @@ struct TrainingSetup : ZeroSizeParams {
   int checkpoint_interval = 1;             // full: checkpoint every this many layers
   bool partition_activations = false;      // DeepSpeed: checkpoints split across tensor-parallel ranks
   bool cpu_checkpointing = false;          // DeepSpeed: checkpoints kept in CPU memory
+  bool async_checkpoint = false;           // checkpoint.async_save: a save's host copy of the rank's state
   // What the attention stores for the backward (docs/estimator.md, "Activations"):
   //   "sdpa" (default): torch.nn.functional.scaled_dot_product_attention (FlashAttention,
   //     memory-efficient or cuDNN kernels): q, k, v, the output and an fp32 log-sum-exp per row and

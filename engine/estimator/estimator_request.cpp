@@ -54,6 +54,7 @@ TrainingSetup setup_from_config(const Config& c) {
   s.offload_optimizer = z.offload_optimizer.device;
   s.offload_param = z.offload_param.device;
   s.precision = c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32";
+  s.async_checkpoint = c.checkpoint.async_save;
   s.grad_accum_dtype = c.data_types.grad_accum_dtype;
   s.communication_dtype = c.communication_data_type.value_or("");
   if (c.optimizer) {

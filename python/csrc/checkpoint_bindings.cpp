@@ -41,12 +41,18 @@ void bind_calls(py::class_<Handle>& engine) {
   // client_state crosses as JSON text: python/tessera/engine.py encodes and decodes it.
   engine
       .def("save_checkpoint",
-           [](Handle& e, const std::string& save_dir, const std::string& tag, const std::string& client_state) {
+           [](Handle& e, const std::string& save_dir, const std::string& tag, const std::string& client_state,
+              bool async_save) {
+             SaveOptions o{save_dir, tag, client_state};
+             o.async = async_save;  // or the config's checkpoint.async_save
              std::string path;
-             blocking([&] { path = engine_of(e).save_checkpoint({save_dir, tag, client_state}); });
+             blocking([&] { path = engine_of(e).save_checkpoint(o); });
              return path;
            },
-           py::arg("save_dir"), py::arg("tag") = "", py::arg("client_state") = "{}")
+           py::arg("save_dir"), py::arg("tag") = "", py::arg("client_state") = "{}", py::arg("async_save") = false)
+      .def("wait_for_checkpoint", [](Handle& e) { blocking([&] { engine_of(e).wait_for_checkpoint(); }); })
+      .def("checkpoint_host_bytes", [](Handle& e) { return engine_of(e).checkpoint_host_bytes(); })
+      .def("checkpoint_in_flight", [](Handle& e) { return engine_of(e).checkpoint_in_flight(); })
       .def("load_checkpoint",  // -> (path, client_state JSON)
            [](Handle& e, const std::string& load_dir, const std::string& tag, bool load_optimizer_states,
               bool load_lr_scheduler_states, bool load_module_only, bool load_module_strict) {

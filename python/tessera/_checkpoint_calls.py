@@ -18,12 +18,16 @@ def _type_name(x):
 class CheckpointCalls:
     """Mixed into an engine class whose `_c` is the C++ engine handle."""
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, async_save=None):
         """Saves the training state under save_dir/tag (default tag "global_step<N>") and names it in
         save_dir/latest, as DeepSpeed's save_checkpoint; every rank calls it. Each rank writes its
         shard (weights, optimizer state, RNG) as safetensors; client_state, a JSON-serializable dict
         (the data position, the epoch...), is stored in the metadata and returned by
-        load_checkpoint. Returns the checkpoint's directory (docs/checkpoints.md)."""
+        load_checkpoint. Returns the checkpoint's directory (docs/checkpoints.md).
+
+        async_save=True (or the config's checkpoint.async_save): returns once this rank's state is
+        copied to host memory; a thread writes and commits it while training goes on. The next
+        save, a load, wait_for_checkpoint() and close() wait for it and raise its error."""
         if client_state is None:
             client_state = {}
         if not isinstance(client_state, collections.abc.Mapping):
@@ -37,7 +41,20 @@ class CheckpointCalls:
         except (TypeError, ValueError) as e:
             raise TypeError("tessera: save_checkpoint: client_state must be JSON-serializable (tessera stores no "
                             "pickle): %s" % e) from None
-        return self._c.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text)
+        return self._c.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text, bool(async_save))
+
+    def wait_for_checkpoint(self):
+        """Blocks until an asynchronous save is written and committed; raises its error (on every
+        rank) if it failed. Nothing to do after a synchronous save."""
+        self._c.wait_for_checkpoint()
+
+    def checkpoint_in_flight(self):
+        """Whether an asynchronous save's thread is still writing."""
+        return self._c.checkpoint_in_flight()
+
+    def checkpoint_host_bytes(self):
+        """The host copy this rank holds for an asynchronous save not yet waited for (0: none)."""
+        return self._c.checkpoint_host_bytes()
 
     def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False, load_module_strict=True):
@@ -46,6 +63,7 @@ class CheckpointCalls:
         (path, client_state), as DeepSpeed's load_checkpoint. Nothing changes unless every rank
         read and verified everything it needs. With tag None and no `latest` in load_dir (a first
         run), it returns (None, None) and trains from scratch, as DeepSpeed does."""
+        self._c.wait_for_checkpoint()  # an asynchronous save commits (and names `latest`) first
         if tag is None and not os.path.exists(os.path.join(os.fspath(load_dir), "latest")):
             if comm.get_rank() == 0:
                 print("[tessera] load_checkpoint: no %s: nothing loaded (pass tag= to require a checkpoint)"

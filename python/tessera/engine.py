@@ -494,9 +494,10 @@ class Engine(CheckpointCalls):
         return self._c.group_memory()
 
     def close(self):
-        """Finishes the parameters' allgather and closes the metrics file (also done when the engine
-        is garbage-collected)."""
+        """Finishes the parameters' allgather and an asynchronous save (raising its error) and
+        closes the metrics file (also done when the engine is garbage-collected)."""
         self._c.wait_for_parameters()
+        self._c.wait_for_checkpoint()
         if self.monitor is not None:
             self.monitor.close()
 

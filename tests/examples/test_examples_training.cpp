@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <algorithm>
 #include <map>
 #include <regex>
@@ -380,6 +382,48 @@ TEST_CASE("train_gpt --load at another tensor, pipeline and data degree and ZeRO
   INFO(back.output);
   REQUIRE(back.status == 0);
   CHECK(read_parameters(dir.file("back.bin")) == read_parameters(dir.file("tp4.bin")));
+}
+
+// checkpoint.async_save through the engine's periodic saves (save_interval 2, 2 ranks at ZeRO 2):
+// each save returns once the state is copied to host memory and a thread writes and commits it
+// while the next steps run (its writes held back 1.5 s by the tests' hook, so that they do). The
+// last one (step 6) is waited for at the engine's end and loads bit for bit; step 4's, written
+// while steps 5 and 6 changed the engine's buffers, holds step 4's state: resumed from it, the run
+// reaches the 1-rank 10-step run (a save that wrote the live buffers instead fails this).
+TEST_CASE("train_gpt with checkpoint.async_save: saves written while training goes on hold the state at the save") {
+  const Reference& ref = reference();
+  REQUIRE(!ref.parameters.empty());
+  tessera::testing::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const std::string config = with_sections(
+      gpt_config(8, 2), R"("checkpoint": {"save_interval": 2, "async_save": true, "save_dir": ")" + ckpt + R"("})");
+  // Each write starts 1.5 s late (the test hook): steps run while a save's copy waits for it.
+  ::setenv("TESSERA_CHECKPOINT_WRITE_DELAY_MS", "1500", 1);
+  auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 6, tessera::testing::free_port(),
+                         {"--save-parameters", dir.file("six.bin")});
+  ::unsetenv("TESSERA_CHECKPOINT_WRITE_DELAY_MS");
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  auto latest = [&] {
+    std::ifstream in(ckpt + "/latest");
+    std::string tag;
+    std::getline(in, tag);
+    return tag;
+  };
+  REQUIRE(latest() == "global_step6");
+  auto loaded = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 0), 6, tessera::testing::free_port(),
+                            {"--load", ckpt, "--save-parameters", dir.file("loaded.bin")});
+  INFO(loaded.output);
+  REQUIRE(loaded.status == 0);
+  CHECK(read_parameters(dir.file("loaded.bin")) == read_parameters(dir.file("six.bin")));
+  std::ofstream(ckpt + "/latest", std::ios::trunc) << "global_step4";
+  auto resumed = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 0), 10, tessera::testing::free_port(),
+                             {"--load", ckpt, "--save-parameters", dir.file("resumed.bin")});
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK(contains(resumed.output, "resumed from " + ckpt + "/global_step4 at step 4"));
+  CHECK(std::abs(final_loss(resumed.output) - ref.loss) < 1e-4);
+  CHECK(max_difference(read_parameters(dir.file("resumed.bin")), ref.parameters) < kParameterTolerance);
 }
 
 TEST_CASE("train_gpt: eval_batch through 2 pipeline stages gives the 1-rank validation loss") {

@@ -24,6 +24,8 @@ for _path in (WORKERS, HERE):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (tests/python/gpu/test_gpu.py; `ctest -L gpu`)")
+    config.addinivalue_line("markers", "serial: runs alone, never beside another test (it rebuilds or reinstalls the "
+                                       "package the others import: scripts/test.sh runs these after the rest)")
 
 
 def free_port():

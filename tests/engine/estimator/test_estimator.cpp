@@ -123,6 +123,22 @@ TEST_CASE("7B on 8 GPUs - fp32 + Adam: 16Ψ - 8Ψ + 8Ψ/N - 4Ψ + 12Ψ/N - 16Ψ/
   CHECK(estimate(sgd).per_gpu.bytes("optimizer states") == 0);
 }
 
+TEST_CASE("checkpoint.async_save: each rank's host copy of what it saves - fp32 values, compute copy, optimizer state") {
+  const int64_t P = 7000000000LL, N = 8;  // 8 GPUs on one node
+  for (int stage : {0, 2}) {
+    EstimateInputs in = count_model(P, 8, stage, "bf16");
+    const EstimateResult without = estimate(in);
+    in.setup.async_checkpoint = true;
+    const EstimateResult with = estimate(in);
+    INFO("stage " << stage);
+    // Stage 0: data rank 0 saves the replica (fp32 4Ψ + bf16 2Ψ + m, v 8Ψ); stage 2: its shard of it.
+    const int64_t per_rank = stage == 0 ? 14 * P : 14 * P / N;
+    CHECK(with.per_node_cpu.bytes("async checkpoint copy") == N * per_rank);
+    CHECK(without.per_node_cpu.bytes("async checkpoint copy") == 0);
+    CHECK(with.per_gpu.total == without.per_gpu.total);
+  }
+}
+
 TEST_CASE("DeepSpeed's published formulas: equal where the two describe the same thing - documented differences elsewhere") {
   const double P = 7e9, L = 1e8;
   const int N = 8;

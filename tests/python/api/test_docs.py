@@ -21,6 +21,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.serial  # README's `make python` block rebuilds the extension the other tests import
+
 DOCUMENTS = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 RUN = {"sh", "python", "json"}
 FENCE = re.compile(r"^\s*```(\S*)\s*$")  # indented fences (in lists) too

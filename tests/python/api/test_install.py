@@ -17,6 +17,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.serial  # builds in build/pip-<tag>, the folder the project venv's extension is built in
+
 TRAIN = textwrap.dedent("""
     import torch, tessera
     model = torch.nn.Linear(4, 2)

@@ -402,10 +402,13 @@ def test_an_unexpected_parameter_is_an_error_when_strict(saved_tiny):
 POINTS = ["after_shard_write", "before_commit", "after_fsync", "after_rename", "after_latest"]
 
 
-def test_a_kill_at_any_point_of_a_save_leaves_a_loadable_latest(tmp_path):
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async_save"])
+def test_a_kill_at_any_point_of_a_save_leaves_a_loadable_latest(tmp_path, background):
+    """async_save: the crash points are reached by the save's own thread while the run goes on."""
+    crashing = config(2, checkpoint={"async_save": True}) if background else config(2)
     for point in POINTS:
         runs = [dict(TINY, config=config(2), steps=2, save=str(tmp_path / point)),
-                dict(TINY, config=config(2), steps=1, load={"dir": str(tmp_path / point)}, save=str(tmp_path / point),
+                dict(TINY, config=crashing, steps=1, load={"dir": str(tmp_path / point)}, save=str(tmp_path / point),
                      crash=point)]
         result = run_jobs(tmp_path, 2, runs, "crash_" + point, expect_ok=False)
         assert result.returncode != 0, point
@@ -448,7 +451,10 @@ def test_ten_kills_at_random_moments_leave_a_loadable_latest(tmp_path):
         assert r["global_steps_at_start"] == int(latest[len("global_step"):])
 
 
-def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async_save"])
+def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path, background):
+    """async_save: the second save returns, its thread fails, and engine.close() raises the error on
+    every rank."""
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("unshare -m is not permitted here (needs root): %s" % probe.stderr.decode().strip())
@@ -456,7 +462,8 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(tmp_path):
     mount.mkdir()
     first = [dict(TINY, config=config(1), steps=2, save=str(mount / "ckpt"))]
     # The second save holds the model twice over (another tag): the tmpfs has room for one.
-    second = [dict(TINY, config=config(1), steps=1, load={"dir": str(mount / "ckpt")}, save=str(mount / "ckpt"))]
+    second = [dict(TINY, config=config(1, checkpoint={"async_save": background}), steps=1,
+                   load={"dir": str(mount / "ckpt")}, save=str(mount / "ckpt"))]
     verify = [dict(TINY, config=config(1), steps=1, load={"dir": str(mount / "ckpt")})]
     for name, runs in (("first", first), ("second", second), ("verify", verify)):
         (tmp_path / (name + ".json")).write_text(json.dumps(runs))
