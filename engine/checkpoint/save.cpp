@@ -2,6 +2,7 @@
 // ranks exchange what they wrote (names, ranges, checksums), and global rank 0 writes
 // metadata.json and commits.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "engine/checkpoint/background_save.h"
@@ -54,15 +56,43 @@ struct RankFile {
   }
 };
 
+// An asynchronous save's host copy: one mapping for all of this rank's tensors (pinned when some
+// are on a device), given back to the system when the last view of it goes, so that neither the
+// CPU allocator's block cache nor glibc keeps its pages after the save.
+at::Tensor snapshot_buffer(int64_t bytes, bool pinned) {
+  const auto options = at::TensorOptions().dtype(at::kByte);
+  if (pinned || bytes == 0) return at::empty({bytes}, options.pinned_memory(pinned));
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    throw std::runtime_error("tessera: save_checkpoint: cannot map " + std::to_string(bytes) +
+                             " bytes of host memory for the asynchronous save's copy");
+  return at::from_blob(p, {bytes}, [bytes](void* q) { ::munmap(q, static_cast<size_t>(bytes)); }, options);
+}
+
 // On the host and contiguous: what is written is what is hashed. A snapshot (an asynchronous save)
-// is a copy whatever the tensor's device (pinned for a device's), since training goes on changing
-// the engine's buffers; otherwise host tensors are written from where they are.
-at::Tensor on_host(const at::Tensor& t, bool snapshot) {
-  const at::Tensor d = t.detach();
-  if (!snapshot) return d.to(at::kCPU).contiguous();
-  at::Tensor copy = at::empty(d.sizes(), d.options().device(at::kCPU).pinned_memory(!d.is_cpu()));
-  copy.copy_(d);
-  return copy;
+// copies every tensor into one buffer whatever its device, since training goes on changing the
+// engine's buffers; otherwise host tensors are written from where they are.
+void to_host(NamedTensors& tensors, bool snapshot) {
+  if (!snapshot) {
+    for (auto& [name, t] : tensors) t = t.detach().to(at::kCPU).contiguous();
+    return;
+  }
+  constexpr int64_t kAlign = 64;
+  int64_t bytes = 0;
+  bool on_device = false;
+  for (const auto& [name, t] : tensors) {
+    bytes += (static_cast<int64_t>(t.nbytes()) + kAlign - 1) / kAlign * kAlign;
+    on_device = on_device || !t.is_cpu();
+  }
+  const at::Tensor buffer = snapshot_buffer(bytes, on_device);
+  int64_t offset = 0;
+  for (auto& [name, t] : tensors) {
+    const int64_t n = static_cast<int64_t>(t.nbytes());
+    at::Tensor copy = buffer.narrow(0, offset, n).view(t.scalar_type()).view(t.sizes());
+    copy.copy_(t.detach());
+    t = copy;
+    offset += (n + kAlign - 1) / kAlign * kAlign;
+  }
 }
 
 RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool snapshot) {
@@ -91,7 +121,7 @@ RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool 
                         {"tensor_rank", g.tensor_rank}, {"states", states}});
   }
   for (auto& e : rng_states(device)) f.tensors.push_back(std::move(e));
-  for (auto& [name, t] : f.tensors) t = on_host(t, snapshot);
+  to_host(f.tensors, snapshot);
   return f;
 }
 

@@ -618,6 +618,16 @@ def test_reshard_across_tensor_parallel_degrees_tp2_dp2_to_1_rank_to_tp2_zero3(t
     whole = dict(TINY, model="gpt", config=config(1, tensor_parallel={"tp_size": 2}), steps=first + per_hop * 2)
     runs.append(run_jobs(tmp_path, 4, [whole], "reference")[0])
     check_layout_hops(tmp_path, hops, runs, first, per_hop, loss_rtol=1e-5)
+    # `tessera checkpoint export` puts the tensor-parallel slices together the same way.
+    exported = tmp_path / "tp2.safetensors"
+    r = subprocess.run([CLI, "checkpoint", "export", str(tmp_path / "hop0"), "-o", str(exported)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _, saved = whole_states(str(tmp_path / "hop0" / "global_step3"))
+    weights = load_file(str(exported))
+    assert sorted(weights) == sorted(k[len("fp32/"):] for k in saved if k.startswith("fp32/"))
+    for name, value in weights.items():
+        assert torch.equal(value, saved["fp32/" + name]), name
 
 
 def test_reshard_across_pipeline_degrees_2_stages_to_1_to_4(tmp_path):
