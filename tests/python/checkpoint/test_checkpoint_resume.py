@@ -225,24 +225,32 @@ def test_the_1bit_error_buffers_are_saved_per_rank(resumed):
 
 # ---- resharding -----------------------------------------------------------------------------------
 
-def chain(tmp, hops, base, steps_per_hop=2, first=3):
-    """First hop trains `first` steps and saves; each later hop loads the previous save on its own
-    (dp, stage), saves again at once, trains, saves. Returns the results, with the uninterrupted run."""
-    results = []
-    previous = None
-    for i, hop in enumerate(hops):
-        nproc, stage = hop[0], hop[1]
-        run = copy.deepcopy(base)
-        run["config"]["zero_optimization"]["stage"] = stage
-        if len(hop) > 2:  # "nvme": the optimizer's state in files; "infinity": the parameters' too
-            run = with_nvme(dict(run, nvme=hop[2]), tmp / ("swap%d" % i))
-        run["save"] = str(tmp / ("hop%d" % i))
+def run_hops(tmp, hops, first, steps_per_hop):
+    """hops: [(ranks, run without steps or load)]. The first trains `first` steps and saves under
+    tmp/hop0; each later one loads the previous save, saves it again at once (tmp/hop<i>_loaded),
+    trains `steps_per_hop` steps and saves under tmp/hop<i>. Returns the results."""
+    results, previous = [], None
+    for i, (nproc, run) in enumerate(hops):
+        run = dict(run, save=str(tmp / ("hop%d" % i)))
         if previous is None:
             run["steps"] = first
         else:
             run.update(steps=steps_per_hop, load={"dir": previous}, save_loaded=str(tmp / ("hop%d_loaded" % i)))
         results.append(run_jobs(tmp, nproc, [run], "hop%d" % i)[0])
         previous = run["save"]
+    return results
+
+
+def chain(tmp, hops, base, steps_per_hop=2, first=3):
+    """run_hops over (dp, stage[, nvme]) hops of `base`. Returns the results, with the uninterrupted run."""
+    runs = []
+    for i, hop in enumerate(hops):
+        run = copy.deepcopy(base)
+        run["config"]["zero_optimization"]["stage"] = hop[1]
+        if len(hop) > 2:  # "nvme": the optimizer's state in files; "infinity": the parameters' too
+            run = with_nvme(dict(run, nvme=hop[2]), tmp / ("swap%d" % i))
+        runs.append((hop[0], run))
+    results = run_hops(tmp, runs, first, steps_per_hop)
     reference = copy.deepcopy(base)
     reference["config"]["zero_optimization"]["stage"] = hops[0][1]
     reference["steps"] = first + steps_per_hop * (len(hops) - 1)
@@ -606,15 +614,8 @@ def test_reshard_across_tensor_parallel_degrees_tp2_dp2_to_1_rank_to_tp2_zero3(t
     with ZeRO 3, the AdamW moments resliced with the weights."""
     hops = [(4, 1, 2), (1, 0, 1), (2, 3, 2)]  # (ranks, ZeRO stage, tp)
     first, per_hop = 3, 2
-    runs, previous = [], None
-    for i, (nproc, stage, tp) in enumerate(hops):
-        run = dict(TINY, model="gpt", config=config(stage, tensor_parallel={"tp_size": tp}), save=str(tmp_path / ("hop%d" % i)))
-        if previous is None:
-            run["steps"] = first
-        else:
-            run.update(steps=per_hop, load={"dir": previous}, save_loaded=str(tmp_path / ("hop%d_loaded" % i)))
-        runs.append(run_jobs(tmp_path, nproc, [run], "hop%d" % i)[0])
-        previous = run["save"]
+    runs = run_hops(tmp_path, [(nproc, dict(TINY, model="gpt", config=config(stage, tensor_parallel={"tp_size": tp})))
+                               for nproc, stage, tp in hops], first, per_hop)
     whole = dict(TINY, model="gpt", config=config(1, tensor_parallel={"tp_size": 2}), steps=first + per_hop * 2)
     runs.append(run_jobs(tmp_path, 4, [whole], "reference")[0])
     check_layout_hops(tmp_path, hops, runs, first, per_hop, loss_rtol=1e-5)
@@ -637,14 +638,6 @@ def test_reshard_across_pipeline_degrees_2_stages_to_1_to_4(tmp_path):
     hops = [2, 1, 4]
     first, per_hop = 2, 2
     base = {"model": "pipe", "config": config(1, {"type": "AdamW", "params": {"lr": 1e-2, "eps": 1e-4}})}
-    runs, previous = [], None
-    for i, stages in enumerate(hops):
-        run = dict(base, stages=stages, save=str(tmp_path / ("hop%d" % i)))
-        if previous is None:
-            run["steps"] = first
-        else:
-            run.update(steps=per_hop, load={"dir": previous}, save_loaded=str(tmp_path / ("hop%d_loaded" % i)))
-        runs.append(run_jobs(tmp_path, stages, [run], "hop%d" % i)[0])
-        previous = run["save"]
+    runs = run_hops(tmp_path, [(stages, dict(base, stages=stages)) for stages in hops], first, per_hop)
     runs.append(run_jobs(tmp_path, 2, [dict(base, stages=2, steps=first + per_hop * 2)], "reference")[0])
     check_layout_hops(tmp_path, hops, runs, first, per_hop, loss_rtol=1e-5)
