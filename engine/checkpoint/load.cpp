@@ -102,8 +102,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
       for (size_t i = 0; i < g.params.size(); ++i) {
         const SavedParameter* p = saved.find(g.names[i]);
         if (p)
-          for (const ParameterRecord& rec : m.parameters)
-            if (rec.name == g.names[i]) matched[&rec - m.parameters.data()].fill_(1);
+          for (size_t r : p->records) matched[static_cast<int64_t>(r)].fill_(1);
         if (!p && o.load_module_strict && g.params[i].numel() > 0)
           throw std::runtime_error("tessera: checkpoint " + path + " has no parameter " + g.names[i] +
                                    ": it was saved from another model (load_module_strict=False loads the parameters it has)");
@@ -121,8 +120,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     for (const PieceView& piece : rs.pieces) {
       const SavedParameter* p = saved.find(piece.name);
       if (!p) continue;
-      const ParameterRecord* same = piece.tensor_rank >= 0 ? p->same_cut(piece.tensor_rank, tensor_ranks, piece.split)
-                                                            : p->same_cut(-1, 1, TensorSplit{});
+      const ParameterRecord* same = p->same_cut(piece.tensor_rank, tensor_ranks, piece.split);
       at::Tensor elements;
       if (!same)
         elements = whole_indices(p->whole_shape, piece.split, std::max(piece.tensor_rank, 0), tensor_ranks, piece.begin,

@@ -43,6 +43,7 @@ SavedParameters::SavedParameters(const Metadata& m) {
   for (const ParameterRecord& rec : m.parameters) {
     SavedParameter& p = by_name_[rec.name];
     p.name = rec.name;
+    p.records.push_back(static_cast<size_t>(&rec - m.parameters.data()));
     if (rec.tensor_rank < 0) {
       if (!p.whole) p.whole = &rec;
       if (p.whole_shape.empty()) p.whole_shape = rec.shape;

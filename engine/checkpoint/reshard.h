@@ -28,6 +28,7 @@ struct SavedParameter {
   const ParameterRecord* whole = nullptr;      // saved whole, or
   std::vector<const ParameterRecord*> slices;  // one per tensor rank of the saved degree
   TensorSplit split;                           // the slices' cut
+  std::vector<size_t> records;                 // every record of it in Metadata::parameters (each stage's)
   // The record that holds exactly what tensor rank `tensor_rank` of `ranks` cut by `split` holds
   // (dim -1: the whole parameter), or null when the elements must be gathered from others.
   const ParameterRecord* same_cut(int tensor_rank, int ranks, TensorSplit split) const;

@@ -28,64 +28,10 @@ import time
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import CLI, ROOT, check, child_env, free_port, launch
-
-TINY = {"model": "tiny", "seed": 7, "global_batch": 8, "micro": 2}
-ADAMW = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "betas": [0.9, 0.95]}}
-
-
-def config(stage=0, optimizer=ADAMW, zero_extra=None, **extra):
-    c = {"optimizer": optimizer, "gradient_clipping": 1.0,
-         "zero_optimization": {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0,
-                               **(zero_extra or {})}}
-    if optimizer is None:  # the run's client optimizer
-        del c["optimizer"]
-    c.update(extra)
-    return c
-
-
-def run_jobs(tmp_path, nproc, runs, name="runs", expect_ok=True, timeout=240):
-    spec, out = tmp_path / (name + ".json"), tmp_path / (name + ".out.json")
-    spec.write_text(json.dumps(runs))
-    result = launch(nproc, ["tests/python/workers/checkpoint_worker.py", str(spec), str(out)], timeout=timeout)
-    if not expect_ok:
-        return result
-    check(result)
-    return json.loads(out.read_text())
-
-
-def consolidated(path):
-    """Every tensor of a checkpoint as its parameters' whole values, per state, read with the
-    safetensors package: {"fp32/fc1.weight": tensor, ...}; the other tensors by file."""
-    meta = json.load(open(os.path.join(path, "metadata.json")))
-    out = {}
-    handles = {f: safe_open(os.path.join(path, f), "pt") for f in meta["files"]}
-    for p in meta["parameters"]:
-        numel = 1
-        for d in p["shape"]:
-            numel *= d
-        for state in meta["layout"]["states"]:
-            pieces = [handles[s["file"]].get_tensor("%s/%s" % (state, p["name"])) for s in sorted(p["shards"], key=lambda s: s["begin"])]
-            whole = torch.cat(pieces)
-            assert whole.numel() == numel
-            where = "@stage%d" % p["pipeline_stage"] if meta["layout"]["pipeline_parallel"] > 1 else ""
-            out["%s/%s%s" % (state, p["name"], where)] = whole.reshape(p["shape"])
-    for f, h in handles.items():
-        for k in h.keys():
-            if "/" in k and k.split("/")[0] not in meta["layout"]["states"]:
-                out.setdefault(k if not k.startswith(("local/", "rng/")) else "%s:%s" % (f, k), h.get_tensor(k))
-    return meta, out
-
-
-def assert_same(a, b, keys=None, where=""):
-    keys = keys if keys is not None else sorted(set(a) | set(b))
-    for k in keys:
-        assert k in a and k in b, "%s: %s missing (%s / %s)" % (where, k, k in a, k in b)
-        assert torch.equal(a[k], b[k]), "%s: %s differs by %g" % (where, k, (a[k].double() - b[k].double()).abs().max())
-
+from checkpoint_cases import TINY, assert_same, config, consolidated, run_hops, run_jobs
+from conftest import CLI, ROOT, child_env, free_port
 
 # ---- exact resume ---------------------------------------------------------------------------------
 
@@ -224,22 +170,6 @@ def test_the_1bit_error_buffers_are_saved_per_rank(resumed):
 
 
 # ---- resharding -----------------------------------------------------------------------------------
-
-def run_hops(tmp, hops, first, steps_per_hop):
-    """hops: [(ranks, run without steps or load)]. The first trains `first` steps and saves under
-    tmp/hop0; each later one loads the previous save, saves it again at once (tmp/hop<i>_loaded),
-    trains `steps_per_hop` steps and saves under tmp/hop<i>. Returns the results."""
-    results, previous = [], None
-    for i, (nproc, run) in enumerate(hops):
-        run = dict(run, save=str(tmp / ("hop%d" % i)))
-        if previous is None:
-            run["steps"] = first
-        else:
-            run.update(steps=steps_per_hop, load={"dir": previous}, save_loaded=str(tmp / ("hop%d_loaded" % i)))
-        results.append(run_jobs(tmp, nproc, [run], "hop%d" % i)[0])
-        previous = run["save"]
-    return results
-
 
 def chain(tmp, hops, base, steps_per_hop=2, first=3):
     """run_hops over (dp, stage[, nvme]) hops of `base`. Returns the results, with the uninterrupted run."""
@@ -562,82 +492,3 @@ def test_periodic_saves_follow_save_interval(tmp_path):
     run_jobs(tmp_path, 2, [run])
     assert sorted(os.listdir(tmp_path / "periodic")) == ["global_step2", "global_step4", "latest"]
     assert (tmp_path / "periodic" / "latest").read_text() == "global_step4"
-
-
-# ---- any layout: tensor-parallel and pipeline degrees ---------------------------------------------
-
-def whole_states(path):
-    """{"<state>/<name>": the whole parameter} for every state the checkpoint holds per element, put
-    together here from the saved pieces by the recorded cut (each tensor rank's slice of every fused
-    block, concatenated along the split dimension): independent of tessera's own reader."""
-    meta = json.load(open(os.path.join(path, "metadata.json")))
-    handles = {f: safe_open(os.path.join(path, f), "pt") for f in meta["files"]}
-    ranks = meta["layout"]["tensor_parallel"]
-    slices = {}  # (state, name) -> {tensor rank: its slice}, the first stage's where tied copies repeat
-    for p in meta["parameters"]:
-        for state in meta["layout"]["states"]:
-            pieces = [handles[s["file"]].get_tensor("%s/%s" % (state, p["name"])) for s in sorted(p["shards"], key=lambda s: s["begin"])]
-            slices.setdefault((state, p["name"]), {}).setdefault(p["tensor_rank"], (torch.cat(pieces).reshape(p["shape"]), p.get("split")))
-    out = {}
-    for (state, name), by_rank in slices.items():
-        if -1 in by_rank:
-            out["%s/%s" % (state, name)] = by_rank[-1][0]
-            continue
-        dim, fused = by_rank[0][1]
-        assert sorted(by_rank) == list(range(ranks))
-        blocks = [torch.chunk(by_rank[r][0], fused, dim) for r in range(ranks)]
-        out["%s/%s" % (state, name)] = torch.cat([blocks[r][f] for f in range(fused) for r in range(ranks)], dim)
-    return meta, out
-
-
-def check_layout_hops(tmp, hops, runs, first, steps_per_hop, loss_rtol):
-    """Each hop after the first loaded the previous hop's checkpoint and saved it again at once: the
-    weights and every per-element optimizer state read back equal those saved bit for bit; the
-    losses of all hops follow the uninterrupted run (runs[-1])."""
-    losses = runs[0]["losses"]
-    for i in range(1, len(hops)):
-        tag = "global_step%d" % (first + steps_per_hop * (i - 1))
-        meta_saved, saved = whole_states(str(tmp / ("hop%d" % (i - 1)) / tag))
-        meta_loaded, loaded = whole_states(str(tmp / ("hop%d_loaded" % i) / tag))
-        assert meta_saved["layout"]["states"] == meta_loaded["layout"]["states"] and len(saved) > 8
-        assert_same(saved, loaded, where="hop %d %s" % (i, hops[i]))
-        losses = losses + runs[i]["losses"]
-    reference = runs[-1]["losses"]
-    assert len(losses) == len(reference)
-    for got, want in zip(losses, reference):
-        assert abs(got - want) <= loss_rtol * max(1.0, abs(want)), (losses, reference)
-
-
-def test_reshard_across_tensor_parallel_degrees_tp2_dp2_to_1_rank_to_tp2_zero3(tmp_path):
-    """The example GPT split by AutoTP (its fused q|k|v, row- and column-parallel weights, the
-    vocabulary-parallel embedding): saved at tp 2 x dp 2 (ZeRO 1), loaded on 1 rank, then at tp 2
-    with ZeRO 3, the AdamW moments resliced with the weights."""
-    hops = [(4, 1, 2), (1, 0, 1), (2, 3, 2)]  # (ranks, ZeRO stage, tp)
-    first, per_hop = 3, 2
-    runs = run_hops(tmp_path, [(nproc, dict(TINY, model="gpt", config=config(stage, tensor_parallel={"tp_size": tp})))
-                               for nproc, stage, tp in hops], first, per_hop)
-    whole = dict(TINY, model="gpt", config=config(1, tensor_parallel={"tp_size": 2}), steps=first + per_hop * 2)
-    runs.append(run_jobs(tmp_path, 4, [whole], "reference")[0])
-    check_layout_hops(tmp_path, hops, runs, first, per_hop, loss_rtol=1e-5)
-    # `tessera checkpoint export` puts the tensor-parallel slices together the same way.
-    exported = tmp_path / "tp2.safetensors"
-    r = subprocess.run([CLI, "checkpoint", "export", str(tmp_path / "hop0"), "-o", str(exported)], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    _, saved = whole_states(str(tmp_path / "hop0" / "global_step3"))
-    weights = load_file(str(exported))
-    assert sorted(weights) == sorted(k[len("fp32/"):] for k in saved if k.startswith("fp32/"))
-    for name, value in weights.items():
-        assert torch.equal(value, saved["fp32/" + name]), name
-
-
-def test_reshard_across_pipeline_degrees_2_stages_to_1_to_4(tmp_path):
-    """tessera.pipe's GPT (embeddings tied between the first and last stages): saved on 2 stages,
-    loaded on 1 (the tied weight one parameter there), then on 4; parameters are named by their
-    layer's place in the whole model (PipelineModule.parameter_names)."""
-    hops = [2, 1, 4]
-    first, per_hop = 2, 2
-    base = {"model": "pipe", "config": config(1, {"type": "AdamW", "params": {"lr": 1e-2, "eps": 1e-4}})}
-    runs = run_hops(tmp_path, [(stages, dict(base, stages=stages)) for stages in hops], first, per_hop)
-    runs.append(run_jobs(tmp_path, 2, [dict(base, stages=2, steps=first + per_hop * 2)], "reference")[0])
-    check_layout_hops(tmp_path, hops, runs, first, per_hop, loss_rtol=1e-5)
