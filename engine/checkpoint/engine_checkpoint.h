@@ -54,6 +54,7 @@ struct SaveOptions {
   std::string save_dir;
   std::string tag;                  // empty: "global_step<N>"
   std::string client_state = "{}";  // JSON text (an object), returned by the load
+  std::string hf_config;            // JSON text: a transformers model's config (Metadata::hf_config), or empty
   std::string crash_at;             // tests: SIGKILL at this point of the save (engine/environment.h)
   int write_delay_ms = 0;           // tests: the file writes start this late (engine/environment.h)
   // checkpoint.async_save: the tensors copied to host memory, the files written and committed by a

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -69,15 +71,25 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& tag) {
   return checkpoint_path(dir, tag);
 }
 
-ExportResult export_checkpoint(const ExportOptions& o) {
+ExportResult export_checkpoint(const ExportOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  ExportOptions o = options;
   const at::ScalarType dtype = export_dtype(o.dtype);
   const std::string suffix = ".safetensors";
+  if (o.hf) {
+    if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
+      throw std::runtime_error("tessera checkpoint export: cannot create the directory " + o.output + ": " + std::strerror(errno));
+    o.output += "/model.safetensors";
+  }
   if (o.output.size() <= suffix.size() || o.output.compare(o.output.size() - suffix.size(), suffix.size(), suffix) != 0)
     throw std::invalid_argument("tessera checkpoint export: -o " + o.output + ": expected a path ending in .safetensors");
   ExportResult result;
   result.checkpoint = resolve_checkpoint(o.dir, o.tag);
   const Metadata m = Metadata::read(result.checkpoint);
+  if (o.hf && !m.hf_config.is_object())
+    throw std::invalid_argument("tessera checkpoint export --hf: " + result.checkpoint +
+                                " records no Hugging Face config (it was saved from a model that is not a transformers "
+                                "PreTrainedModel, or by the C++ engine): export the weights alone without --hf");
   // One whole tensor per name: tensor-parallel slices put together, a weight tied across pipeline
   // stages (saved by each) taken once.
   const SavedParameters saved(m);
@@ -126,6 +138,15 @@ ExportResult export_checkpoint(const ExportOptions& o) {
     nlohmann::json j = {{"metadata", {{"total_size", result.bytes}}}, {"weight_map", weight_map}};
     write_file_durably(index, j.dump(2));
     result.files.push_back(index);
+  }
+  if (o.hf) {
+    nlohmann::json config = m.hf_config;
+    const char* dtype_name = dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
+    for (const char* key : {"dtype", "torch_dtype"})  // transformers 5 names it dtype, 4 torch_dtype
+      if (config.contains(key)) config[key] = dtype_name;
+    const std::string path = options.output + "/config.json";
+    write_file_durably(path, config.dump(2) + "\n");
+    result.files.push_back(path);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

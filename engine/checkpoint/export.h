@@ -3,7 +3,9 @@
 //
 //   export   every parameter whole, under the module's own names, from the ranges the ranks
 //            saved: one safetensors file, or several of at most max_shard_bytes plus an index
-//            (Hugging Face's model.safetensors.index.json) when the model is larger
+//            (Hugging Face's model.safetensors.index.json) when the model is larger; with --hf, a
+//            directory from_pretrained loads (the weights and the config.json of a transformers
+//            model, which the Python engine records in the checkpoint)
 //   inspect  the tags in a save directory, the layout and counters of one, its parameters and
 //            files, and every tensor's checksum verified
 #pragma once
@@ -17,7 +19,10 @@ namespace tessera::checkpoint {
 struct ExportOptions {
   std::string dir;       // the save directory (or a checkpoint directory itself)
   std::string tag;       // empty: latest
-  std::string output;    // model.safetensors
+  std::string output;    // model.safetensors; with hf, a directory
+  // A Hugging Face model directory: output/model.safetensors (or its shards and index) and
+  // output/config.json from the checkpoint's hf_config, which from_pretrained(output) loads.
+  bool hf = false;
   std::string dtype = "fp32";  // fp32, bf16 or fp16
   int64_t max_shard_bytes = 5'000'000'000;
 };

@@ -4,6 +4,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -34,6 +35,11 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 const ShardRecord& first_shard(const ParameterRecord& p) { return p.shards.front(); }
@@ -84,7 +90,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     }
     rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
-    if (optimizer && m.layout.optimizer != now.optimizer)
+    if (optimizer && lower(m.layout.optimizer) != lower(now.optimizer))  // the config's type is case-insensitive
       throw std::runtime_error("tessera: checkpoint " + path + " holds " + m.layout.optimizer + " state; this engine runs " +
                                now.optimizer + ": load it with load_optimizer_states=False (the weights alone)");
     const bool same_layout = m.layout == now;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -61,6 +62,7 @@ json Metadata::to_json() const {
                  {"compute_dtype", layout.compute_dtype},     {"states", layout.states}};
   j["engine"] = engine;
   j["client_state"] = client_state;
+  if (!hf_config.is_null()) j["hf_config"] = hf_config;
   json params = json::array();
   for (const ParameterRecord& p : parameters) {
     json shards = json::array();
@@ -134,7 +136,11 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   m.layout.compute_dtype = r.string(l, "compute_dtype", ".layout");
   m.layout.states = r.strings(l, "states", ".layout");
   m.engine = r.get(j, "engine", "", json::value_t::object);
+  for (const char* counter : {"global_step", "skipped_steps", "optimizer_step_base", "schedule_step_base"})
+    if (r.integer(m.engine, counter, ".engine") < 0) r.fail(std::string(".engine.") + counter, "negative");
+  r.string(r.get(m.engine, "loss_scaler", ".engine", json::value_t::object), "type", ".engine.loss_scaler");
   m.client_state = j.contains("client_state") ? j.at("client_state") : json::object();
+  if (j.contains("hf_config")) m.hf_config = r.get(j, "hf_config", "", json::value_t::object);
   for (const auto& [name, f] : r.get(j, "files", "", json::value_t::object).items()) {
     const std::string where = ".files[\"" + name + "\"]";
     if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') r.fail(where, "not a file name");
@@ -203,9 +209,27 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
   return m;
 }
 
+namespace {
+
+bool written_by_deepspeed(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string suffix = "_model_states.pt";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Metadata Metadata::read(const std::string& checkpoint_dir) {
   const std::string path = checkpoint_dir + "/" + kMetadataFile;
   std::ifstream in(path, std::ios::binary);
+  if (!in && written_by_deepspeed(checkpoint_dir))
+    throw std::runtime_error("tessera: " + checkpoint_dir + " was written by DeepSpeed (*_model_states.pt, no " +
+                             kMetadataFile + "): convert it once with `tessera checkpoint import-deepspeed " +
+                             checkpoint_dir + " OUT` and load OUT (docs/checkpoints.md, \"From DeepSpeed\")");
   if (!in)
     throw std::runtime_error("tessera: " + path + " cannot be read: " + checkpoint_dir +
                              " is not a complete tessera checkpoint (metadata.json is written last)");

@@ -6,7 +6,7 @@
 //                "zero_stage", "optimizer", "compute_dtype", "states": ["fp32", "exp_avg", ...]},
 //    "engine":  {"global_step", "micro_step", "skipped_steps", "optimizer_step_base",
 //                "schedule_step_base", "loss_scaler": {...}, "lr_scheduler": "WarmupLR"},
-//    "client_state": {...},
+//    "client_state": {...}, ["hf_config": {...}: a transformers model's config],
 //    "parameters": [{"name", "shape", "dtype", "pipeline_stage", "tensor_rank", ["split": [dim, fused]],
 //                    "shards": [{"file", "begin", "end"}, ...]}, ...],
 //    "groups": [{"first_parameter", "pipeline_stage", "tensor_rank", "file", "states": [...]}],
@@ -85,6 +85,9 @@ struct Metadata {
   Layout layout;
   nlohmann::json engine = nlohmann::json::object();
   nlohmann::json client_state = nlohmann::json::object();
+  // The model's Hugging Face config (transformers' PretrainedConfig as JSON) when the engine trained
+  // a transformers model; null otherwise. `tessera checkpoint export --hf` writes it as config.json.
+  nlohmann::json hf_config;
   std::vector<ParameterRecord> parameters;
   std::vector<GroupRecord> groups;
   std::map<std::string, FileRecord> files;

@@ -18,9 +18,9 @@
 
 #include "engine/checkpoint/background_save.h"
 #include "engine/checkpoint/checkpoint_dir.h"
-#include "engine/checkpoint/checksum.h"
 #include "engine/checkpoint/engine_checkpoint.h"
 #include "engine/checkpoint/metadata.h"
+#include "engine/checkpoint/rank_file.h"
 #include "engine/checkpoint/rank_state.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/config/config.h"
@@ -43,18 +43,6 @@ json loss_scaler_json(const LossScaler& scaler) {
   }
   return {{"type", scaler.dynamic() ? "dynamic" : (scaler.scale() == 1.0 ? "none" : "static")}, {"scale", scaler.scale()}};
 }
-
-// What a rank writes: its tensors on the host, and its entry for the metadata (the checksums are
-// added as the file is written).
-struct RankFile {
-  NamedTensors tensors;
-  json params = json::array(), groups = json::array();
-  int64_t bytes() const {
-    int64_t n = 0;
-    for (const auto& [name, t] : tensors) n += static_cast<int64_t>(t.nbytes());
-    return n;
-  }
-};
 
 // An asynchronous save's host copy: one mapping for all of this rank's tensors (pinned when some
 // are on a device), given back to the system when the last view of it goes, so that neither the
@@ -103,10 +91,7 @@ RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool 
     for (const auto& [state, t] : p.states) f.tensors.emplace_back(state + "/" + p.name, t);
     if (p.compute.defined()) f.tensors.emplace_back("compute/" + p.name, p.compute);
     for (const auto& [state, t] : p.per_parameter) f.tensors.emplace_back(state + "/" + p.name, t);
-    f.params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", safetensors_dtype(p.dtype)},
-                        {"pipeline_stage", rs.pipeline_stage}, {"tensor_rank", p.tensor_rank},
-                        {"begin", p.begin}, {"end", p.begin + p.numel}});
-    if (p.split.sharded()) f.params.back()["split"] = {p.split.dim, p.split.fused};
+    f.add_piece(p.name, p.shape, safetensors_dtype(p.dtype), rs.pipeline_stage, p.tensor_rank, p.split, p.begin, p.numel);
   }
   for (size_t i = 0; i < rs.groups.size(); ++i) {
     const GroupView& g = rs.groups[i];
@@ -123,42 +108,6 @@ RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool 
   for (auto& e : rng_states(device)) f.tensors.push_back(std::move(e));
   to_host(f.tensors, snapshot);
   return f;
-}
-
-// Writes this rank's file; returns its entry for the metadata.
-json write_rank_file(const RankFile& f, const std::string& path, const std::string& file, int rank) {
-  json sums = json::object();
-  for (const auto& [name, t] : f.tensors) sums[name] = xxh64_hex(t.data_ptr(), t.nbytes());
-  write_safetensors(path, f.tensors, {{"format", "tessera-checkpoint"}, {"rank", std::to_string(rank)}});
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("tessera: " + path + " vanished after it was written");
-  return {{"file", file}, {"rank", rank}, {"bytes", static_cast<int64_t>(st.st_size)}, {"xxh64", sums},
-          {"parameters", f.params}, {"groups", f.groups}};
-}
-
-// Rank 0: every rank's entry merged into the metadata.
-Metadata merge(const std::vector<std::string>& entries, Metadata m) {
-  for (const std::string& text : entries) {
-    const json e = json::parse(text);
-    const std::string file = e.at("file");
-    m.files[file] = FileRecord{e.at("rank").get<int>(), e.at("bytes").get<int64_t>(),
-                               e.at("xxh64").get<std::map<std::string, std::string>>()};
-    for (const json& p : e.at("parameters")) {
-      ParameterRecord& rec = m.add(p.at("name"), p.at("pipeline_stage"), p.at("tensor_rank"));
-      if (rec.shards.empty()) {
-        rec.shape = p.at("shape").get<std::vector<int64_t>>();
-        rec.dtype = p.at("dtype");
-        if (p.contains("split")) rec.split = TensorSplit{p.at("split")[0].get<int64_t>(), p.at("split")[1].get<int64_t>()};
-      }
-      rec.shards.push_back({file, p.at("begin").get<int64_t>(), p.at("end").get<int64_t>()});
-    }
-    for (const json& g : e.at("groups"))
-      m.groups.push_back({g.at("first_parameter"), g.at("pipeline_stage").get<int>(), g.at("tensor_rank").get<int>(), file,
-                          g.at("states").get<std::vector<std::string>>()});
-  }
-  for (ParameterRecord& p : m.parameters)
-    std::sort(p.shards.begin(), p.shards.end(), [](const ShardRecord& a, const ShardRecord& b) { return a.begin < b.begin; });
-  return m;
 }
 
 // The part of a save after the snapshot: this rank's file written, the entries exchanged over
@@ -259,6 +208,7 @@ SaveResult save_checkpoint(TrainingState& s, const SaveOptions& options) {
                           {"loss_scaler", loss_scaler_json(s.scaler)},
                           {"lr_scheduler", s.lr_schedule}};
       job->base.client_state = client_state;
+      if (!options.hf_config.empty()) job->base.hf_config = json::parse(options.hf_config);
     }
   } catch (const std::exception& e) {
     error = e.what();

@@ -1,10 +1,13 @@
 // `tessera checkpoint export DIR [--tag T] -o model.safetensors [--dtype fp32|bf16|fp16]
 //  [--max-shard-size 5GB]` and `tessera checkpoint inspect DIR [--tag T]`: a saved checkpoint read
-// without the training processes (engine/checkpoint/export.h).
+// without the training processes (engine/checkpoint/export.h). `tessera checkpoint import-deepspeed
+// DS_DIR OUT [--tag T] [--optimizer TYPE]`: a DeepSpeed ZeRO checkpoint written as a tessera one by
+// python/tessera/deepspeed_checkpoint.py (DeepSpeed's files are pickles: torch reads them).
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/checkpoint/export.h"
 #include "engine/cli/commands.h"
@@ -12,7 +15,7 @@
 namespace tessera {
 
 void register_checkpoint_command(CLI::App& app, int& exit_code) {
-  CLI::App* cmd = app.add_subcommand("checkpoint", "export or inspect a saved checkpoint");
+  CLI::App* cmd = app.add_subcommand("checkpoint", "export, inspect or import a checkpoint");
   cmd->require_subcommand(1);
 
   auto options = std::make_shared<checkpoint::ExportOptions>();
@@ -20,7 +23,8 @@ void register_checkpoint_command(CLI::App& app, int& exit_code) {
   CLI::App* exp = cmd->add_subcommand("export", "consolidated weights under the model's own names, as safetensors");
   exp->add_option("dir", options->dir, "the save directory (its latest checkpoint) or a checkpoint directory")->required();
   exp->add_option("--tag", options->tag, "the checkpoint's tag (default: the one `latest` names)");
-  exp->add_option("-o,--output", options->output, "the output file, ending in .safetensors")->required();
+  exp->add_option("-o,--output", options->output, "the output file, ending in .safetensors (with --hf: a directory)")->required();
+  exp->add_flag("--hf", options->hf, "a Hugging Face model directory: model.safetensors and the config.json from_pretrained reads");
   exp->add_option("--dtype", options->dtype, "fp32 (default), bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   exp->add_option("--max-shard-size", *max_shard, "split larger models into files of at most this size (5GB)");
   exp->callback([options, max_shard, &exit_code] {
@@ -35,6 +39,19 @@ void register_checkpoint_command(CLI::App& app, int& exit_code) {
       std::fprintf(stderr, "%s\n", e.what());
       exit_code = 1;
     }
+  });
+
+  auto import = std::make_shared<std::vector<std::string>>(4);  // dir, out, tag, optimizer
+  CLI::App* imp = cmd->add_subcommand("import-deepspeed", "a DeepSpeed ZeRO 1-3 checkpoint written as a tessera checkpoint");
+  imp->add_option("dir", (*import)[0], "DeepSpeed's save directory (its latest checkpoint) or a checkpoint directory")->required();
+  imp->add_option("out", (*import)[1], "the tessera save directory to write (OUT/<tag>, OUT/latest)")->required();
+  imp->add_option("--tag", (*import)[2], "the DeepSpeed checkpoint's tag (default: the one `latest` names)");
+  imp->add_option("--optimizer", (*import)[3], "the tessera optimizer type of its state (default: DeepSpeed's config's)");
+  imp->callback([import, &exit_code] {
+    std::vector<std::string> args{"-m", "tessera.deepspeed_checkpoint", (*import)[0], (*import)[1]};
+    if (!(*import)[2].empty()) args.insert(args.end(), {"--tag", (*import)[2]});
+    if (!(*import)[3].empty()) args.insert(args.end(), {"--optimizer", (*import)[3]});
+    exit_code = exec_python("checkpoint import-deepspeed", args, "torch and tessera installed (pip install -e .)");
   });
 
   auto dir = std::make_shared<std::string>();

@@ -21,7 +21,13 @@ void register_plot_command(CLI::App& app, int& exit_code);
 // `tessera estimate [OPTIONS]`: memory per GPU/CPU/NVMe, the verdict, the cheapest layouts (engine/cli/estimate_command.cpp).
 void register_estimate_command(CLI::App& app, int& exit_code);
 
-// `tessera checkpoint export|inspect` (engine/cli/checkpoint_command.cpp).
+// `tessera checkpoint export|inspect|import-deepspeed` (engine/cli/checkpoint_command.cpp).
 void register_checkpoint_command(CLI::App& app, int& exit_code);
+
+// The commands written in Python (engine/cli/python_exec.cpp): $TESSERA_PYTHON, else the interpreter
+// the build was configured with; exec_python replaces this process with `python args...`, or
+// returns 127 with a message naming the command and what the interpreter `needs`.
+std::string python_interpreter();
+int exec_python(const std::string& command, std::vector<std::string> args, const std::string& needs);
 
 }  // namespace tessera

@@ -1,15 +1,9 @@
 // `tessera plot METRICS.jsonl [-o loss.png] [--title T]`: draws loss, learning rate and throughput
 // against the step from a metrics file written by the Python engine (csv_monitor), with matplotlib.
 //
-// The drawing is python/tessera/plot.py, run by the interpreter the build was configured with
-// (-DPython_EXECUTABLE, the venv of scripts/setup.sh, which has matplotlib) or by $TESSERA_PYTHON.
-// The script needs neither torch nor the extension. This command replaces itself with that
-// interpreter (exec), so its exit status and output are the script's.
-#include <unistd.h>
-
-#include <cerrno>
+// The drawing is python/tessera/plot.py, run by python_exec.cpp's interpreter (the venv of
+// scripts/setup.sh has matplotlib); the script needs neither torch nor the extension.
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -18,9 +12,6 @@
 
 #include "engine/cli/commands.h"
 
-#ifndef TESSERA_PLOT_PYTHON
-#define TESSERA_PLOT_PYTHON "python3"
-#endif
 #ifndef TESSERA_PLOT_SCRIPT
 #define TESSERA_PLOT_SCRIPT "python/tessera/plot.py"
 #endif
@@ -46,8 +37,6 @@ int run_plot(const PlotFlags& flags) {
               << "csv_monitor is enabled: {output_path}/{job_name}/metrics.jsonl)\n";
     return 1;
   }
-  const char* env_python = std::getenv("TESSERA_PYTHON");
-  const std::string python = env_python && *env_python ? env_python : TESSERA_PLOT_PYTHON;
   const char* env_script = std::getenv("TESSERA_PLOT_SCRIPT");
   const std::string script = env_script && *env_script ? env_script : TESSERA_PLOT_SCRIPT;
   // "-m tessera.plot": the module of an installed package (pip install), run by its interpreter.
@@ -57,8 +46,8 @@ int run_plot(const PlotFlags& flags) {
               << " is missing (set TESSERA_PLOT_SCRIPT to python/tessera/plot.py of a tessera checkout)\n";
     return 1;
   }
-  std::vector<std::string> args = module ? std::vector<std::string>{python, "-m", script.substr(3), flags.metrics}
-                                         : std::vector<std::string>{python, script, flags.metrics};
+  std::vector<std::string> args = module ? std::vector<std::string>{"-m", script.substr(3), flags.metrics}
+                                         : std::vector<std::string>{script, flags.metrics};
   if (!flags.output.empty()) {
     args.push_back("-o");
     args.push_back(flags.output);
@@ -67,15 +56,7 @@ int run_plot(const PlotFlags& flags) {
     args.push_back("--title");
     args.push_back(flags.title);
   }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::cout.flush();
-  ::execvp(argv[0], argv.data());
-  const int err = errno;
-  std::cerr << "tessera plot: could not run " << python << ": " << std::strerror(err)
-            << " (set TESSERA_PYTHON to a Python with matplotlib)\n";
-  return 127;
+  return exec_python("plot", args, "matplotlib");
 }
 
 }  // namespace

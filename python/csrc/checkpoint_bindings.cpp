@@ -2,12 +2,16 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
 #include "engine/checkpoint/engine_checkpoint.h"
+#include "engine/checkpoint/import_writer.h"
 #include "engine/checkpoint/safetensors.h"
 
 namespace py = pybind11;
@@ -32,6 +36,35 @@ void bind_checkpoint(py::module& m) {
              return py::make_tuple(tensors, reader.metadata());
            },
            py::arg("path"));
+  // A checkpoint from another framework's state (python/tessera/deepspeed_checkpoint.py).
+  py::class_<checkpoint::ImportWriter>(ckpt, "ImportWriter")
+      .def(py::init([](const std::string& save_dir, const std::string& tag, const std::string& layout_json) {
+             const nlohmann::json l = nlohmann::json::parse(layout_json);
+             checkpoint::Layout layout;
+             layout.world_size = l.at("world_size");
+             layout.data_parallel = l.at("data_parallel");
+             layout.zero_stage = l.at("zero_stage");
+             layout.optimizer = l.at("optimizer");
+             layout.compute_dtype = l.at("compute_dtype");
+             layout.states = l.at("states").get<std::vector<std::string>>();
+             return std::make_unique<checkpoint::ImportWriter>(save_dir, tag, layout);
+           }),
+           py::arg("save_dir"), py::arg("tag"), py::arg("layout_json"))
+      .def("add_file",  // pieces: [(name, whole shape, dtype, begin, [(state, 1-D tensor), ...]), ...]
+           [](checkpoint::ImportWriter& w,
+              const std::vector<std::tuple<std::string, std::vector<int64_t>, std::string, int64_t,
+                                           std::vector<std::pair<std::string, at::Tensor>>>>& pieces) {
+             std::vector<checkpoint::ImportedPiece> out;
+             for (const auto& [name, shape, dtype, begin, states] : pieces) out.push_back({name, shape, dtype, begin, states});
+             py::gil_scoped_release release;
+             w.add_file(out);
+           },
+           py::arg("pieces"))
+      .def("commit",
+           [](checkpoint::ImportWriter& w, const std::string& engine_json, const std::string& client_state_json) {
+             return w.commit(nlohmann::json::parse(engine_json), nlohmann::json::parse(client_state_json));
+           },
+           py::arg("engine_json"), py::arg("client_state_json"));
 }
 
 namespace {
@@ -42,14 +75,16 @@ void bind_calls(py::class_<Handle>& engine) {
   engine
       .def("save_checkpoint",
            [](Handle& e, const std::string& save_dir, const std::string& tag, const std::string& client_state,
-              bool async_save) {
+              bool async_save, const std::string& hf_config) {
              SaveOptions o{save_dir, tag, client_state};
              o.async = async_save;  // or the config's checkpoint.async_save
+             o.hf_config = hf_config;
              std::string path;
              blocking([&] { path = engine_of(e).save_checkpoint(o); });
              return path;
            },
-           py::arg("save_dir"), py::arg("tag") = "", py::arg("client_state") = "{}", py::arg("async_save") = false)
+           py::arg("save_dir"), py::arg("tag") = "", py::arg("client_state") = "{}", py::arg("async_save") = false,
+           py::arg("hf_config") = "")
       .def("wait_for_checkpoint", [](Handle& e) { blocking([&] { engine_of(e).wait_for_checkpoint(); }); })
       .def("checkpoint_host_bytes", [](Handle& e) { return engine_of(e).checkpoint_host_bytes(); })
       .def("checkpoint_in_flight", [](Handle& e) { return engine_of(e).checkpoint_in_flight(); })

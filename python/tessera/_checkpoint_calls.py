@@ -15,6 +15,18 @@ def _type_name(x):
     return type(x).__name__
 
 
+def hf_config(module):
+    """A transformers model's config as a dict (what its save_pretrained writes as config.json), or
+    None for any other module."""
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "to_dict") or not hasattr(config, "model_type"):
+        return None
+    d = json.loads(config.to_json_string(use_diff=False)) if hasattr(config, "to_json_string") else dict(config.to_dict())
+    if not d.get("architectures"):
+        d["architectures"] = [type(module).__name__]  # save_pretrained records the class from_pretrained builds
+    return d
+
+
 class CheckpointCalls:
     """Mixed into an engine class whose `_c` is the C++ engine handle."""
 
@@ -41,7 +53,9 @@ class CheckpointCalls:
         except (TypeError, ValueError) as e:
             raise TypeError("tessera: save_checkpoint: client_state must be JSON-serializable (tessera stores no "
                             "pickle): %s" % e) from None
-        return self._c.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text, bool(async_save))
+        config = hf_config(getattr(self, "module", None))
+        return self._c.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), text, bool(async_save),
+                                       "" if config is None else json.dumps(config))
 
     def wait_for_checkpoint(self):
         """Blocks until an asynchronous save is written and committed; raises its error (on every
@@ -104,6 +118,12 @@ class CheckpointCalls:
     def save_16bit_model(self, save_dir, save_filename="model.safetensors"):
         """The model's weights in their training dtype, whole, as one safetensors file written by
         rank 0 (DeepSpeed's save_16bit_model; ZeRO-3 gathers them): safetensors.torch.load_file and
-        load_state_dict read it. Returns the file's path."""
-        return self._c.save_16bit_model(os.fspath(save_dir), save_filename)
+        load_state_dict read it. For a transformers model, rank 0 writes its config.json beside it:
+        from_pretrained(save_dir) loads the directory. Returns the file's path."""
+        path = self._c.save_16bit_model(os.fspath(save_dir), save_filename)
+        config = hf_config(getattr(self, "module", None))
+        if config is not None and comm.get_rank() == 0:
+            with open(os.path.join(os.fspath(save_dir), "config.json"), "w") as f:
+                json.dump(config, f, indent=2)
+        return path
 

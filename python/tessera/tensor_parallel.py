@@ -19,6 +19,8 @@ Styles (a string or an object; a list applies several):
               output's features); `fused` equal blocks (a fused q|k|v) are each split.
   "rowwise"   / Rowwise()     nn.Linear, columns split: the input arrives split along its features;
               the partial outputs are summed (all-reduce, or reduce-scatter along the sequence).
+              Both take Hugging Face's Conv1D too (GPT-2: the weight stored [in, out], cut along
+              the same features); a GPT-2 attention's `split_size` follows its fused q|k|v.
   "vocab"     / Vocab()       nn.Embedding, rows (the vocabulary) split. A tied LM head that is an
               nn.Linear sharing the weight (lm_head.weight = wte.weight) takes
               Colwise(gather_output=True): the same rows, each rank computing its part of the
@@ -156,27 +158,49 @@ def _check_heads(parent, parent_name, t):
                              "each tensor rank computes whole attention heads" % (parent_name or "<root>", attr, heads, t))
 
 
-def _apply_colwise(module, name, style, ctx, sp, seq_dim):
+def _linear_weight(module, name, style):
+    """How `module` holds its weight: nn.Linear as [out, in]; Hugging Face's Conv1D (GPT-2's c_attn,
+    c_proj, c_fc) as [in, out], its forward x @ W + b. Returns (the weight's output dimension, a
+    function giving the weight as [out, in] for the tensor-parallel kernels: a view, no copy)."""
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(module, "weight", None) is not None:
+        _need(module, nn.Module, name, style)
+        return 1, lambda: module.weight.t()
     _need(module, nn.Linear, name, style)
+    return 0, lambda: module.weight
+
+
+def _set_width(module, dim, t):
+    """The layer's own record of the width it now holds (nn.Linear's features, Conv1D's nf)."""
+    if isinstance(module, nn.Linear):
+        if dim == "out":
+            module.out_features //= t
+        else:
+            module.in_features //= t
+    elif dim == "out":
+        module.nf //= t
+
+
+def _apply_colwise(module, name, style, ctx, sp, seq_dim):
+    out_dim, weight = _linear_weight(module, name, style)
     t = ctx.group_size("tensor")
-    _slice(module.weight, ctx, 0, style.fused, name + ".weight")
+    _slice(module.weight, ctx, out_dim, style.fused, name + ".weight")
     if module.bias is not None:
         _slice(module.bias, ctx, 0, style.fused, name + ".bias")
-    module.out_features //= t
+    _set_width(module, "out", t)
     gather = style.gather_output
 
     def forward(x):
-        return _tp.column_parallel_linear(x, module.weight, module.bias, ctx, sp, seq_dim, gather)
+        return _tp.column_parallel_linear(x, weight(), module.bias, ctx, sp, seq_dim, gather)
     module.forward = forward
 
 
 def _apply_rowwise(module, name, style, ctx, sp, seq_dim):
-    _need(module, nn.Linear, name, style)
-    _slice(module.weight, ctx, 1, 1, name + ".weight")
-    module.in_features //= ctx.group_size("tensor")
+    out_dim, weight = _linear_weight(module, name, style)
+    _slice(module.weight, ctx, 1 - out_dim, 1, name + ".weight")
+    _set_width(module, "in", ctx.group_size("tensor"))
 
     def forward(x):
-        return _tp.row_parallel_linear(x, module.weight, module.bias, ctx, sp, seq_dim)
+        return _tp.row_parallel_linear(x, weight(), module.bias, ctx, sp, seq_dim)
     module.forward = forward
 
 
@@ -262,8 +286,12 @@ def parallelize(module, plan=None, *, tp_size=None, sequence_parallel=False, seq
             parent_name = name.rsplit(".", 1)[0] if "." in name else ""
             for s in styles:
                 if isinstance(s, Colwise):
-                    _check_heads(parents.get(parent_name), parent_name, ctx.group_size("tensor"))
+                    parent = parents.get(parent_name)
+                    _check_heads(parent, parent_name, ctx.group_size("tensor"))
                     _apply_colwise(m, name, s, ctx, sequence_parallel, seq_dim)
+                    if s.fused > 1 and isinstance(getattr(parent, "split_size", None), int):
+                        # Hugging Face's GPT-2 attention cuts its fused q|k|v output by this width.
+                        parent.split_size //= ctx.group_size("tensor")
                 elif isinstance(s, Rowwise):
                     _apply_rowwise(m, name, s, ctx, sequence_parallel, seq_dim)
                 elif isinstance(s, Vocab):
@@ -305,7 +333,7 @@ def auto_plan(module):
             continue  # an MoE layer's experts stay whole on every tensor rank
         leaf = name.rsplit(".", 1)[-1]
         pattern = "%s.*.%s" % (blocks_name, name)
-        if isinstance(m, nn.Linear):
+        if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":  # Hugging Face GPT-2's layers are Conv1D
             if leaf in _FUSED_QKV:
                 plan[pattern] = Colwise(fused=3)
             elif leaf in _COLWISE:

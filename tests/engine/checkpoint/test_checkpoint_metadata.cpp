@@ -27,7 +27,8 @@ std::string metadata_with(const std::string& shards) {
   return R"({"format": "tessera-checkpoint", "version": 1, "tag": "t",
     "layout": {"world_size": 2, "data_parallel": 2, "tensor_parallel": 1, "pipeline_parallel": 1, "zero_stage": 1,
                "optimizer": "Adam", "compute_dtype": "fp32", "states": ["fp32", "exp_avg", "exp_avg_sq"]},
-    "engine": {"global_step": 3}, "client_state": {},
+    "engine": {"global_step": 3, "skipped_steps": 0, "optimizer_step_base": 0, "schedule_step_base": 0,
+               "loss_scaler": {"type": "none", "scale": 1.0}}, "client_state": {},
     "parameters": [{"name": "w", "shape": [2, 5], "dtype": "F32", "pipeline_stage": 0, "tensor_rank": -1,
                     "shards": )" + shards + R"(}],
     "groups": [],
@@ -60,6 +61,9 @@ TEST_CASE("checkpoint metadata is checked field by field", "[checkpoint]") {
   CHECK_THROWS_WITH(Metadata::parse("{not json", "m.json"), Catch::Contains("not valid JSON"));
   CHECK_THROWS_WITH(Metadata::parse(R"({"format": "tessera-checkpoint", "version": 1, "tag": 5})", "m.json"),
                     Catch::Contains(".tag") && Catch::Contains("expected a string"));
+  std::string no_counter = metadata_with(R"([{"file": "rank00000.safetensors", "begin": 0, "end": 10}])");
+  no_counter.replace(no_counter.find("\"skipped_steps\": 0, "), 20, "");
+  CHECK_THROWS_WITH(Metadata::parse(no_counter, "m.json"), Catch::Contains(".engine.skipped_steps") && Catch::Contains("missing"));
 }
 
 TEST_CASE("export sizes read like the command line writes them", "[checkpoint]") {
