@@ -382,6 +382,62 @@ struct MonitorConfig {
   }
 };
 
+// DeepSpeed's "wandb" section (Weights & Biases; python/tessera/monitor/wandb_monitor.py). `team` is
+// wandb's entity. Offline when WANDB_MODE says so or there is no network.
+struct WandbConfig {
+  bool enabled = false;
+  std::optional<std::string> group, team;
+  std::string project = "deepspeed";
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("group", group);
+    v("team", team);
+    v("project", project);
+  }
+};
+
+// DeepSpeed's "comet" section (Comet ML; python/tessera/monitor/comet_monitor.py).
+struct CometConfig {
+  bool enabled = false;
+  int64_t samples_log_interval = 100;  // a metric is logged when this many samples passed since its last
+  std::optional<std::string> project, workspace, api_key, experiment_name, experiment_key, mode;
+  std::optional<bool> online;
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("samples_log_interval", samples_log_interval, at_least<int64_t>(1));
+    v("project", project);
+    v("workspace", workspace);
+    v("api_key", api_key);
+    v("experiment_name", experiment_name);
+    v("experiment_key", experiment_key);
+    v("online", online);
+    v("mode", mode, one_of({"get", "create", "get_or_create"}));
+  }
+};
+
+// DeepSpeed's "flops_profiler" section (python/tessera/flops_profiler.py): at profile_step, rank 0
+// prints each module's parameters, MACs, latency and FLOP/s; peak_tflops (tessera's) gives the MFU.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  double recompute_fwd_factor = 0.0;  // activation checkpointing's extra forward, as a share of one
+  int64_t profile_step = 1;
+  int64_t module_depth = -1;          // -1: every depth
+  int64_t top_modules = 1;
+  bool detailed = true;
+  std::optional<std::string> output_file;
+  std::optional<double> peak_tflops;  // the device's peak, for the model FLOPs utilization
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("recompute_fwd_factor", recompute_fwd_factor, at_least(0.0));
+    v("profile_step", profile_step, at_least<int64_t>(1));
+    v("module_depth", module_depth, at_least<int64_t>(-1));
+    v("top_modules", top_modules, at_least<int64_t>(1));
+    v("detailed", detailed);
+    v("output_file", output_file);
+    v("peak_tflops", peak_tflops, at_least(0.0));
+  }
+};
+
 // DeepSpeed's "data_types" section.
 struct DataTypesConfig {
   // The dtype the whole gradient is accumulated in at ZeRO 0–1: "fp32" (tessera's default), or
@@ -429,7 +485,13 @@ struct Config {
   std::optional<MoeConfig> moe;  // absent unless the config has the section
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
+  WandbConfig wandb;
+  CometConfig comet;
   CommsLoggerConfig comms_logger;
+  FlopsProfilerConfig flops_profiler;
+  // Every steps_per_print steps rank 0 prints the engine's buffers by kind and the process's peak
+  // (the device allocator's too on GPUs).
+  bool memory_breakdown = false;
   DataTypesConfig data_types;
   // tessera's own switch: "warn" downgrades unknown and unsupported keys to warnings, for
   // configs carried over from elsewhere.
@@ -468,7 +530,11 @@ struct Config {
     v("moe", moe);
     v("csv_monitor", csv_monitor);
     v("tensorboard", tensorboard);
+    v("wandb", wandb);
+    v("comet", comet);
     v("comms_logger", comms_logger);
+    v("flops_profiler", flops_profiler);
+    v("memory_breakdown", memory_breakdown);
     v("data_types", data_types);
     v("unknown_keys", unknown_keys, one_of({"error", "warn"}));
     v("communication_data_type", communication_data_type, one_of({"fp32", "fp16", "bf16"}));

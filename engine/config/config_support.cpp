@@ -17,7 +17,8 @@
 // runs through PipelineEngine), .schedule, .dynamic_shape, .partition_method and
 // .activation_checkpoint_interval (PipelineEngine, tessera.pipe.PipelineModule; a C++ stage model
 // checkpoints its own layers); pipeline.micro_batches (must equal gradient_accumulation_steps);
-// unknown_keys (the parser); csv_monitor (the Python API writes the metrics).
+// unknown_keys (the parser); csv_monitor, tensorboard, wandb, comet, comms_logger, flops_profiler and
+// memory_breakdown (the Python API: python/tessera/monitor/, comms_logger.py, flops_profiler.py).
 #include "engine/config/config_support.h"
 
 #include <algorithm>
@@ -60,8 +61,6 @@ const std::vector<UnimplementedKey> kRows = {
      "memory", {}},
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
-    {"tensorboard.enabled", kWarning, "", "no TensorBoard output; csv_monitor writes the metrics as JSON lines", {}},
-    {"comms_logger.enabled", kWarning, "", "no communication logging", {}},
 };
 
 const json* at_path(const json& j, const std::string& path) {

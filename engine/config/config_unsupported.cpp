@@ -11,13 +11,9 @@ namespace {
 const UnsupportedKey kUnsupported[] = {
     // path, hint, DeepSpeed's default (JSON; kDisabledSection: "enabled": false), out of scope
     {"amp", "use \"bf16\" or \"fp16\"", kDisabledSection, nullptr},
-    {"flops_profiler", "", kDisabledSection, nullptr},
-    {"wandb", "use \"csv_monitor\" or \"tensorboard\"", kDisabledSection, nullptr},
-    {"comet", "use \"csv_monitor\" or \"tensorboard\"", kDisabledSection, nullptr},
     {"sparse_gradients", "", "false", nullptr},
     {"fp32_allreduce", "", "false", nullptr},
     {"zero_force_ds_cpu_optimizer", "", "true", nullptr},
-    {"memory_breakdown", "tessera's progress lines always include peak memory", "false", nullptr},
     {"dump_state", "", "false", nullptr},
     {"disable_allgather", "", "false", nullptr},
     {"elasticity", "", kDisabledSection, nullptr},

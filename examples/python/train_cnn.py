@@ -83,7 +83,7 @@ def main():
                  data.size("train"), data.size("test")))
         print("train_cnn.py: %d steps of %d images (%d per rank x %d micro-steps x %d data-parallel ranks)"
               % (args.steps, micro * accumulation * dp, micro, accumulation, dp))
-        if engine.monitor is not None:
+        if engine.monitor.path:
             print("train_cnn.py: metrics -> %s" % engine.monitor.path)
         sys.stdout.flush()
 

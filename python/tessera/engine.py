@@ -9,7 +9,7 @@ import torch
 from . import client, zero
 from ._checkpoint_calls import CheckpointCalls
 from ._config import type_name as _type_name
-from .monitor import JsonlMonitor
+from .monitor import MonitorMaster
 
 __all__ = ["Engine"]
 
@@ -141,11 +141,9 @@ class Engine(CheckpointCalls):
         self._step_tokens = 0
         self._step_start = time.perf_counter()
         self._start = self._step_start
-        self.monitor = None
-        mon = self.config.get("csv_monitor", {})
-        if mon.get("enabled"):
-            path = os.path.join(mon.get("output_path", ""), mon.get("job_name", "DeepSpeedJobName"), "metrics.jsonl")
-            self.monitor = JsonlMonitor(path if self.global_rank == 0 else None)
+        self._times_at_last_step = None
+        # DeepSpeed's engine.monitor: the writers the config enables (tessera/monitor/), on rank 0.
+        self.monitor = MonitorMaster(self.config, self.global_rank)
 
     def __del__(self):
         # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
@@ -352,7 +350,7 @@ class Engine(CheckpointCalls):
         self._step_start = now
         self._last_step_loss = torch.stack(losses).double().mean() if losses else None
         moe, self._step_moe = self._step_moe, [0.0, 0, 0, 0]
-        if self.monitor is None:
+        if not self.monitor.enabled:
             return
         # The MoE layers' mean l_aux and share of choices dropped (every rank runs the same layers).
         moe = torch.tensor([moe[0] / max(moe[3], 1), moe[1], moe[2]], dtype=torch.float64) if self._moe_layers else None
@@ -386,6 +384,28 @@ class Engine(CheckpointCalls):
         record["skipped_steps"] = self._c.skipped_steps
         record["time_s"] = now - self._start
         self.monitor.write(record)
+        self.monitor.write_events(self._step_events(record))
+
+    def _step_events(self, record):
+        """The step's events for the monitors (tessera/monitor/__init__.py names them), at the global
+        sample count."""
+        at = self.global_samples
+        events = [("Train/Samples/train_loss", record["loss"], at), ("Train/Samples/lr", record["lr"], at)]
+        if self.config["fp16"]["enabled"]:
+            events.append(("Train/Samples/loss_scale", record["loss_scale"], at))
+        events += [("Train/Samples/grad_norm", record["grad_norm"], at),
+                   ("Train/Samples/samples_per_sec", record["samples_per_s"], at)]
+        if "tokens_per_s" in record:
+            events.append(("Train/Samples/tokens_per_sec", record["tokens_per_s"], at))
+        if self.config["wall_clock_breakdown"]:
+            now, last = self._c.wall_clock_breakdown(), self._times_at_last_step
+            self._times_at_last_step = now
+            last = last or {k: 0.0 for k in now}
+            for tag, key in (("forward", "forward_s"), ("backward", "backward_s"),
+                             ("backward_allreduce", "reduce_wait_s"), ("step", "optimizer_s"),
+                             ("allgather", "allgather_wait_s")):
+                events.append(("Train/Samples/elapsed_time_ms_" + tag, 1000 * (now[key] - last[key]), at))
+        return events
 
     def zero_grad(self):
         """Zeroes the engine's gradient buffers (step() already does at each boundary)."""
@@ -407,6 +427,12 @@ class Engine(CheckpointCalls):
     def global_steps(self):
         """Optimizer steps taken (skipped fp16 overflow steps included, as in DeepSpeed)."""
         return self._c.global_step
+
+    @property
+    def global_samples(self):
+        """Samples trained on, over every data-parallel rank: global_steps × train_batch_size (DeepSpeed's
+        count, the step of the monitors' events)."""
+        return self.global_steps * self.config["train_batch_size"]
 
     @property
     def micro_steps(self):
@@ -498,8 +524,7 @@ class Engine(CheckpointCalls):
         closes the metrics file (also done when the engine is garbage-collected)."""
         self._c.wait_for_parameters()
         self._c.wait_for_checkpoint()
-        if self.monitor is not None:
-            self.monitor.close()
+        self.monitor.close()
 
     def destroy(self):
         """DeepSpeed's engine.destroy(): close(); the buffers go with the engine object."""

@@ -1,4 +1,4 @@
-"""Draws a tessera metrics file (JSON Lines, tessera/monitor.py) as a PNG: loss, learning rate and
+"""Draws a tessera metrics file (JSON Lines, tessera/monitor/jsonl.py) as a PNG: loss, learning rate and
 throughput against the optimizer step.
 
     python python/tessera/plot.py runs/gpt/metrics.jsonl -o loss.png

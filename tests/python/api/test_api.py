@@ -244,7 +244,7 @@ def test_no_metrics_file_without_csv_monitor(tmp_path):
         train(engine, 2)
     finally:
         os.chdir(cwd)
-    assert engine.monitor is None and os.listdir(tmp_path) == []
+    assert not engine.monitor.enabled and engine.monitor.path is None and os.listdir(tmp_path) == []
 
 
 def test_estimate_from_python_matches_the_engine_accounting():

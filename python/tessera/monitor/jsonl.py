@@ -1,7 +1,7 @@
-"""Metrics as JSON Lines: one object per optimizer step, written by rank 0.
+"""tessera's metrics as JSON Lines: one object per optimizer step, written by rank 0.
 
-Enabled by the config's csv_monitor section (DeepSpeed's keys; tessera writes JSONL rather than
-CSV files): {"csv_monitor": {"enabled": true, "output_path": "runs", "job_name": "gpt"}} writes
+Written with the config's csv_monitor section, beside DeepSpeed's CSV files (csv_monitor.py):
+{"csv_monitor": {"enabled": true, "output_path": "runs", "job_name": "gpt"}} writes
 runs/gpt/metrics.jsonl. Each line:
 
   {"step": 10, "loss": 5.43, "lr": 5.4e-05, "loss_scale": 1.0, "grad_norm": 4.70,
@@ -13,7 +13,6 @@ tokens_per_s appears when the script reports tokens (Engine.record_batch). `tess
 import json
 import os
 
-__all__ = ["JsonlMonitor", "read_metrics"]
 
 
 class JsonlMonitor:
