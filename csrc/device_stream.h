@@ -4,10 +4,22 @@
 
 #include <c10/core/Device.h>
 
+#include <cstdint>
+
 namespace tessera {
 
 // Blocks until everything queued on `device`'s current stream has run (its asynchronous copies
 // to and from pinned host memory included). Nothing for the CPU.
 void wait_for_device_stream(c10::Device device);
+
+// The device allocator's bytes (torch's caching allocator, which the engine's buffers come from):
+// allocated and reserved now and at their peak. Zeros for the CPU (or a build without CUDA).
+struct DeviceMemory {
+  int64_t allocated = 0, peak_allocated = 0, reserved = 0, peak_reserved = 0;
+};
+DeviceMemory device_memory(c10::Device device);
+
+// The CUDA devices this process sees (0 without CUDA, a GPU or a driver).
+int cuda_device_count();
 
 }  // namespace tessera

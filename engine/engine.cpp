@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "csrc/cpu_block_cache.h"
+#include "csrc/device_stream.h"
 #include "engine/progress.h"
 #include "engine/runnable.h"
 #include "engine/zero_options.h"
@@ -363,7 +364,11 @@ void Engine::optimizer_step() {
   if (progress_->due(steps_.global_step)) print_progress();
   // checkpoint.save_interval: a checkpoint every so many steps, into checkpoint.save_dir.
   const CheckpointConfig& ckpt = config_.checkpoint;
-  if (ckpt.save_interval > 0 && steps_.global_step % ckpt.save_interval == 0) save_checkpoint({ckpt.save_dir, "", "{}"});
+  if (ckpt.save_interval > 0 && steps_.global_step % ckpt.save_interval == 0) {
+    SaveOptions periodic;
+    periodic.save_dir = ckpt.save_dir;
+    save_checkpoint(periodic);
+  }
 }
 
 void Engine::print_overflow(const UpdateResult& update) const {
@@ -422,6 +427,8 @@ void Engine::print_progress() {
                                      last_grad_norm_, extra);
   if (progress_->printer()) {
     std::printf("%s\n", line.c_str());
+    if (config_.memory_breakdown)
+      std::printf("%s\n", memory_line(memory(), peak_rss_bytes(), parallel_.device(), device_memory(parallel_.device())).c_str());
     std::fflush(stdout);
   }
 }

@@ -1,8 +1,12 @@
 #include "engine/progress.h"
 
+#include "csrc/device_stream.h"
+#include "zero/model.h"
+
 #include <sys/resource.h>
 
 #include <cmath>
+#include <string>
 #include <cstdio>
 
 namespace tessera {
@@ -63,6 +67,35 @@ std::string ProgressMeter::line(int64_t global_step, std::optional<double> mean_
   interval_start_ = now;
   samples_ = tokens_ = 0;
   times_ = StepTimes{};
+  return out;
+}
+
+std::string memory_line(const MemoryReport& m, int64_t peak_rss, const c10::Device& device, const DeviceMemory& d) {
+  const double mib = 1 << 20, gib = 1 << 30;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "memory | parameters %.1f | master %.1f | gradients %.1f | optimizer states %.1f | buckets %.1f | "
+                "engine %.1f MiB",
+                m.parameters / mib, m.master_parameters / mib, m.gradients / mib, m.optimizer_states / mib,
+                m.buckets / mib, m.total() / mib);
+  std::string out = buf;
+  auto add = [&](const char* what, int64_t bytes) {
+    if (bytes <= 0) return;
+    std::snprintf(buf, sizeof(buf), " | %s %.1f MiB", what, bytes / mib);
+    out += buf;
+  };
+  add("gathered peak", m.gathered_parameters_peak);
+  add("host optimizer", m.host_optimizer_bytes);
+  add("host parameters", m.host_parameter_bytes);
+  add("nvme optimizer", m.offloaded_optimizer_bytes);
+  add("nvme parameters", m.offloaded_parameter_bytes);
+  std::snprintf(buf, sizeof(buf), " | peak rss %.2f GiB", peak_rss / gib);
+  out += buf;
+  if (device.is_cuda()) {
+    std::snprintf(buf, sizeof(buf), " | %s allocated %.2f (peak %.2f) reserved %.2f (peak %.2f) GiB", device.str().c_str(),
+                  d.allocated / gib, d.peak_allocated / gib, d.reserved / gib, d.peak_reserved / gib);
+    out += buf;
+  }
   return out;
 }
 

@@ -9,6 +9,8 @@
 // unit's forward or backward waits for).
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -48,5 +50,15 @@ class ProgressMeter {
 
 // Peak resident set size of this process, in bytes.
 int64_t peak_rss_bytes();
+
+// memory_breakdown's line (rank 0, every steps_per_print steps): the engine's buffers by kind (in
+// MiB; ZeRO-3's gathered parameters at their peak, what offload keeps in host memory or files),
+// the process's peak RSS and, on a GPU, the device allocator's allocated and reserved bytes now
+// and at their peak:
+//   memory | parameters 12.0 | master 0.0 | gradients 24.0 | optimizer states 48.0 | buckets 2.0 |
+//   engine 86.0 MiB | peak rss 1.21 GiB | cuda:0 allocated 0.31 (peak 0.52) reserved 0.60 (peak 0.60) GiB
+struct MemoryReport;
+struct DeviceMemory;
+std::string memory_line(const MemoryReport& m, int64_t peak_rss, const c10::Device& device, const DeviceMemory& d);
 
 }  // namespace tessera

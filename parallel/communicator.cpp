@@ -32,18 +32,24 @@ ChunkRange chunk_range(int64_t n, int p, int r) {
 // ---- CommHandle ------------------------------------------------------------------------------
 
 CommHandle::CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
-                       CollectiveStats* stats)
-    : finish_(std::move(finish)), what_(std::move(what)), stats_(stats), started_(std::chrono::steady_clock::now()) {
+                       CollectiveStats* stats, CollectiveStats* sized)
+    : finish_(std::move(finish)),
+      what_(std::move(what)),
+      stats_(stats),
+      sized_(sized),
+      started_(std::chrono::steady_clock::now()) {
   if (work) works_.push_back(std::move(work));
 }
 
 CommHandle::CommHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish,
-                       std::string what, CollectiveStats* stats, std::chrono::milliseconds timeout)
+                       std::string what, CollectiveStats* stats, CollectiveStats* sized,
+                       std::chrono::milliseconds timeout)
     : works_(std::move(works)),
       timeout_(timeout),
       finish_(std::move(finish)),
       what_(std::move(what)),
       stats_(stats),
+      sized_(sized),
       started_(std::chrono::steady_clock::now()) {}
 
 void CommHandle::wait() {
@@ -62,11 +68,12 @@ void CommHandle::wait() {
                     "TESSERA_TIMEOUT_S passed)");
   }
   if (finish_) finish_();
-  if (stats_) {
-    const auto now = std::chrono::steady_clock::now();
-    stats_->seconds += std::chrono::duration<double>(now - started_).count();
-    stats_->blocked_seconds += std::chrono::duration<double>(now - entered).count();
-  }
+  const auto now = std::chrono::steady_clock::now();
+  for (CollectiveStats* s : {stats_, sized_})
+    if (s) {
+      s->seconds += std::chrono::duration<double>(now - started_).count();
+      s->blocked_seconds += std::chrono::duration<double>(now - entered).count();
+    }
 }
 
 void CommHandle::then(std::function<void()> next) {
@@ -146,11 +153,14 @@ CommHandle Communicator::issue(const char* collective, int64_t bytes, int64_t se
   static const bool trace = std::getenv("TESSERA_TRACE_COMM") != nullptr;
   if (trace) std::fprintf(stderr, "[comm %s] %s\n", name_.c_str(), what.c_str());
   CollectiveStats& entry = stats_[collective];
-  ++entry.calls;
-  entry.bytes += bytes;
-  entry.sent_bytes += sent;
+  CollectiveStats& sized = stats_by_size_[{collective, bytes}];
+  for (CollectiveStats* s : {&entry, &sized}) {
+    ++s->calls;
+    s->bytes += bytes;
+    s->sent_bytes += sent;
+  }
   try {
-    return CommHandle(start(), std::move(finish), what, &entry);
+    return CommHandle(start(), std::move(finish), what, &entry, &sized);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
@@ -233,9 +243,12 @@ CommHandle Communicator::exchange_pairwise(const std::string& op, const std::str
   const int p = size();
   const int tag = next_pairwise_tag();
   CollectiveStats& entry = stats_[op];
-  ++entry.calls;
-  entry.bytes += bytes;
-  entry.sent_bytes += sent_bytes;
+  CollectiveStats& sized = stats_by_size_[{op, bytes}];
+  for (CollectiveStats* s : {&entry, &sized}) {
+    ++s->calls;
+    s->bytes += bytes;
+    s->sent_bytes += sent_bytes;
+  }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
     for (int k = 1; k < p; ++k) {
@@ -251,7 +264,7 @@ CommHandle Communicator::exchange_pairwise(const std::string& op, const std::str
     if (finish) finish();
     return CommHandle();
   }
-  return CommHandle(std::move(works), std::move(finish), what, &entry, options_.timeout);
+  return CommHandle(std::move(works), std::move(finish), what, &entry, &sized, options_.timeout);
 }
 
 CommHandle Communicator::reduce_scatter_pairwise(const at::Tensor& input, at::Tensor& output, ReduceOp op) {

@@ -76,12 +76,14 @@ struct CollectiveStats {
 class [[nodiscard]] CommHandle {
  public:
   CommHandle();  // empty: wait() returns at once
+  // `stats`, `sized`: the communicator's entries for the collective and for it at this size, which
+  // wait() adds its seconds to.
   CommHandle(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what,
-             CollectiveStats* stats = nullptr);
+             CollectiveStats* stats = nullptr, CollectiveStats* sized = nullptr);
   // Several works that together make one collective (point-to-point sends and receives), each
   // waited for at most `timeout` (c10d's point-to-point works have no timeout of their own).
   CommHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> finish, std::string what,
-             CollectiveStats* stats, std::chrono::milliseconds timeout);
+             CollectiveStats* stats, CollectiveStats* sized, std::chrono::milliseconds timeout);
   // Out of line (communicator.cpp), where c10d::Work is complete: users need not include it.
   CommHandle(CommHandle&&) noexcept;
   CommHandle& operator=(CommHandle&&) noexcept;
@@ -100,6 +102,7 @@ class [[nodiscard]] CommHandle {
   std::function<void()> finish_;
   std::string what_;
   CollectiveStats* stats_ = nullptr;  // the communicator's entry for this collective
+  CollectiveStats* sized_ = nullptr;  // and for it at this message size
   std::chrono::steady_clock::time_point started_;
 };
 
@@ -195,8 +198,12 @@ class Communicator {
   // "recv", "barrier"): calls, bytes and seconds since construction or reset_stats(). For tests,
   // benchmarks and a communication logger.
   const std::map<std::string, CollectiveStats>& stats() const { return stats_; }
+  // The same by collective and message size (CollectiveStats::bytes of one call): the comms
+  // logger's rows (python/tessera/comms_logger.py).
+  const std::map<std::pair<std::string, int64_t>, CollectiveStats>& stats_by_size() const { return stats_by_size_; }
   void reset_stats() {  // zeroes the entries in place: handles in flight point at them
     for (auto& entry : stats_) entry.second = CollectiveStats{};
+    for (auto& entry : stats_by_size_) entry.second = CollectiveStats{};
   }
 
   // How many reduce-scatters ran natively and as all-to-all (for tests and benchmarks).
@@ -234,6 +241,7 @@ class Communicator {
   static constexpr int kPairwiseTagBase = 1 << 24;
   int pairwise_tag_ = 0;
   std::map<std::string, CollectiveStats> stats_;  // std::map: entries stay put while handles point at them
+  std::map<std::pair<std::string, int64_t>, CollectiveStats> stats_by_size_;
   int64_t native_reduce_scatters_ = 0;
   int64_t alltoall_reduce_scatters_ = 0;
   int64_t pairwise_reduce_scatters_ = 0;

@@ -171,6 +171,23 @@ Communicator& ParallelContext::group(Axis axis) {
   return world();
 }
 
+std::vector<std::pair<std::string, Communicator*>> ParallelContext::communicators() const {
+  std::vector<std::pair<std::string, Communicator*>> out;
+  const std::pair<const char*, const std::unique_ptr<Communicator>*> own[] = {
+      {"world", &world_},   {"data", &data_},   {"context", &context_}, {"data*context", &replicas_},
+      {"tensor", &tensor_}, {"pipe", &pipe_},   {"model", &model_},     {"data#parameters", &data_parameters_}};
+  auto listed = [&](const Communicator* c) {
+    for (const auto& [name, p] : out)
+      if (p == c) return true;
+    return false;
+  };
+  for (const auto& [name, group] : own)
+    if (*group && !listed(group->get())) out.emplace_back(name, group->get());
+  for (const auto& [name, group] : named_)
+    if (group && !listed(group.get())) out.emplace_back(name, group.get());
+  return out;
+}
+
 std::string ParallelContext::describe() const {
   Coordinates c = coordinates();
   if (!axis_groups_made())

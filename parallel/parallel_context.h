@@ -89,6 +89,11 @@ class ParallelContext {
   // GPT's embedding and head) sum their gradients.
   Communicator& pipe_stages(const std::vector<int>& stages);
 
+  // Every group made so far by the name python/tessera/comm.py's calls take ("world", "data",
+  // "tensor", "pipe", "context", "model", group_over's "spec" or "spec#channel"), each once: where
+  // the comms logger reads the statistics of every axis.
+  std::vector<std::pair<std::string, Communicator*>> communicators() const;
+
   std::string describe() const;  // "rank 3 of 4 (pipe 0, data 1, tensor 1) in pipe 1 x data 2 x tensor 2, gloo"
 
  private:

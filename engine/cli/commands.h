@@ -24,6 +24,10 @@ void register_estimate_command(CLI::App& app, int& exit_code);
 // `tessera checkpoint export|inspect|import-deepspeed` (engine/cli/checkpoint_command.cpp).
 void register_checkpoint_command(CLI::App& app, int& exit_code);
 
+// `tessera report`: versions, CPU features, compiled-in parts and whether they work here
+// (engine/cli/report_command.cpp; DeepSpeed's ds_report).
+void register_report_command(CLI::App& app, int& exit_code);
+
 // The commands written in Python (engine/cli/python_exec.cpp): $TESSERA_PYTHON, else the interpreter
 // the build was configured with; exec_python replaces this process with `python args...`, or
 // returns 127 with a message naming the command and what the interpreter `needs`.

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tessera::register_plot_command(app, exit_code);
   tessera::register_estimate_command(app, exit_code);
   tessera::register_checkpoint_command(app, exit_code);
+  tessera::register_report_command(app, exit_code);
   try {
     app.parse(cli_argc, argv);
   } catch (const CLI::ParseError& e) {

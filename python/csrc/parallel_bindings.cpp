@@ -118,6 +118,20 @@ void bind_parallel(py::module& m) {
              if (reset) comm.reset_stats();
              return d;
            }, py::arg("group"), py::arg("reset") = false)
+      .def("stats_by_size",  // [(group, its size, {(collective, message bytes): [calls, bytes, seconds, sent
+                             // bytes, blocked seconds]})] for every group made so far (the comms logger)
+           [](ParallelContext& c, bool reset) {
+             py::list out;
+             for (const auto& [name, comm] : c.communicators()) {
+               py::dict d;
+               for (const auto& [key, s] : comm->stats_by_size())
+                 d[py::make_tuple(key.first, key.second)] =
+                     py::make_tuple(s.calls, s.bytes, s.seconds, s.sent_bytes, s.blocked_seconds);
+               if (reset) comm->reset_stats();
+               out.append(py::make_tuple(name, comm->size(), d));
+             }
+             return out;
+           }, py::arg("reset") = false)
       .def(
           "barrier",
           [](ParallelContext& c, const std::string& g) {

@@ -19,7 +19,7 @@ from . import _C
 
 __all__ = [
     "get_rank", "get_world_size", "get_local_rank", "get_local_world_size", "is_initialized",
-    "init_distributed", "barrier", "all_reduce", "broadcast", "describe", "split_axis",
+    "init_distributed", "barrier", "all_reduce", "broadcast", "describe", "split_axis", "log_summary",
 ]
 
 _lock = threading.Lock()
@@ -255,6 +255,16 @@ def broadcast(tensor, src=0, group="world"):
         raise TypeError("tessera.comm.broadcast: tensor must be a torch.Tensor, got %s" % type(tensor).__name__)
     parallel_context(make_axes=group != "world").broadcast(tensor, int(src), _group(group))
     return tensor
+
+
+def log_summary(show_straggler=False, return_dict=False, prof_ops=None, debug=False):
+    """deepspeed.comm.log_summary: every rank calls it; rank 0 prints, per group, collective and
+    message size, the count, latency and algorithm and bus bandwidth of this rank's collectives so far
+    (tessera/comms_logger.py). prof_ops: only these collectives."""
+    from .comms_logger import CommsLogger
+    logger = CommsLogger(parallel_context(make_axes=False), {"prof_all": prof_ops is None, "prof_ops": prof_ops or [],
+                                                             "debug": debug})
+    return logger.log_summary(show_straggler=show_straggler, return_dict=return_dict)
 
 
 def describe():

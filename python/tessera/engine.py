@@ -9,6 +9,7 @@ import torch
 from . import client, zero
 from ._checkpoint_calls import CheckpointCalls
 from ._config import type_name as _type_name
+from .comms_logger import CommsLogger
 from .monitor import MonitorMaster
 
 __all__ = ["Engine"]
@@ -144,6 +145,8 @@ class Engine(CheckpointCalls):
         self._times_at_last_step = None
         # DeepSpeed's engine.monitor: the writers the config enables (tessera/monitor/), on rank 0.
         self.monitor = MonitorMaster(self.config, self.global_rank)
+        # DeepSpeed's comms logger over every communicator's statistics (tessera/comms_logger.py).
+        self.comms_logger = CommsLogger(self._c.context, self.config.get("comms_logger"))
 
     def __del__(self):
         # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
@@ -350,6 +353,7 @@ class Engine(CheckpointCalls):
         self._step_start = now
         self._last_step_loss = torch.stack(losses).double().mean() if losses else None
         moe, self._step_moe = self._step_moe, [0.0, 0, 0, 0]
+        self.comms_logger.after_step(self.global_steps)
         if not self.monitor.enabled:
             return
         # The MoE layers' mean l_aux and share of choices dropped (every rank runs the same layers).
