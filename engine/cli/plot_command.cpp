@@ -1,5 +1,6 @@
-// `tessera plot METRICS.jsonl [-o loss.png] [--title T]`: draws loss, learning rate and throughput
-// against the step from a metrics file written by the Python engine (csv_monitor), with matplotlib.
+// `tessera plot METRICS.jsonl|CSV_DIR [-o loss.png] [--title T]`: draws loss, learning rate and
+// throughput against the step from a metrics file written by the Python engine (csv_monitor), or
+// against the sample count from a directory of csv_monitor's CSV files (DeepSpeed's layout), with matplotlib.
 //
 // The drawing is python/tessera/plot.py, run by python_exec.cpp's interpreter (the venv of
 // scripts/setup.sh has matplotlib); the script needs neither torch nor the extension.
@@ -31,10 +32,15 @@ bool is_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool is_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int run_plot(const PlotFlags& flags) {
-  if (!is_file(flags.metrics)) {
-    std::cerr << "tessera plot: " << flags.metrics << ": no such file (a metrics file is written when the config's "
-              << "csv_monitor is enabled: {output_path}/{job_name}/metrics.jsonl)\n";
+  if (!is_file(flags.metrics) && !is_dir(flags.metrics)) {
+    std::cerr << "tessera plot: " << flags.metrics << ": no such file or directory (the config's csv_monitor writes "
+              << "{output_path}/{job_name}/metrics.jsonl and DeepSpeed's CSV files beside it)\n";
     return 1;
   }
   const char* env_script = std::getenv("TESSERA_PLOT_SCRIPT");
@@ -65,7 +71,8 @@ void register_plot_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<PlotFlags>();
   CLI::App* sub = app.add_subcommand(
       "plot", "Draw loss, learning rate and throughput against the step from a metrics file (PNG, matplotlib)");
-  sub->add_option("metrics", flags->metrics, "The metrics file (JSON Lines), {output_path}/{job_name}/metrics.jsonl")
+  sub->add_option("metrics", flags->metrics,
+                  "The metrics file (JSON Lines), {output_path}/{job_name}/metrics.jsonl, or the directory of csv_monitor's CSV files")
       ->required();
   sub->add_option("-o,--output", flags->output, "The PNG to write (default: loss.png next to the metrics file)");
   sub->add_option("--title", flags->title, "The figure's title");

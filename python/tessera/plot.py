@@ -1,9 +1,12 @@
 """Draws a tessera metrics file (JSON Lines, tessera/monitor/jsonl.py) as a PNG: loss, learning rate and
-throughput against the optimizer step.
+throughput against the optimizer step; or, given a directory of csv_monitor's CSV files
+(DeepSpeed's layout, Train_Samples_train_loss.csv ..., written by tessera or by DeepSpeed), the same
+against the global sample count, with no TensorBoard needed.
 
     python python/tessera/plot.py runs/gpt/metrics.jsonl -o loss.png
     python -m tessera.plot runs/gpt/metrics.jsonl -o loss.png
     tessera plot runs/gpt/metrics.jsonl -o loss.png       (the CLI runs this file)
+    tessera plot runs/gpt -o loss.png                     (the CSV files in that directory)
 
 Needs only matplotlib (no torch, no tessera._C), so it runs as a plain script.
 """
@@ -14,7 +17,35 @@ import os
 import sys
 
 
+# csv_monitor's tags (their files' last component) -> the JSONL record's keys.
+_CSV_KEYS = {"train_loss": "loss", "lr": "lr", "samples_per_sec": "samples_per_s", "tokens_per_sec": "tokens_per_s"}
+
+
+def read_csv_records(directory):
+    """Records {"step": global samples, "loss", "lr", ...} from the Train_Samples_*.csv files."""
+    by_step = {}
+    for tag, key in _CSV_KEYS.items():
+        path = os.path.join(directory, "Train_Samples_%s.csv" % tag)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                fields = line.strip().split(",")
+                if len(fields) != 2 or fields[0] == "step":  # a header (a restarted run appends another)
+                    continue
+                try:
+                    by_step.setdefault(int(fields[0]), {})[key] = float(fields[1])
+                except ValueError:
+                    raise ValueError("%s:%d: expected `step,value`" % (path, number)) from None
+    if not by_step:
+        raise ValueError("%s: no Train_Samples_*.csv files with rows (is csv_monitor enabled, and did a step finish?)"
+                         % directory)
+    return [dict(values, step=step) for step, values in sorted(by_step.items())]
+
+
 def read_records(path):
+    if os.path.isdir(path):
+        return read_csv_records(path)
     records = []
     with open(path) as f:
         for number, line in enumerate(f, 1):
@@ -68,8 +99,8 @@ def plot(path, output, title=None):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right")
     last = next((v for v in reversed(loss) if v is not None and not math.isnan(v)), float("nan"))
-    ax.set_title(title or "%s — %d steps, last loss %.4f" % (os.path.basename(os.path.dirname(os.path.abspath(path)))
-                                                            or path, len(records), last))
+    name = os.path.basename(os.path.abspath(path) if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)))
+    ax.set_title(title or "%s — %d steps, last loss %.4f" % (name or path, len(records), last))
 
     ax = axes[1]
     ax.plot(steps, series(records, "lr"), color="tab:green", linewidth=1.5)
@@ -81,7 +112,7 @@ def plot(path, output, title=None):
     samples = series(records, "samples_per_s")
     ax.plot(steps, smooth(samples, window), color="tab:orange", linewidth=1.5, label="samples/s")
     ax.set_ylabel("samples/s")
-    ax.set_xlabel("step")
+    ax.set_xlabel("samples" if os.path.isdir(path) else "step")
     ax.grid(alpha=0.3)
     if any("tokens_per_s" in r for r in records):
         twin = ax.twinx()
@@ -109,7 +140,8 @@ def main(argv=None):
     ap.add_argument("-o", "--output", default=None, help="the PNG to write (default: loss.png next to the metrics file)")
     ap.add_argument("--title", default=None, help="the figure's title")
     args = ap.parse_args(argv)
-    output = args.output or os.path.join(os.path.dirname(args.metrics), "loss.png")
+    where = args.metrics if os.path.isdir(args.metrics) else os.path.dirname(args.metrics)
+    output = args.output or os.path.join(where, "loss.png")
     try:
         n = plot(args.metrics, output, args.title)
     except (OSError, ValueError) as e:

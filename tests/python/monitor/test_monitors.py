@@ -6,12 +6,14 @@ DeepSpeed's step (global samples), written by rank 0 alone."""
 import glob
 import json
 import os
+import subprocess
 import sys
 import zipfile
 
 import pytest
 
 from checkpoint_cases import TINY, config, run_jobs
+from conftest import CLI, child_env
 
 STEPS = 4
 GLOBAL_BATCH = TINY["global_batch"]
@@ -95,6 +97,14 @@ def test_csv_files_in_deepspeeds_layout(run):
         assert lines[0] == "step," + tag.rsplit("/", 1)[-1]
         found[tag] = [(int(s), float(v)) for s, v in (line.split(",") for line in lines[1:])]
     assert_series(found, expected, "csv")
+
+
+def test_tessera_plot_draws_the_csv_files(run):
+    tmp, _ = run
+    r = subprocess.run([CLI, "plot", str(tmp / "job"), "-o", str(tmp / "csv.png")], env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "%d steps -> " % STEPS in r.stdout and (tmp / "csv.png").stat().st_size > 10000
 
 
 def test_wandb_offline_run_holds_the_series(run):
