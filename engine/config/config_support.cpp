@@ -61,7 +61,6 @@ const std::vector<UnimplementedKey> kRows = {
      "memory", {}},
     {"aio.overlap_events", kWarning, "", "the I/O thread always overlaps submission and completion", {}},
     {"optimizer.params.torch_adam", kWarning, "", "the engine runs its own Adam on flat shards", {}},
-    {"flops_profiler.enabled", kWarning, "", "no flops profile yet: the section's keys are checked, the profiler is not built (issue 47)", {}},
 };
 
 const json* at_path(const json& j, const std::string& path) {

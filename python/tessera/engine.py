@@ -10,6 +10,7 @@ from . import client, zero
 from ._checkpoint_calls import CheckpointCalls
 from ._config import type_name as _type_name
 from .comms_logger import CommsLogger
+from .flops_profiler import EngineProfiler
 from .monitor import MonitorMaster
 
 __all__ = ["Engine"]
@@ -147,6 +148,8 @@ class Engine(CheckpointCalls):
         self.monitor = MonitorMaster(self.config, self.global_rank)
         # DeepSpeed's comms logger over every communicator's statistics (tessera/comms_logger.py).
         self.comms_logger = CommsLogger(self._c.context, self.config.get("comms_logger"))
+        # DeepSpeed's flops profiler: one step's forwards on rank 0 (tessera/flops_profiler.py).
+        self.flops_profiler = EngineProfiler(self, self.config.get("flops_profiler"))
 
     def __del__(self):
         # The module may outlive the engine: take the unit hooks off it (they hold the C++ engine).
@@ -177,6 +180,8 @@ class Engine(CheckpointCalls):
             self.record_batch(int(args[0].shape[0]), int(args[0].numel()))
         if self._auto_cast:  # fp16.auto_cast: floating-point inputs in fp16, as DeepSpeed's forward casts them
             args, kwargs = _to_half(args), _to_half(kwargs)
+        if self._module.training:
+            self.flops_profiler.before_forward()
         out = self._module(*args, **kwargs)
         if self._zero3:
             self._c.end_of_forward()  # without grad (evaluation), nothing it gathered stays
@@ -354,6 +359,7 @@ class Engine(CheckpointCalls):
         self._last_step_loss = torch.stack(losses).double().mean() if losses else None
         moe, self._step_moe = self._step_moe, [0.0, 0, 0, 0]
         self.comms_logger.after_step(self.global_steps)
+        self.flops_profiler.after_step()
         if not self.monitor.enabled:
             return
         # The MoE layers' mean l_aux and share of choices dropped (every rank runs the same layers).
