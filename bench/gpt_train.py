@@ -87,6 +87,14 @@ def engine_config(args):
                         "single_submit": False, "overlap_events": True}
     if args.tp > 1:  # tessera's automatic plan (tessera.tensor_parallel.auto_plan)
         extra["tensor_parallel"] = {"tp_size": args.tp, "sequence_parallel": args.sp}
+    if args.monitors:  # every monitor (wandb and comet offline without an API key) and the comms logger
+        section = {"enabled": True, "output_path": args.monitors, "job_name": "gpt_train"}
+        extra.update(csv_monitor=section, tensorboard=section, wandb={"enabled": True, "project": "gpt_train"},
+                     comet={"enabled": True, "project": "gpt_train", "samples_log_interval": 1},
+                     comms_logger={"enabled": True}, wall_clock_breakdown=True, memory_breakdown=True)
+    if args.flops_profile:
+        extra["flops_profiler"] = {"enabled": True, "profile_step": args.flops_profile, "detailed": False,
+                                   "output_file": os.path.join(args.monitors or "/tmp", "flops.txt")}
     return {**extra,"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
             "steps_per_print": 10**9, "gradient_clipping": args.clip,
             "optimizer": optimizer_section(args), "zero_optimization": zero}
@@ -279,6 +287,10 @@ def main():
     ap.add_argument("--ddp-default-bucket", action="store_true", help="DDP's own buckets (25 MiB + a 1 MiB first)")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel.tp_size (tessera)")
     ap.add_argument("--sp", action="store_true", help="tensor_parallel.sequence_parallel (tessera)")
+    ap.add_argument("--monitors", default="", help="a directory: enable csv_monitor, tensorboard, wandb and comet "
+                                                   "(offline) there, the comms logger, wall_clock_breakdown and "
+                                                   "memory_breakdown (tessera; docs/monitoring.md)")
+    ap.add_argument("--flops-profile", type=int, default=0, help="flops_profiler.profile_step (tessera; 0: off)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.95])
