@@ -258,6 +258,12 @@ class PipelineEngine(CheckpointCalls):
         self._stage_model = _StageModel(module)
         self._c = _C.pipeline.Engine(cfg, context, self._stage_model, groups, tied)
         self._data_iter = None
+        self.config = json.loads(cfg.to_json())
+        # DeepSpeed's PipelineEngine writes train_loss, eval_loss, lr and loss_scale (docs/monitoring.md).
+        from .comms_logger import CommsLogger
+        from .monitor import MonitorMaster
+        self.monitor = MonitorMaster(self.config, context.rank)
+        self.comms_logger = CommsLogger(context, self.config.get("comms_logger"))
         # ZeRO-3: the stage's parameters are partitioned between batches; tessera.zero.GatheredParameters
         # makes them whole for a while (through this engine).
         from . import zero
@@ -276,15 +282,24 @@ class PipelineEngine(CheckpointCalls):
         """gradient_accumulation_steps micro-batches through the pipeline and the optimizer step;
         the batch's mean loss on every rank (a float)."""
         self.module.train()
-        return self._c.train_batch(self._source(data_iter))
+        loss = self._c.train_batch(self._source(data_iter))
+        events = [("Train/Samples/train_loss", loss), ("Train/Samples/lr", self._c.learning_rate),
+                  ("Train/Samples/grad_norm", self._c.grad_norm)]
+        if self.config["fp16"]["enabled"]:
+            events.append(("Train/Samples/loss_scale", self._c.loss_scale))
+        self.monitor.write_events([(tag, value, self.global_samples) for tag, value in events])
+        self.comms_logger.after_step(self.global_steps)
+        return loss
 
     def eval_batch(self, data_iter):
         """The same micro-batches forward only, without gradients: the mean loss on every rank."""
         self.module.eval()
         try:
-            return self._c.eval_batch(self._source(data_iter))
+            loss = self._c.eval_batch(self._source(data_iter))
         finally:
             self.module.train()
+        self.monitor.write_events([("Train/Samples/eval_loss", loss, self.global_samples)])
+        return loss
 
     def is_first_stage(self):
         return self.module.is_first_stage()
@@ -295,6 +310,15 @@ class PipelineEngine(CheckpointCalls):
     @property
     def global_steps(self):
         return self._c.global_step
+
+    @property
+    def global_samples(self):
+        """global_steps × train_batch_size (DeepSpeed's count, the monitors' step)."""
+        return self.global_steps * self.config["train_batch_size"]
+
+    def close(self):
+        """Closes the monitors' files."""
+        self.monitor.close()
 
     def get_global_grad_norm(self):
         return self._c.grad_norm

@@ -35,12 +35,22 @@ def test_pipeline_module_matches_plain_pytorch(ranks, stages, schedule, zero, op
         assert "pipeline ok on rank %d" % rank in result.stdout, result.stdout
 
 
-def test_fp16_overflow_is_decided_for_the_whole_pipeline():
+def test_fp16_overflow_is_decided_for_the_whole_pipeline(monkeypatch, tmp_path):
     """fp16 from a loss scale of 2^20: the overflowing steps are skipped on every stage alike and
-    every stage ends with the same scale and step count."""
+    every stage ends with the same scale and step count. The pipeline engine's monitor events
+    (csv_monitor, DeepSpeed's tags) hold every step's loss and halving scale."""
+    monkeypatch.setenv("MONITOR_DIR", str(tmp_path))
     result = check(launch(2, ["tests/python/workers/pipeline_worker.py", "2", "1f1b", "1", "fp16"]))
     for rank in range(2):
         assert "pipeline fp16 ok on rank %d" % rank in result.stdout, result.stdout
+    rows = {}
+    for tag in ("train_loss", "loss_scale", "lr"):
+        lines = (tmp_path / "pipe" / ("Train_Samples_%s.csv" % tag)).read_text().splitlines()
+        assert lines[0] == "step," + tag
+        rows[tag] = [(int(s), float(v)) for s, v in (line.split(",") for line in lines[1:])]
+    assert [s for s, _ in rows["train_loss"]] == [(i + 1) * 4 * 2 for i in range(10)]  # global samples: micro 2 x 4
+    scales = [v for _, v in rows["loss_scale"]]
+    assert scales[0] < 2.0 ** 20 and scales[-1] == scales[-2] and sorted(scales, reverse=True) == scales
 
 
 def test_simulator_and_chunk_partition_from_python():

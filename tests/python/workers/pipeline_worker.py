@@ -107,7 +107,10 @@ def check_fp16(stages, schedule, zero_stage):
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION, "steps_per_print": 100,
         "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": zero_stage},
         "fp16": {"enabled": True, "initial_scale_power": 20, "loss_scale_window": 1000, "hysteresis": 1},
-        "pipeline": {"stages": stages, "schedule": schedule}})
+        "pipeline": {"stages": stages, "schedule": schedule},
+        # The pipeline engine's monitor events (tests/python/pipeline/test_pipeline.py reads them).
+        "csv_monitor": {"enabled": "MONITOR_DIR" in os.environ, "output_path": os.environ.get("MONITOR_DIR", ""),
+                        "job_name": "pipe"}})
     d = tessera.comm.parallel_context().group_rank("data")
     scales, losses = [], []
     for step in range(10):
