@@ -169,7 +169,9 @@ int run(int argc, char** argv) {
   // (each step's batch is a function of the step alone).
   int64_t first_step = 0;
   if (!args.load.empty()) {
-    const LoadResult loaded = engine.load_checkpoint({args.load});
+    LoadOptions load;
+    load.load_dir = args.load;
+    const LoadResult loaded = engine.load_checkpoint(load);
     first_step = engine.global_step();
     if (leader) std::printf("train_gpt: resumed from %s at step %lld\n", loaded.path.c_str(), (long long)first_step);
   }
@@ -228,7 +230,9 @@ int run(int argc, char** argv) {
                 (long long)m.master_parameters, (long long)m.gradients, (long long)m.optimizer_states);
   }
   if (!args.save.empty()) {
-    const std::string path = engine.save_checkpoint({args.save});
+    SaveOptions save;
+    save.save_dir = args.save;
+    const std::string path = engine.save_checkpoint(save);
     if (leader) std::printf("train_gpt: saved %s\n", path.c_str());
   }
   if (!args.save_parameters.empty()) {
@@ -341,7 +345,9 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
   int64_t first_step = 0;
   if (!args.load.empty()) {  // --load: as without stages, each stage's engine reads its own parameters
-    const LoadResult loaded = engine.engine().load_checkpoint({args.load});
+    LoadOptions load;
+    load.load_dir = args.load;
+    const LoadResult loaded = engine.engine().load_checkpoint(load);
     first_step = engine.engine().global_step();
     if (leader) std::printf("train_gpt: resumed from %s at step %lld\n", loaded.path.c_str(), (long long)first_step);
   }
@@ -374,7 +380,9 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   }
   if (leader) std::printf("final loss: %.6f\n", loss);
   if (!args.save.empty()) {
-    const std::string path = engine.engine().save_checkpoint({args.save});
+    SaveOptions save;
+    save.save_dir = args.save;
+    const std::string path = engine.engine().save_checkpoint(save);
     if (leader) std::printf("train_gpt: saved %s\n", path.c_str());
   }
   report_pipeline(engine, ctx, args.timeline);

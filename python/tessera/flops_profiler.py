@@ -26,6 +26,7 @@ import functools
 import math
 import sys
 import time
+import weakref
 
 import torch
 import torch.nn as nn
@@ -337,7 +338,9 @@ class EngineProfiler:
     of step `profile_step` on global rank 0, print at the end of that step."""
 
     def __init__(self, engine, section):
-        self.engine = engine
+        # A weak reference: the engine holds this object, and a cycle would keep the engine (and its
+        # hooks on the module) alive after the script drops it until the cycle collector ran.
+        self.engine = weakref.proxy(engine)
         self.section = section or {}
         self.enabled = bool(self.section.get("enabled")) and engine.global_rank == 0
         self.profiler = None
