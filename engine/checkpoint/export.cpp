@@ -76,11 +76,7 @@ ExportResult export_checkpoint(const ExportOptions& options) {
   ExportOptions o = options;
   const at::ScalarType dtype = export_dtype(o.dtype);
   const std::string suffix = ".safetensors";
-  if (o.hf) {
-    if (::mkdir(o.output.c_str(), 0755) != 0 && errno != EEXIST)
-      throw std::runtime_error("tessera checkpoint export: cannot create the directory " + o.output + ": " + std::strerror(errno));
-    o.output += "/model.safetensors";
-  }
+  if (o.hf) o.output += "/model.safetensors";
   if (o.output.size() <= suffix.size() || o.output.compare(o.output.size() - suffix.size(), suffix.size(), suffix) != 0)
     throw std::invalid_argument("tessera checkpoint export: -o " + o.output + ": expected a path ending in .safetensors");
   ExportResult result;
@@ -90,6 +86,9 @@ ExportResult export_checkpoint(const ExportOptions& options) {
     throw std::invalid_argument("tessera checkpoint export --hf: " + result.checkpoint +
                                 " records no Hugging Face config (it was saved from a model that is not a transformers "
                                 "PreTrainedModel, or by the C++ engine): export the weights alone without --hf");
+  if (o.hf && ::mkdir(options.output.c_str(), 0755) != 0 && errno != EEXIST)  // only once there is something to write
+    throw std::runtime_error("tessera checkpoint export: cannot create the directory " + options.output + ": " +
+                             std::strerror(errno));
   // One whole tensor per name: tensor-parallel slices put together, a weight tied across pipeline
   // stages (saved by each) taken once.
   const SavedParameters saved(m);

@@ -3,7 +3,6 @@
 #include <stdexcept>
 
 #include "engine/checkpoint/rank_file.h"
-#include "engine/checkpoint/safetensors.h"
 
 namespace tessera::checkpoint {
 

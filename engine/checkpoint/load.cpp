@@ -4,7 +4,6 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -20,6 +19,7 @@
 #include "engine/checkpoint/reshard.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/config/config.h"
+#include "engine/config/config_rules.h"
 #include "optim/loss_scaler.h"
 #include "parallel/parallel_context.h"
 #include "zero/zero_optimizer.h"
@@ -35,11 +35,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 const ShardRecord& first_shard(const ParameterRecord& p) { return p.shards.front(); }
@@ -90,7 +85,7 @@ LoadResult load_checkpoint(TrainingState& s, const LoadOptions& o) {
     }
     rs = rank_state(s.zero, s.parallel);
     const Layout now = current_layout(s, rs.shard_states);
-    if (optimizer && lower(m.layout.optimizer) != lower(now.optimizer))  // the config's type is case-insensitive
+    if (optimizer && !equals_ignoring_case(m.layout.optimizer, now.optimizer))  // the config's type is case-insensitive
       throw std::runtime_error("tessera: checkpoint " + path + " holds " + m.layout.optimizer + " state; this engine runs " +
                                now.optimizer + ": load it with load_optimizer_states=False (the weights alone)");
     const bool same_layout = m.layout == now;

@@ -43,15 +43,7 @@ class JsonlMonitor:
 
 
 def read_metrics(path):
-    """The records of a metrics file, as a list of dicts (blank lines skipped)."""
-    records = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError("%s:%d: not a JSON object (%s)" % (path, number, e)) from None
-    return records
+    """The records of a metrics file (or of a directory of csv_monitor's CSV files), as a list of
+    dicts: tessera/plot.py's reader, which runs without torch."""
+    from ..plot import read_records
+    return read_records(path)
