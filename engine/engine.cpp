@@ -15,6 +15,7 @@
 
 #include "csrc/cpu_block_cache.h"
 #include "csrc/device_stream.h"
+#include "engine/flops_profiler.h"
 #include "engine/progress.h"
 #include "engine/runnable.h"
 #include "engine/zero_options.h"
@@ -123,6 +124,13 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
                                 : make_lr_schedule("", {}, config_.optimizer->params.lr);
   progress_ = std::make_unique<ProgressMeter>(config_.steps_per_print, config_.wall_clock_breakdown,
                                               parallel_.rank() == 0, grid.data);
+  if (config_.flops_profiler.enabled && parallel_.rank() == 0) {
+    FlopsRunLayout layout{grid.world_size(), grid.data, grid.tensor, grid.pipe,
+                          *config_.train_micro_batch_size_per_gpu * *config_.gradient_accumulation_steps,
+                          parallel_.data().device()};
+    flops_profiler_ = std::make_unique<UnitFlopsProfiler>(config_.flops_profiler, units_, run.parameters, layout);
+    flops_profiler_->step_ended(0, progress_->totals());
+  }
   if (parallel_.data().device().is_cpu()) {
     heap_trimmer_ = HeapTrimmer::from_environment();
     // The model's own tensors, now copied into the flat buffers, were glibc's: hand their pages
@@ -133,6 +141,8 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
 }
 
 Engine::~Engine() = default;
+
+void Engine::disable_unit_flops_profiler() { flops_profiler_.reset(); }
 
 // ---- backward ------------------------------------------------------------------------------------
 
@@ -199,10 +209,12 @@ void Engine::open_backward(BackwardKind kind) {
   backward_start_ = Clock::now();
   zero_->begin_backward(is_gradient_accumulation_boundary(), steps_.optimizer_step() + 1);
   backward_open_ = true;
+  if (flops_profiler_) flops_profiler_->backward_began();
 }
 
 void Engine::abort_open_backward() {
   backward_open_ = false;
+  if (flops_profiler_) flops_profiler_->backward_ended();
   // Buckets of this micro-step may be half filled or in flight: start the window again.
   zero_->abort_backward();
   restart_window();
@@ -215,6 +227,7 @@ void Engine::restart_window() {
 
 void Engine::close_backward() {
   backward_open_ = false;
+  if (flops_profiler_) flops_profiler_->backward_ended();
   StepTimes t;
   t.forward_s = open_forward_s_;
   t.allgather_s = open_allgather_s_;
@@ -361,6 +374,7 @@ void Engine::optimizer_step() {
   t.optimizer_s = since(start) - t.allgather_s;
   t.optimizer_steps = 1;
   progress_->add_times(t);
+  if (flops_profiler_) flops_profiler_->step_ended(steps_.global_step, progress_->totals());
   if (progress_->due(steps_.global_step)) print_progress();
   // checkpoint.save_interval: a checkpoint every so many steps, into checkpoint.save_dir.
   const CheckpointConfig& ckpt = config_.checkpoint;

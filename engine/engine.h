@@ -37,6 +37,7 @@ class ZeroOptimizer;
 class LossScaler;
 class LrSchedule;
 class ProgressMeter;
+class UnitFlopsProfiler;
 struct StepTimes;
 struct UpdateResult;
 
@@ -153,6 +154,11 @@ class Engine {
   UnitScope unit(int index) { return UnitScope(&units_, index); }
   UnitTracker& units() { return units_; }
 
+  // flops_profiler counts a C++ model's ATen ops through its units (engine/flops_profiler.h); the
+  // Python binding profiles modules through their hooks instead (tessera/flops_profiler.py) and
+  // turns this one off.
+  void disable_unit_flops_profiler();
+
   // Tells the progress line how many samples (and tokens) the last micro-batch had on this rank.
   void record_batch(int64_t samples, int64_t tokens = 0);
   // Tells the progress line what the last micro-batch's MoE layers did on this rank: their
@@ -231,6 +237,7 @@ class Engine {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<ProgressMeter> progress_;
+  std::unique_ptr<UnitFlopsProfiler> flops_profiler_;  // flops_profiler.enabled, on global rank 0
   std::optional<HeapTrimmer> heap_trimmer_;  // CPU ranks, TESSERA_HEAP_TRIM_MIB: bounds the heap's creep (csrc/heap_trim.h)
   int64_t gradient_accumulation_steps_ = 1;
   StepCounters steps_;

@@ -415,8 +415,9 @@ struct CometConfig {
   }
 };
 
-// DeepSpeed's "flops_profiler" section (python/tessera/flops_profiler.py): at profile_step, rank 0
-// prints each module's parameters, MACs, latency and FLOP/s; peak_tflops (tessera's) gives the MFU.
+// DeepSpeed's "flops_profiler" section (engine/flops_profiler.h for C++ models' units,
+// python/tessera/flops_profiler.py for Python modules): at profile_step, rank 0 prints each unit's
+// or module's parameters, MACs, latency and FLOP/s; peak_tflops (tessera's) gives the MFU.
 struct FlopsProfilerConfig {
   bool enabled = false;
   double recompute_fwd_factor = 0.0;  // activation checkpointing's extra forward, as a share of one

@@ -17,8 +17,9 @@
 // runs through PipelineEngine), .schedule, .dynamic_shape, .partition_method and
 // .activation_checkpoint_interval (PipelineEngine, tessera.pipe.PipelineModule; a C++ stage model
 // checkpoints its own layers); pipeline.micro_batches (must equal gradient_accumulation_steps);
-// unknown_keys (the parser); csv_monitor, tensorboard, wandb, comet, comms_logger, flops_profiler and
-// memory_breakdown (the Python API: python/tessera/monitor/, comms_logger.py, flops_profiler.py).
+// unknown_keys (the parser); flops_profiler (engine/flops_profiler.h; python/tessera/flops_profiler.py),
+// memory_breakdown (engine/progress.h); csv_monitor, tensorboard, wandb, comet and comms_logger
+// (the Python API: python/tessera/monitor/, comms_logger.py).
 #include "engine/config/config_support.h"
 
 #include <algorithm>

@@ -55,6 +55,7 @@ void bind_engine(py::module& m) {
                py::gil_scoped_release release;  // may run collectives
                e->engine = std::make_unique<Engine>(config.config, *context, std::move(model));
              }
+             e->engine->disable_unit_flops_profiler();  // tessera/flops_profiler.py profiles the modules
              e->hooks.record(parameters);
              return e;
            }),

@@ -466,6 +466,57 @@ TEST_CASE("train_gpt --checkpoint-activations: ZeRO 2 on 2 ranks and tp 2 with p
   }
 }
 
+// A value of the flops profiler's report ("fwd flops per GPU:   1.23 G" -> 1.23e9), -1 when missing.
+double report_value(const std::string& report, const std::string& label) {
+  std::smatch m;
+  const std::regex line("\\n" + label + ":\\s+([0-9.]+) ?([KMGTB]?)");
+  if (!std::regex_search(report, m, line)) return -1;
+  const std::map<std::string, double> scale{{"", 1}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"B", 1e9}, {"T", 1e12}};
+  return std::stod(m[1]) * scale.at(m[2]);
+}
+
+TEST_CASE("train_gpt with flops_profiler: rank 0 reports its units at profile_step - the forward and backward are 6N "
+          "+ 12 L d T flops a token - recomputation is not counted - tensor parallel ranks hold their share") {
+  const int64_t L = 2, d = 64, T = 32, V = 256, micro = 4;
+  const std::vector<std::string> sizes{"--n-layer", "2", "--n-embd", "64", "--n-head", "4", "--seq-len", "32"};
+  // N: the blocks' matmul weights (12 d^2 a block) and the tied head.
+  const double n = double(L * 12 * d * d + V * d);
+  const double expected = double(micro * T) * (6 * n + 12 * L * d * T);
+  auto profile = [&](const std::string& sections, std::vector<std::string> flags) {
+    tessera::testing::TempDir dir;
+    const std::string config = with_sections(gpt_config(micro, 1), sections + R"("flops_profiler": {"enabled": true,
+        "profile_step": 2, "peak_tflops": 1.0, "output_file": ")" + dir.file("flops.txt") + R"("})");
+    flags.insert(flags.end(), sizes.begin(), sizes.end());
+    auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 3, tessera::testing::free_port(), flags);
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    std::ifstream in(dir.file("flops.txt"));
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string plain = profile("", {});
+  INFO(plain);
+  CHECK(std::count(plain.begin(), plain.end(), '\n') > 20);
+  CHECK(contains(plain, "Profile Summary at step 2:"));
+  CHECK(plain.find("Profile Summary") == plain.rfind("Profile Summary"));  // rank 0 alone, once
+  for (const char* row : {"(embedding): Unit(", "(h.0): Unit(", "(h.1): Unit(", "(head): Unit(", "bwd latency:",
+                          "MFU = FLOPS per GPU / peak (1 TFLOPS):", "depth 1:", "'h': "})
+    CHECK(contains(plain, row));
+  const double flops = report_value(plain, "fwd flops per GPU");
+  CHECK(std::abs(3 * flops - expected) < 0.05 * expected);
+  CHECK(report_value(plain, "data parallel size") == 2);
+
+  const std::string recomputed = profile("", {"--checkpoint-activations"});
+  INFO(recomputed);
+  CHECK(report_value(recomputed, "fwd flops per GPU") == flops);
+
+  const std::string tp2 = profile(R"("tensor_parallel": {"tp_size": 2}, )", {});
+  INFO(tp2);
+  CHECK(report_value(tp2, "model parallel size") == 2);
+  // Each tensor rank's matmuls are half the blocks' and the vocabulary-split head's; the attention half the heads'.
+  const double per_rank = report_value(tp2, "fwd flops per GPU");
+  CHECK(std::abs(2 * per_rank - flops) < 0.05 * flops);
+}
+
 TEST_CASE("train_cnn: Fashion-MNIST on 2 ranks with ZeRO 2 lowers the loss") {
   auto r = run_example(TESSERA_TRAIN_CNN_PATH, 2,
                        R"({"train_micro_batch_size_per_gpu": 32, "steps_per_print": 10,

@@ -6,6 +6,8 @@ AdamW; 1F1B, GPipe, ZB-H1 and interleaved 1F1B (2 chunks per stage); pp 2 and 4;
 and 3 (gathered per batch, and per micro-batch under ZB-H1); pp 2 x tp 2 and pp 2 x dp 2 x tp 2;
 activation_checkpoint_interval; and
 fp16's overflow decision shared by the stages."""
+import re
+
 import pytest
 
 from conftest import check, launch
@@ -51,6 +53,11 @@ def test_fp16_overflow_is_decided_for_the_whole_pipeline(monkeypatch, tmp_path):
     assert [s for s, _ in rows["train_loss"]] == [(i + 1) * 4 * 2 for i in range(10)]  # global samples: micro 2 x 4
     scales = [v for _, v in rows["loss_scale"]]
     assert scales[0] < 2.0 ** 20 and scales[-1] == scales[-2] and sorted(scales, reverse=True) == scales
+    # flops_profiler through the C++ profiler: the first stage's ops (its Python layers), once.
+    report = (tmp_path / "flops.txt").read_text()
+    assert report.count("Profile Summary at step 3:") == 1 and "model parallel size:" in report, report
+    flops = re.search(r"fwd flops per GPU:\s+([0-9.]+) ([KMG]?)", report)
+    assert flops and float(flops.group(1)) > 0, report
 
 
 def test_simulator_and_chunk_partition_from_python():

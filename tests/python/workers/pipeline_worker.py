@@ -110,7 +110,10 @@ def check_fp16(stages, schedule, zero_stage):
         "pipeline": {"stages": stages, "schedule": schedule},
         # The pipeline engine's monitor events (tests/python/pipeline/test_pipeline.py reads them).
         "csv_monitor": {"enabled": "MONITOR_DIR" in os.environ, "output_path": os.environ.get("MONITOR_DIR", ""),
-                        "job_name": "pipe"}})
+                        "job_name": "pipe"},
+        # The C++ profiler counts a Python stage's ops (test_pipeline.py reads rank 0's report).
+        "flops_profiler": {"enabled": "MONITOR_DIR" in os.environ, "profile_step": 3,
+                           "output_file": os.path.join(os.environ.get("MONITOR_DIR", ""), "flops.txt")}})
     d = tessera.comm.parallel_context().group_rank("data")
     scales, losses = [], []
     for step in range(10):
