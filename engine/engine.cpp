@@ -87,6 +87,7 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
   run.device = parallel_.data().device();
   run.nccl = parallel_.backend() == BackendKind::Nccl;
   run.pipeline_stage = role == EngineRole::PipelineStage;
+  run.host_staging = environment_.host_staging_on_cpu;
   for (const ParamGroup& g : model.groups) {
     for (const at::Tensor& p : g.params) run.parameters += p.defined() ? p.numel() : 0;
     for (const TensorSplit& split : g.tensor_splits) run.tensor_sliced = run.tensor_sliced || split.sharded();
@@ -203,7 +204,7 @@ void Engine::open_backward(BackwardKind kind) {
         "scales the loss by 1/gradient_accumulation_steps, the second leaves it whole for the step to divide; "
         "use one of them in every micro-step");
   window_kind_ = kind;
-  zero_->wait_for_parameters();  // a unit the forward did not enter: its parameters are final now
+  zero_->wait_for_gathers();  // a unit the forward did not enter: its parameters are final now (a delayed step goes on)
   open_allgather_s_ = zero_->take_allgather_wait_s();
   open_forward_s_ = since(last_step_end_) - open_allgather_s_;
   backward_start_ = Clock::now();

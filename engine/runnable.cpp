@@ -66,6 +66,30 @@ void check_offload(const Config& c, const RunContext& run, std::vector<std::stri
   }
 }
 
+// offload_optimizer.delayed_param_update: the host steps host copies on a thread of its own while
+// the GPU runs the next forward and backward (zero/zero_optimizer.h).
+void check_delayed_update(const Config& c, const RunContext& run) {
+  const auto& offload = c.zero_optimization.offload_optimizer;
+  if (!offload.delayed_param_update.enabled) return;
+  const std::string& type = c.optimizer->type;
+  std::string why;
+  if (offload.device != "cpu")
+    why = "needs zero_optimization.offload_optimizer.device \"cpu\" (found \"" + offload.device + "\"" +
+          (offload.device == "nvme" ? ": not yet with the state in NVMe files" : "") + ")";
+  else if (c.zero_optimization.stage != 1 && c.zero_optimization.stage != 2)
+    why = "runs at zero_optimization.stage 1 or 2 (found " + std::to_string(c.zero_optimization.stage) + ")";
+  else if (run.device.is_cpu() && !run.host_staging)
+    why = "overlaps the host's optimizer step with the GPU's forward and backward; these ranks run on the CPU, "
+          "where both would share the same cores (TESSERA_HOST_STAGING=1 runs the GPU ranks' path here, for tests)";
+  else if (run.pipeline_stage)
+    why = "does not run through pipeline stages yet";
+  else if (c.optimizer->client || (type != "Adam" && type != "AdamW" && type != "SGD"))
+    why = "needs optimizer.type Adam, AdamW or SGD (found " + type + "): the delayed step runs bucket by bucket "
+          "on a thread of its own, without collectives";
+  if (!why.empty())
+    throw ConfigError("tessera: zero_optimization.offload_optimizer.delayed_param_update.enabled: true " + why);
+}
+
 }  // namespace
 
 std::vector<std::string> check_runnable(const Config& c, const RunContext& run) {
@@ -82,6 +106,7 @@ std::vector<std::string> check_runnable(const Config& c, const RunContext& run) 
   if (!refused.empty()) throw ConfigError("tessera: the engine cannot run this config:\n" + refused);
   if (!ignored.empty()) notes.push_back("config keys the engine ignores:\n" + ignored.substr(0, ignored.size() - 1));
   check_offload(c, run, notes);
+  check_delayed_update(c, run);
   if (c.optimizer && is_onebit_optimizer(c.optimizer->type)) check_onebit(c, run);
   // The model applies tensor parallelism (parallel/tensor_parallel/); one that marked no slice
   // trains a whole copy on every tensor rank: correct, but nothing is split.

@@ -23,6 +23,7 @@ struct RunContext {
   bool pipeline_stage = false;        // the Engine trains one stage of a PipelineEngine
   int64_t parameters = 0;             // this rank's parameter elements
   bool tensor_sliced = false;         // some parameter is marked tensor-sharded
+  bool host_staging = false;          // TESSERA_HOST_STAGING=1: CPU ranks take the GPU ranks' host path
 };
 
 std::vector<std::string> check_runnable(const Config& config, const RunContext& run);

@@ -40,6 +40,8 @@ ZeroOptions zero_options_from_config(const Config& c, int rank, int data_size, c
   o.host_staging_on_cpu = env.host_staging_on_cpu;
   o.host_parameters = z.offload_param.device == "cpu";
   o.host_pinned = z.offload_optimizer.pin_memory;
+  if (z.offload_optimizer.delayed_param_update.enabled)
+    o.delayed_update_after = z.offload_optimizer.delayed_param_update.warmup_steps;
   if (z.offload_optimizer.device == "nvme") {
     OptimizerSwapOptions nvme;
     nvme.path = z.offload_optimizer.nvme_path;

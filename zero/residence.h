@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,12 @@ class StepSite {
   virtual void gradient_final(ZeroGroup& g, int bucket) {}
   // Before the optimizer reads what gradient_final() queued.
   virtual void before_step() {}
+  // The step about to start runs while the next backward goes on (a delayed parameter update):
+  // it keeps reading the gradients queued so far, and gradient_final() queues the next backward's
+  // into a second buffer (HostStep; the others have no delayed step).
+  virtual void keep_gradients_for_delayed_step() {
+    throw std::logic_error("tessera: a delayed parameter update needs the optimizer on the host");
+  }
   // A bucket was stepped: its updated chunk goes where the model reads it (before its allgather).
   virtual void after_bucket(ZeroGroup& g, int bucket) {}
   // g's values changed outside a step (a load, write_back_parameters): its copies follow.

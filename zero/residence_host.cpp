@@ -6,6 +6,8 @@
 // before its allgather. With offload_param cpu a partitioned group's shard is allocated on the host
 // and IS the host copy (no second one, nothing copied back). TESSERA_HOST_STAGING=1 takes this
 // path on CPU ranks (copies CPU to CPU), so its bookkeeping is tested without a GPU.
+// A delayed parameter update (ZeroOptions::delayed_update_after) steps while the next backward
+// queues its gradient copies: those go to a second host gradient buffer, the two taking turns.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -34,15 +36,17 @@ class HostStep final : public StepSite {
     Copies& c = copies_[g.index];
     const int64_t n = g.layout.shard_numel;
     const bool shard_here = holds_shard(g);
-    c.grads = at::zeros({n}, pinned_.dtype(gradient_dtype));
+    c.grads[0] = at::zeros({n}, pinned_.dtype(gradient_dtype));
     if (g.mixed() && !shard_here) c.compute = at::empty({n}, pinned_.dtype(compute_dtype));
     if (!g.mixed() && !shard_here) c.master = at::empty({n}, pinned_);
+    if (offsets_.size() <= static_cast<size_t>(g.index)) offsets_.resize(g.index + 1);
     for (size_t b = 0; b < g.segments.size(); ++b) {
       const FlatBucket& k = g.layout.buckets[b];
       const ShardSegment& s = g.segments[b];
+      offsets_[g.index].emplace_back(k.shard_offset, k.shard);
       ShardSegment h;
       h.local_offset = s.local_offset;
-      h.grads = c.grads.narrow(0, k.shard_offset, k.shard);
+      h.grads = c.grads[0].narrow(0, k.shard_offset, k.shard);
       h.params = g.mixed() || shard_here ? s.params : c.master.narrow(0, k.shard_offset, k.shard);
       if (g.mixed()) h.compute_copy = shard_here ? s.compute_copy : c.compute.narrow(0, k.shard_offset, k.shard);
       c.segments.push_back(h);
@@ -54,10 +58,29 @@ class HostStep final : public StepSite {
 
   void gradient_final(ZeroGroup& g, int bucket) override {
     // Queued behind the reduction on the current stream; before_step() waits once for all of them.
-    copies_[g.index].segments[bucket].grads.copy_(g.segments[bucket].grads, /*non_blocking=*/true);
+    Copies& c = copies_[g.index];
+    const FlatBucket& k = g.layout.buckets[bucket];
+    c.grads[c.filling].narrow(0, k.shard_offset, k.shard).copy_(g.segments[bucket].grads, /*non_blocking=*/true);
   }
 
-  void before_step() override { wait_for_device_stream(device_); }
+  void before_step() override {
+    wait_for_device_stream(device_);
+    for (size_t i = 0; i < copies_.size(); ++i) {  // the step reads the buffer the backward filled
+      Copies& c = copies_[i];
+      if (c.segments.empty() || c.reading == c.filling) continue;
+      for (size_t b = 0; b < c.segments.size(); ++b)
+        c.segments[b].grads = c.grads[c.filling].narrow(0, offsets_[i][b].first, offsets_[i][b].second);
+      c.reading = c.filling;
+    }
+  }
+
+  void keep_gradients_for_delayed_step() override {
+    for (Copies& c : copies_) {
+      if (c.segments.empty()) continue;
+      if (!c.grads[1].defined()) c.grads[1] = at::zeros(c.grads[0].sizes(), pinned_.dtype(c.grads[0].scalar_type()));
+      c.filling = 1 - c.reading;
+    }
+  }
 
   void after_bucket(ZeroGroup& g, int bucket) override {
     const ShardSegment &host = copies_[g.index].segments[bucket], &device = g.segments[bucket];
@@ -83,7 +106,7 @@ class HostStep final : public StepSite {
 
   void add_memory(const ZeroGroup& g, MemoryReport& m) const override {  // host memory, not the device's
     const Copies& c = copies_[g.index];
-    for (const at::Tensor* t : {&g.master, &c.master, &c.grads, &c.compute})
+    for (const at::Tensor* t : {&g.master, &c.master, &c.grads[0], &c.grads[1], &c.compute})
       if (t->defined()) m.host_optimizer_bytes += t->nbytes();
     m.host_optimizer_bytes += g.optimizer->state_bytes();
   }
@@ -92,13 +115,16 @@ class HostStep final : public StepSite {
 
  private:
   struct Copies {
-    at::Tensor master, grads, compute;  // each undefined where the group needs none
+    at::Tensor master, compute;  // each undefined where the group needs none
+    at::Tensor grads[2];         // the second only with a delayed parameter update
+    int filling = 0, reading = 0;  // the gradient buffer gradient_final() writes, and the one the step reads
     std::vector<ShardSegment> segments;  // what the optimizer steps: views of the above (or the device's master)
   };
   c10::Device device_;
   at::TensorOptions pinned_;
   bool shards_on_host_;
   std::vector<Copies> copies_;  // by group index
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> offsets_;  // [group][bucket]: its chunk's (offset, numel)
 };
 
 }  // namespace

@@ -5,8 +5,11 @@
 // zero/residence.h's strategies.
 #include "zero/zero_optimizer.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <stdexcept>
 
@@ -17,6 +20,13 @@ namespace tessera {
 
 ZeroOptimizer::~ZeroOptimizer() {
   if (units_) units_->remove_listener(this);
+  if (delayed_.valid()) {  // the last delayed step: its values reach the parameters below
+    try {
+      finish_delayed_step();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[tessera] the delayed optimizer step failed: %s\n", e.what());
+    }
+  }
   // The parameters outlive the engine: they get their last values (unless a peer is gone).
   try {
     wait_for_parameters();
@@ -40,6 +50,7 @@ void ZeroOptimizer::set_group_learning_rates(std::vector<double> lrs) {
 }
 
 void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
+  finish_delayed_step();  // the step started at the last boundary: its chunks reach the model first
   std::vector<StepInputs> in(groups_.size(), inputs);
   for (auto& g : groups_) {
     in[g->index].lr = group_lrs_.empty() ? inputs.lr * g->lr_scale : group_lrs_[g->source_group];
@@ -47,37 +58,59 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     in[g->index].grad_scale = grad_scale;
   }
   site_->before_step();  // e.g. the gradient chunks' copies to the host, queued during backward, have landed
+  if (delayed_update_after_ >= 0 && inputs.step > delayed_update_after_) {
+    // DPU: the host steps while the caller goes on to the next forward and backward, whose
+    // gradient copies go to the site's other buffer.
+    site_->keep_gradients_for_delayed_step();
+    delayed_ = std::async(std::launch::async, [this, in] {
+      at::NoGradGuard no_grad;
+      step_buckets(in, /*finish=*/false);
+    });
+    return;
+  }
   try {
-    // Groups stepped in one call first, then every other bucket in the order the next forward reads
-    // them, each bound where its shard lives, stepped (tile by tile when the state is in files) and
-    // finished: its allgather runs on the backend's thread while the optimizer updates the next.
-    // (The groups stepped whole are all stepped before any is finished: a client optimizer steps
-    // once every group has come in, so before that their chunks are not final.)
-    BucketOrder buckets;
-    for (auto& g : groups_)
-      if (steps_whole(*g)) step_group(*g, in[g->index]);
-    for (const auto& [group, bucket] : gather_order_) {
-      ZeroGroup& g = *groups_[group];
-      if (!steps_whole(g)) buckets.emplace_back(group, bucket);
-      else finish_bucket(g, bucket);
-    }
-    state_->step(
-        buckets,
-        [&](int group, int bucket) {
-          params_->bind(*groups_[group], bucket);
-          return site_->segments(*groups_[group])[bucket];
-        },
-        [&](int group, const ShardSegment& piece, const std::vector<at::Tensor>& state) {
-          if (state.empty()) groups_[group]->optimizer->step(in[group], {piece});
-          else groups_[group]->optimizer->step_with_state(in[group], {piece}, state, piece.local_offset);
-        },
-        [&](int group, int bucket) { finish_bucket(*groups_[group], bucket); });
+    step_buckets(in, /*finish=*/true);
   } catch (...) {
     params_->abandon(groups_);
     throw;
   }
   params_->wait_writes();                        // a failed write stops training at this step
   if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
+}
+
+void ZeroOptimizer::step_buckets(const std::vector<StepInputs>& in, bool finish) {
+  // Groups stepped in one call first, then every other bucket in the order the next forward reads
+  // them, each bound where its shard lives, stepped (tile by tile when the state is in files) and
+  // finished: its allgather runs on the backend's thread while the optimizer updates the next.
+  // (The groups stepped whole are all stepped before any is finished: a client optimizer steps
+  // once every group has come in, so before that their chunks are not final.)
+  BucketOrder buckets;
+  for (auto& g : groups_)
+    if (steps_whole(*g)) step_group(*g, in[g->index]);
+  for (const auto& [group, bucket] : gather_order_) {
+    ZeroGroup& g = *groups_[group];
+    if (!steps_whole(g)) buckets.emplace_back(group, bucket);
+    else if (finish) finish_bucket(g, bucket);
+  }
+  state_->step(
+      buckets,
+      [&](int group, int bucket) {
+        params_->bind(*groups_[group], bucket);
+        return site_->segments(*groups_[group])[bucket];
+      },
+      [&](int group, const ShardSegment& piece, const std::vector<at::Tensor>& state) {
+        if (state.empty()) groups_[group]->optimizer->step(in[group], {piece});
+        else groups_[group]->optimizer->step_with_state(in[group], {piece}, state, piece.local_offset);
+      },
+      [&](int group, int bucket) {
+        if (finish) finish_bucket(*groups_[group], bucket);
+      });
+}
+
+void ZeroOptimizer::finish_delayed_step() {
+  if (!delayed_.valid()) return;
+  delayed_.get();  // rethrows what the step threw
+  for (const auto& [group, bucket] : gather_order_) finish_bucket(*groups_[group], bucket);
 }
 
 bool ZeroOptimizer::steps_whole(const ZeroGroup& g) const {
@@ -113,10 +146,15 @@ void ZeroOptimizer::wait_oldest_gather() {
 }
 
 void ZeroOptimizer::gather_parameters(bool model_reports_units) {
-  if (!(overlap_allgather_ && model_reports_units && units_)) wait_for_parameters();
+  if (!(overlap_allgather_ && model_reports_units && units_)) wait_for_gathers();
 }
 
 void ZeroOptimizer::wait_for_parameters() {
+  finish_delayed_step();
+  wait_for_gathers();
+}
+
+void ZeroOptimizer::wait_for_gathers() {
   while (!gathers_.empty()) wait_oldest_gather();
 }
 

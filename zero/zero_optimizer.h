@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <deque>
+#include <future>
 #include <optional>
 #include <memory>
 #include <string>
@@ -93,6 +94,12 @@ struct ZeroOptions {
   // offload_optimizer.pin_memory: those host buffers page-locked, so the copies are asynchronous
   // (false: pageable memory, each copy waits for the device).
   bool host_pinned = false;
+  // offload_optimizer.delayed_param_update (ZeRO-Offload's DPU, Ren et al. 2021 §5; host_optimizer
+  // only): from applied step delayed_update_after + 1 on, apply() starts the host step on a thread
+  // of its own and returns; the next forward and backward run on the parameters as they were, and
+  // the next apply() (or anything that reads the parameters) first sends the result to the model.
+  // -1: every step applied before apply() returns.
+  int64_t delayed_update_after = -1;
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
@@ -139,7 +146,12 @@ class ZeroOptimizer final : public UnitListener {
   // × the clipping coefficient); writes the compute copy of this rank's chunks. At stages 1–2 the
   // allgather of a bucket starts as soon as its chunk is updated (buckets in the order the next
   // forward reads them: by unit), so it overlaps the optimizer on the next one.
+  // With delayed_update_after, a later step is only started here (see ZeroOptions); the step
+  // started last time is finished first.
   void apply(double grad_scale, const StepInputs& inputs);
+  // A delayed step still running: waits for it and sends its chunks where the model reads them
+  // (each bucket's allgather launched). wait_for_parameters() does this first.
+  void finish_delayed_step();
   // Each model group's learning rate (ModelDescription::groups), used by apply() instead of
   // inputs.lr × the group's factor; empty (the default): the factor applies.
   void set_group_learning_rates(std::vector<double> lrs);
@@ -148,8 +160,11 @@ class ZeroOptimizer final : public UnitListener {
   // overlap_allgather and a model that reports its units, leaves each to the forward of the
   // first unit that uses it.
   void gather_parameters(bool model_reports_units);
-  // Waits for every allgather still in flight: the parameters are final after it.
+  // Finishes a delayed step and waits for every allgather still in flight: the parameters (and
+  // the optimizer state) are final after it.
   void wait_for_parameters();
+  // Waits for the allgathers in flight only (a delayed step goes on).
+  void wait_for_gathers();
   bool parameters_in_flight() const { return !gathers_.empty(); }
   // Seconds spent waiting for allgathers since the last call (the progress line's allgather wait):
   // stages 1–2's of updated parameters, and stage 3's gathers before a unit's forward or backward.
@@ -224,6 +239,9 @@ class ZeroOptimizer final : public UnitListener {
   // whole parameters (LAMB), or a group in memory whose chunks are not gathered after the step.
   bool steps_whole(const ZeroGroup& g) const;
   void step_group(ZeroGroup& g, const StepInputs& in);
+  // Steps every bucket (in[g] for group g), finishing each as it is done, or, with `finish`
+  // false, leaving that to finish_delayed_step().
+  void step_buckets(const std::vector<StepInputs>& in, bool finish);
   // A bucket was stepped: written back where its shard lives, sent where the model reads it, and
   // its allgather launched (stages 1–2).
   void finish_bucket(ZeroGroup& g, int bucket);
@@ -277,6 +295,8 @@ class ZeroOptimizer final : public UnitListener {
   std::unique_ptr<StateSite> state_;
   std::unique_ptr<ParameterSite> params_;
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
+  int64_t delayed_update_after_ = -1;
+  std::future<void> delayed_;  // the delayed step running (valid until finish_delayed_step)
 };
 
 }  // namespace tessera

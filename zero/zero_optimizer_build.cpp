@@ -293,6 +293,10 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   gather_order_ = forward_order(groups_, unit_buckets_);
   launch_order_ = reduction_order(groups_, /*by_unit=*/options.stage == 3);
   for (const auto& [gi, b] : launch_order_) grad_parts_.push_back(gradient_part(*groups_[gi], groups_[gi]->segments[b].grads));
+  for (auto& g : groups_)
+    if (delayed_update_after_ >= 0 && !g->optimizer->elementwise())
+      throw std::invalid_argument("tessera: a delayed parameter update steps bucket by bucket on a thread of its own: "
+                                  "it needs an elementwise optimizer (Adam, AdamW, SGD)");
   if (options.stage == 3) {
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
@@ -314,6 +318,12 @@ void ZeroOptimizer::choose_residence(const ZeroOptions& options) {
   state_ = options.nvme_optimizer ? make_state_in_files(*options.nvme_optimizer) : make_state_in_memory();
   params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
                                                           : make_parameters_in_memory();
+  // A delayed step writes host copies the model does not read until it is finished: the host step
+  // at stages 1-2 with the state in memory (engine/runnable.cpp names the config keys).
+  delayed_update_after_ = options.delayed_update_after;
+  if (delayed_update_after_ >= 0 && (!host_step || options.nvme_optimizer || options.stage == 3 || options.stage == 0))
+    throw std::invalid_argument("tessera: a delayed parameter update needs the optimizer's host step with its state "
+                                "in memory at ZeRO stage 1 or 2");
 }
 
 // The group's parameter buffers: the compute copy (whole, or its shard at stage 3) and the fp32

@@ -149,6 +149,18 @@ struct SchedulerConfig {
   }
 };
 
+// tessera's offload_optimizer.delayed_param_update (ZeRO-Offload's DPU, Ren et al. 2021 §5): after
+// warmup_steps applied steps, each step's host update runs while the next forward and backward
+// go on, which therefore use the parameters from one step earlier (docs/offload.md).
+struct DelayedParamUpdateConfig {
+  bool enabled = false;
+  int64_t warmup_steps = 40;  // the paper's "few dozen" synchronous steps first
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("warmup_steps", warmup_steps, at_least<int64_t>(0));
+  }
+};
+
 struct OffloadOptimizerConfig {
   std::string device = "none";
   std::string nvme_path;
@@ -158,6 +170,7 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+  DelayedParamUpdateConfig delayed_param_update;
   template <class V> void fields(V& v) {
     v("device", device, one_of({"none", "cpu", "nvme"}));
     v("nvme_path", nvme_path);
@@ -167,6 +180,7 @@ struct OffloadOptimizerConfig {
     v("pipeline_write", pipeline_write);
     v("fast_init", fast_init);
     v("ratio", ratio, in_range(0.0, 1.0));
+    v("delayed_param_update", delayed_param_update);
   }
 };
 

@@ -34,6 +34,10 @@
 //                        --buffers N (buffer_count) and --pipeline (pipeline_read and _write).
 //   --offload-param cpu|nvme   offload_param.device (stage 3), with --param-path DIR and
 //                        --param-buffers N (buffer_count), --param-buffer-size N (buffer_size).
+//   --delayed N          offload_optimizer.delayed_param_update after N warm-up steps (with --offload
+//                        cpu and TESSERA_HOST_STAGING=1); the reference delays its updates the same
+//                        way, unless --reference-delay M gives it another warm-up (-1: none; expect
+//                        a MISMATCH).
 //   --fill-nvme          after construction rank 0 fills the disk under --nvme-path (or --param-path; the first
 //                        step's write must then fail naming its file).
 //   --dump FILE          rank 0 writes every step's mean loss (double) and the final parameters'
@@ -117,7 +121,10 @@ std::string engine_worker::config_text(const Args& a) {
     offload = ", \"sub_group_size\": " + std::to_string(a.tile) + ", \"offload_optimizer\": {\"device\": \"" +
               a.offload + "\", \"nvme_path\": \"" + a.nvme_path + "\", \"buffer_count\": " +
               std::to_string(a.buffers) + ", \"pipeline_read\": " + (a.pipeline ? "true" : "false") +
-              ", \"pipeline_write\": " + (a.pipeline ? "true" : "false") + "}";
+              ", \"pipeline_write\": " + (a.pipeline ? "true" : "false") +
+              (a.delayed >= 0 ? ", \"delayed_param_update\": {\"enabled\": true, \"warmup_steps\": " +
+                                    std::to_string(a.delayed) + "}"
+                              : std::string()) + "}";
   }
   if (a.offload_param != "none")
     offload += ", \"offload_param\": {\"device\": \"" + a.offload_param + "\", \"nvme_path\": \"" + a.param_path +
@@ -175,13 +182,19 @@ at::Tensor rank0_rows(int64_t rows, int mb, int dp) {
 
 // The reference: one process, the whole global batch, torch's fused optimizers (or SGD and LAMB
 // written out). Remembers the gradient norm of every step, before clipping.
+// With --delayed N the optimizer steps `master`, a copy: the model takes the master's values
+// after each of the first N applied steps, and from then on just before each step, so its next
+// forward and backward run one update behind (ZeRO-Offload §5); flush() hands over the last update.
+// Without it `master` is the model's own tensors.
 struct Reference {
   Mlp model;
-  std::vector<at::Tensor> m, v, momentum, steps, initial;
+  std::vector<at::Tensor> m, v, momentum, steps, initial, master;
   Args a;
   double last_norm = 0;
+  int64_t applied_steps = 0;
   explicit Reference(const Args& args) : model(42, args.hidden, args.unused_off_rank0), a(args) {
     for (auto& p : model.params) {
+      master.push_back(a.reference_delay >= 0 ? p.detach().clone() : p.detach());
       m.push_back(at::zeros_like(p));
       v.push_back(at::zeros_like(p));
       momentum.push_back(at::zeros_like(p));
@@ -211,9 +224,11 @@ struct Reference {
     last_norm = norm;
     const double coef = (a.clip > 0 && norm > a.clip) ? a.clip / (norm + 1e-6) : 1.0;
     at::NoGradGuard no_grad;
-    for (auto& p : model.params) {
-      params.push_back(p.detach());
-      grads.push_back(p.grad() * coef);
+    const bool delayed = a.reference_delay >= 0 && ++applied_steps > a.reference_delay;
+    for (size_t i = 0; i < model.params.size(); ++i) {
+      if (delayed) model.params[i].detach().copy_(master[i]);  // the update before this one, now
+      params.push_back(master[i]);
+      grads.push_back(model.params[i].grad() * coef);
     }
     if (a.optimizer == "adamw" || a.optimizer == "adam") {
       for (auto& s : steps) s.add_(1);
@@ -240,7 +255,12 @@ struct Reference {
         params[i].add_(u, -lr_now * trust);
       }
     }
+    if (a.reference_delay >= 0 && !delayed) flush();
     return loss.item<double>();
+  }
+  void flush() {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < model.params.size(); ++i) model.params[i].detach().copy_(master[i]);
   }
   bool first_sgd_step_ = true;
   int lamb_step_ = 0;
@@ -339,7 +359,10 @@ int run(const Args& a) {
         break;
       }
       engine.step();
-      if (a.units && micro == a.gas - 1 && a.stage > 0 && a.stage < 3 && dp > 1 && !engine.parameters_in_flight())
+      // (The first delayed step sends nothing yet: its update reaches the model at the next step.)
+      const bool first_delayed = a.delayed >= 0 && step == a.delayed;
+      if (a.units && micro == a.gas - 1 && a.stage > 0 && a.stage < 3 && dp > 1 && !first_delayed &&
+          !engine.parameters_in_flight())
         throw std::runtime_error("overlap_comm with units: the allgather was not left to the next forward");
       // ZeRO-3: between steps no unit's parameters are gathered (each was released after use).
       if (a.units && a.stage == 3 && engine.memory().gathered_parameters != 0)
@@ -380,7 +403,8 @@ int run(const Args& a) {
     if (m.gathered_parameters_peak <= 0 || m.gathered_parameters_peak >= model_bytes)
       throw std::runtime_error("ZeRO-3: the gathered peak is not below the whole model");
   }
-  engine.wait_for_parameters();  // read below outside a forward
+  engine.wait_for_parameters();  // read below outside a forward (a delayed update is applied first)
+  reference.flush();
   auto whole = engine.gathered_parameters();  // ZeRO-3: every parameter gathered while reading them
 
   // The model's tensors are in the compute dtype: compare them with the reference rounded to it.
@@ -488,6 +512,8 @@ int main(int argc, char** argv) {
     else if (k == "--pipeline") a.pipeline = true;
     else if (k == "--buffers") a.buffers = std::stoi(next());
     else if (k == "--dump") a.dump = next();
+    else if (k == "--delayed") a.delayed = a.reference_delay = std::stoi(next());
+    else if (k == "--reference-delay") a.reference_delay = std::stoi(next());
     else if (k == "--fill-nvme") a.fill_nvme = true;
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;

@@ -50,6 +50,9 @@ struct Args {
   bool pipeline = false;
   int buffers = 4;
   bool fill_nvme = false;  // --fill-nvme: after construction rank 0 fills the nvme_path's disk
+  // --delayed N: offload_optimizer.delayed_param_update after N warm-up steps; the reference
+  // delays its updates the same way (ZeRO-Offload's DPU).
+  int delayed = -1, reference_delay = -1;
   std::string dump;  // --dump FILE: rank 0 writes every step's loss and the final parameters' bytes
 };
 
