@@ -114,6 +114,8 @@ class Tessera:
                 zero["sub_group_size"] = int(args.sub_group_size)
         if args.offload_param:  # ZeRO-3's shards in host memory too
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        if args.delayed is not None:  # ZeRO-Offload's delayed parameter update after that many steps
+            zero["offload_optimizer"]["delayed_param_update"] = {"enabled": True, "warmup_steps": args.delayed}
         config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
                   "steps_per_print": 10**9, "gradient_clipping": args.clip, "bf16": {"enabled": True},
                   "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
@@ -149,6 +151,8 @@ def main():
     ap.add_argument("--nvme-path", default="/tmp", help="offload_optimizer.nvme_path with --offload nvme")
     ap.add_argument("--sub-group-size", type=float, default=1e8, help="sub_group_size with --offload nvme")
     ap.add_argument("--offload-param", action="store_true", help="tessera (stage 3): offload_param.device cpu")
+    ap.add_argument("--delayed", type=int, help="tessera with --offload cpu: delayed_param_update after this many "
+                    "steps (within --warmup, so every timed step is delayed)")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=10)
@@ -195,7 +199,8 @@ def main():
     name = args.impl
     if args.impl == "tessera":
         name = "tessera-zero%d" % args.stage + ("-offload" if args.offload == "cpu" else "-offload-nvme" if args.offload
-                                                 else "") + ("-params" if args.offload_param else "")
+                                                 else "") + ("-params" if args.offload_param else "") + \
+            ("-dpu" if args.delayed is not None else "")
     print(json.dumps({
         "impl": name, "size": args.size, "parameters": parameters, "layers": n_layer, "embd": n_embd,
         "micro_batch": args.micro, "seq": args.seq, "steps": timed,

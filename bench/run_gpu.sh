@@ -9,8 +9,8 @@
 #   bench/run_gpu.sh bench SIZE...   bench/gpu_gpt.py for each size (350m, 1.3b, 125m, tiny): the
 #                                    plain PyTorch loops ($PLAIN) and tessera ZeRO $STAGES, all at the largest
 #                                    micro-batch of $MICROS_<size> that every one of them fits
-#   bench/run_gpu.sh offload SIZE    tessera at ZeRO 2 without offload, offload_optimizer cpu and
-#                                    nvme, and at ZeRO 3 without, and with the optimizer (cpu, nvme)
+#   bench/run_gpu.sh offload SIZE    tessera at ZeRO 2 without offload, offload_optimizer cpu (also
+#                                    with the delayed parameter update) and nvme, and at ZeRO 3 without, and with the optimizer (cpu, nvme)
 #                                    and the shards (offload_param cpu) on the host, micro-batch
 #                                    $MICRO (16), swap files under $NVME_PATH (/tmp)
 #   bench/run_gpu.sh all SIZE...     build, test and bench in order
@@ -92,7 +92,7 @@ do_bench() {
 
 do_offload() {
   local size=${1:-350m} micro=${MICRO:-16} nvme=${NVME_PATH:-/tmp} spec stage extra line rc
-  for spec in "2:" "2:--offload cpu" "2:--offload nvme" "3:" "3:--offload cpu --offload-param" \
+  for spec in "2:" "2:--offload cpu" "2:--offload cpu --delayed 5" "2:--offload nvme" "3:" "3:--offload cpu --offload-param" \
               "3:--offload nvme --offload-param"; do
     stage=${spec%%:*} extra=${spec#*:}
     rc=0

@@ -114,10 +114,7 @@ def test_one_bit_adam_over_nccl_equals_the_same_run_over_gloo():
     assert all(math.isfinite(loss) for loss in runs["auto"]["losses"])
 
 
-def check_offloaded_run(got, stage, dtype, moved_per_param):
-    """An offloaded run against the plain loop (the tolerances of training without offload), and the
-    GPU memory allocated after initialize below a run without offload by at least 95% of the bytes
-    per parameter the offload moves off the GPU."""
+def check_against_reference(got, dtype):
     if dtype == "fp32":
         assert got["param_max_abs"] <= FP32_TOL, got
         assert got["loss_max_abs"] <= FP32_TOL, got
@@ -125,6 +122,13 @@ def check_offloaded_run(got, stage, dtype, moved_per_param):
         assert got["param_max_abs"] <= BF16_PARAM_TOL, got
         for a, b in zip(got["losses"], got["reference_losses"]):
             assert abs(a - b) <= BF16_LOSS_RTOL * max(1.0, abs(b)), got
+
+
+def check_offloaded_run(got, stage, dtype, moved_per_param):
+    """An offloaded run against the plain loop (the tolerances of training without offload), and the
+    GPU memory allocated after initialize below a run without offload by at least 95% of the bytes
+    per parameter the offload moves off the GPU."""
+    check_against_reference(got, dtype)
     without, _ = run_worker("--stage", stage, "--dtype", dtype)
     saved = without["allocated_after_init"] - got["allocated_after_init"]
     moved = moved_per_param * got["numel"]
@@ -170,6 +174,16 @@ def test_parameters_offloaded_to_host_memory_match_plain_pytorch(dtype, optimize
         args += ["--nvme-path", tmp_path / "swap"]
     got, _ = run_worker(*args)
     check_offloaded_run(got, 3, dtype, moved_per_param=12 if dtype == "fp32" else 14)
+
+
+@pytest.mark.parametrize("stage,dtype", [(2, "fp32"), (2, "bf16"), (1, "bf16")])
+def test_delayed_parameter_update_matches_a_plain_loop_delayed_the_same_way(stage, dtype):
+    """offload_optimizer.delayed_param_update after 2 steps: each later host step runs while the next
+    forward and backward go on (pinned copies, the CPU on its own thread); the plain loop copies its
+    fp32 masters into the model just before each step after the warm-up instead of after it. The
+    tolerances of training without offload."""
+    got, _ = run_worker("--stage", stage, "--dtype", dtype, "--offload", "pinned", "--delayed", 2, "--steps", 8)
+    check_against_reference(got, dtype)
 
 
 def test_the_accelerator_answers_for_the_gpu():

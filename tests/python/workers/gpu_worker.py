@@ -7,7 +7,10 @@ and through a plain PyTorch loop from the same weights and batches, and prints o
 The plain loop: fp32 -> the model itself with torch.optim (AdamW / SGD with momentum) and
 clip_grad_norm_; bf16 -> the model in bf16 with fp32 master copies that torch.optim updates from
 the bf16 gradients widened to fp32, then copied back (what DeepSpeed's bf16 mode does); the
-module's (bf16) parameters are compared.
+module's (bf16) parameters are compared. With --delayed N (offload_optimizer.delayed_param_update)
+the plain loop steps fp32 master copies in both dtypes and, after N steps, copies them into the
+model just before each step rather than after it, so each forward and backward runs one update
+behind (ZeRO-Offload's DPU); the last update reaches the model at the end.
 Before each of tessera's steps after the first, the worker writes "tessera-step N" to stderr; CUDA's
 sync debug mode ("warn") writes a line for each synchronizing call, so the test counts them.
 """
@@ -34,8 +37,8 @@ def groups(model, weight_decay):
 
 
 def batches(args):
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    return [torch.randint(256, (args.micro, args.seq + 1), device="cuda", generator=gen) for _ in range(args.steps)]
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    return [torch.randint(256, (args.micro, args.seq + 1), device=args.device, generator=gen) for _ in range(args.steps)]
 
 
 def torch_optimizer(params, args):
@@ -46,7 +49,7 @@ def torch_optimizer(params, args):
 
 def reference_run(model, data, args):
     losses = []
-    if args.dtype == "fp32":
+    if args.dtype == "fp32" and args.delayed is None:
         params = list(model.parameters())
         optimizer = torch_optimizer(groups(model, args.weight_decay), args)
         for tokens in data:
@@ -58,26 +61,35 @@ def reference_run(model, data, args):
             losses.append(loss.item())
         return losses, [p.detach().float() for p in params]
     master = {id(p): p.detach().clone().float().requires_grad_() for p in model.parameters()}
-    model.to(torch.bfloat16)
+    if args.dtype == "bf16":
+        model.to(torch.bfloat16)
     params = list(model.parameters())
     master_groups = [{"params": [master[id(p)] for p in g["params"]], "weight_decay": g["weight_decay"]}
                      for g in groups(model, args.weight_decay)]
     # model.to() keeps the Parameter objects, so ids still match
     optimizer = torch_optimizer(master_groups, args)
     masters = [master[id(p)] for p in params]
-    for tokens in data:
+
+    def to_model():
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m)
+    for step, tokens in enumerate(data, start=1):
         loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         for p, m in zip(params, masters):
             m.grad = p.grad.float()
             p.grad = None
         torch.nn.utils.clip_grad_norm_(masters, args.clip)
+        delayed = args.delayed is not None and step > args.delayed
+        if delayed:
+            to_model()  # the update before this one reaches the model now; this one at the next step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for p, m in zip(params, masters):
-                p.copy_(m)
+        if not delayed:
+            to_model()
         losses.append(loss.item())
+    to_model()
     return losses, [p.detach().float() for p in params]
 
 
@@ -106,10 +118,13 @@ def tessera_run(model, data, args):
                                                             "pin_memory": True, "buffer_count": 4,
                                                             "pipeline_read": True, "pipeline_write": True}
         config["zero_optimization"]["sub_group_size"] = 5000
+    if args.delayed is not None:  # ZeRO-Offload's delayed parameter update after args.delayed steps
+        config["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = {"enabled": True,
+                                                                                   "warmup_steps": args.delayed}
     if args.offload_param:  # ZeRO-3's shards in host memory too
         config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
-    tessera_run.allocated_after_init = torch.cuda.memory_allocated()
+    tessera_run.allocated_after_init = torch.cuda.memory_allocated() if args.device == "cuda" else 0
     losses = []
     for step, tokens in enumerate(data):
         if step > 0 and args.count_syncs:
@@ -118,7 +133,8 @@ def tessera_run(model, data, args):
         loss = engine(tokens[:, :-1], tokens[:, 1:])
         engine.backward(loss)
         engine.step()
-        torch.cuda.set_sync_debug_mode("default")
+        if args.count_syncs:
+            torch.cuda.set_sync_debug_mode("default")
         losses.append(loss.item())
     print("tessera-done", file=sys.stderr, flush=True)
     with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
@@ -148,13 +164,15 @@ def main():
                     help="zero_optimization.offload_optimizer.device cpu, with pin_memory true or false; or nvme")
     ap.add_argument("--nvme-path", help="offload_optimizer.nvme_path with --offload nvme")
     ap.add_argument("--offload-param", action="store_true", help="offload_param.device cpu (stage 3)")
+    ap.add_argument("--delayed", type=int, help="offload_optimizer.delayed_param_update after this many steps")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the worker itself (TESSERA_HOST_STAGING=1)")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if args.backend == "gloo":
         tessera.init_distributed(dist_backend="gloo")
-    model = Gpt(vocab=256, block_size=args.seq, n_layer=2, n_head=4, n_embd=64, seed=args.seed, device="cuda")
+    model = Gpt(vocab=256, block_size=args.seq, n_layer=2, n_head=4, n_embd=64, seed=args.seed, device=args.device)
     reference = copy.deepcopy(model)
     data = batches(args)
     got_losses, got_params, device = tessera_run(model, data, args)
