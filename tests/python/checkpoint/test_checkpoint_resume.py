@@ -121,6 +121,10 @@ HOST_PATH_CASES = {
         "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})),
     "host_nvme_params_zero3_gpt_bf16": dict(TINY, model="gpt", config=config(3, bf16={"enabled": True}, zero_extra={
         "offload_param": {"device": "cpu"}}), nvme=True),
+    # The delayed parameter update from step 4 on (the resumed run counts its warm-up from the
+    # checkpoint's step); the last save finishes the running update before it reads the state.
+    "host_cpu_delayed_zero2_bf16": dict(TINY, config=config(2, bf16={"enabled": True}, zero_extra={
+        "offload_optimizer": {"device": "cpu", "delayed_param_update": {"enabled": True, "warmup_steps": 3}}})),
 }
 
 
