@@ -1,6 +1,7 @@
 #include "offload/optimizer_swapper.h"
 
 #include "offload/swap_directory.h"
+#include "offload/swap_tiles.h"
 
 #include <ATen/ops/zeros.h>
 
@@ -55,10 +56,11 @@ int64_t OptimizerSwapper::add_group(int index, const std::vector<ShardSegment>& 
   for (const ShardSegment& s : segments) {
     std::vector<Tile> tiles;
     const int64_t n = s.grads.numel();
-    for (int64_t begin = 0; begin < n; begin += options_.tile_numel) {
+    const int64_t tile = optimizer_swap_tile_numel(options_.tile_numel, n);
+    for (int64_t begin = 0; begin < n; begin += tile) {
       Tile t;
       t.begin = begin;
-      t.numel = std::min(options_.tile_numel, n - begin);
+      t.numel = std::min(tile, n - begin);
       t.file_offset = g->file_bytes;
       g->file_bytes += slot_bytes(*g, t.numel);
       largest_slot_ = std::max(largest_slot_, slot_bytes(*g, t.numel));

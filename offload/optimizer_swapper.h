@@ -3,7 +3,8 @@
 // per parameter group and rank under `nvme_path`, never whole in memory.
 //
 // Each segment of a group's shard (one per bucket) is cut into tiles of at most `tile_numel`
-// elements (DeepSpeed's sub_group_size). A tile's slot in the file holds its arrays packed
+// elements (DeepSpeed's sub_group_size), a large segment into at least 8 (offload/swap_tiles.h:
+// reads, steps and writes overlap only across tiles). A tile's slot in the file holds its arrays packed
 // [state 0 | state 1 | ... | master], aligned to 4096 bytes for O_DIRECT. A step streams the tiles
 // through `buffer_count` tile buffers:
 //

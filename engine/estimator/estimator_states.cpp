@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "engine/estimator/estimator_detail.h"
+#include "offload/swap_tiles.h"
 #include "zero/buffer_plan.h"
 
 namespace tessera {
@@ -47,8 +48,8 @@ bool engine_runs(const TrainingSetup& s, bool cpu_device) {
 
 namespace {
 // The NVMe optimizer swapper's file and tile buffers (offload/optimizer_swapper.h): the state, and
-// the master with mixed precision, per tile of at most sub_group_size elements of each bucket's
-// shard segment, each slot aligned to 4096; in memory only buffer_count slots.
+// the master with mixed precision, per tile of each bucket's shard segment (the swapper's rule,
+// offload/swap_tiles.h), each slot aligned to 4096; in memory only buffer_count slots.
 struct SwapFiles {
   int64_t file = 0, largest_slot = 0;
 };
@@ -56,8 +57,9 @@ SwapFiles optimizer_swap_files(const BufferPlan& plan, const TrainingSetup& s, i
   SwapFiles f;
   for (const GroupBuffers& g : plan.groups)
     for (const FlatBucket& b : g.layout.buckets)
-      for (int64_t begin = 0; begin < b.shard; begin += s.sub_group_size) {
-        const int64_t slot = (4 * std::min(s.sub_group_size, b.shard - begin) * arrays + 4095) / 4096 * 4096;
+      for (int64_t begin = 0, tile = optimizer_swap_tile_numel(s.sub_group_size, b.shard); begin < b.shard;
+           begin += tile) {
+        const int64_t slot = (4 * std::min(tile, b.shard - begin) * arrays + 4095) / 4096 * 4096;
         f.file += slot;
         f.largest_slot = std::max(f.largest_slot, slot);
       }
@@ -211,7 +213,7 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       int64_t* optim = s.offload_optimizer == "cpu" ? &st.h_optim : &st.n_optim;
       *master = 4 * shard, *grads = 4 * shard, *optim = int64_t(k) * shard;
       if (s.offload_optimizer == "nvme") {
-        st.h_pinned = int64_t(s.optimizer_buffer_count) * std::min(s.sub_group_size, shard) * 4;
+        st.h_pinned = int64_t(s.optimizer_buffer_count) * optimizer_swap_tile_numel(s.sub_group_size, shard) * 4;
         st.h_pinned_detail = std::to_string(s.optimizer_buffer_count) + " optimizer swap buffers";
       }
     }
@@ -272,7 +274,7 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
   st.grads_detail = "fp32, " + part(dp);
   st.optim_detail = state_name(s) + ", " + part(dp);
   if (s.offload_optimizer == "nvme") {
-    st.h_pinned += int64_t(s.optimizer_buffer_count) * std::min(s.sub_group_size, shard) * 4;
+    st.h_pinned += int64_t(s.optimizer_buffer_count) * optimizer_swap_tile_numel(s.sub_group_size, shard) * 4;
     st.h_pinned_detail += std::string(st.h_pinned_detail.empty() ? "" : ", ") +
                           std::to_string(s.optimizer_buffer_count) + " optimizer swap buffers";
   }
