@@ -56,6 +56,9 @@ class StepSite {
   virtual const std::vector<ShardSegment>& segments(const ZeroGroup& g) const { return g.segments; }
   // A bucket's reduced gradient chunk is final for this step.
   virtual void gradient_final(ZeroGroup& g, int bucket) {}
+  // Gradients straight to the host (stages 2–3): the host's copy of a bucket's gradient chunk,
+  // where each micro-step's reduced chunk goes (undefined: the site keeps no host copy).
+  virtual at::Tensor host_gradient(ZeroGroup& g, int bucket) { return {}; }
   // Before the optimizer reads what gradient_final() queued.
   virtual void before_step() {}
   // The step about to start runs while the next backward goes on (a delayed parameter update):

@@ -58,9 +58,13 @@ class HostStep final : public StepSite {
 
   void gradient_final(ZeroGroup& g, int bucket) override {
     // Queued behind the reduction on the current stream; before_step() waits once for all of them.
+    host_gradient(g, bucket).copy_(g.segments[bucket].grads, /*non_blocking=*/true);
+  }
+
+  at::Tensor host_gradient(ZeroGroup& g, int bucket) override {
     Copies& c = copies_[g.index];
     const FlatBucket& k = g.layout.buckets[bucket];
-    c.grads[c.filling].narrow(0, k.shard_offset, k.shard).copy_(g.segments[bucket].grads, /*non_blocking=*/true);
+    return c.grads[c.filling].narrow(0, k.shard_offset, k.shard);
   }
 
   void before_step() override {

@@ -19,26 +19,34 @@ class Stage2 final : public PartitionedStage {
     staging.narrow(0, p.offset - b.offset, p.numel).add_(flat);
   }
   // Reduce-scatter the staging buffer in place; this rank's chunk of the average is then added
-  // into its gradient shard and the buffer goes back to the group's pool.
+  // into its gradient shard (or sent to the host: send_reduced_chunks) and the buffer goes back to
+  // the group's pool.
   void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) override {
     const FlatBucket& b = g.layout.buckets[bucket];
     if (!g.staging[bucket].defined()) g.staging[bucket] = r.acquire_staging(g.index, b.numel);  // no gradient arrived
     at::Tensor staging = g.staging[bucket];
     g.staging[bucket] = at::Tensor();
-    at::Tensor shard = gradient_chunk(g, bucket);
+    at::Tensor shard = reduced_to_ ? at::Tensor() : gradient_chunk(g, bucket);
     const int pool = g.index;
+    ReducedChunk to = reduced_to_;
+    ZeroGroup* group = &g;
+    auto keep = [to, group, bucket, shard](at::Tensor& reduced) mutable {
+      if (to) to(*group, bucket, reduced);
+      else shard.add_(reduced);
+    };
     if (g.comm->size() == 1) {
-      shard.add_(staging);
+      keep(staging);
       r.release_staging(pool, staging);
       if (done) done();
       return;
     }
     at::Tensor mine = staging.narrow(0, g.comm->rank() * b.shard, b.shard);
-    reduce_into_own_chunk(r, *g.comm, staging, mine, [&r, pool, shard, mine, staging, done = std::move(done)]() mutable {
-      shard.add_(mine);
-      r.release_staging(pool, staging);
-      if (done) done();
-    });
+    reduce_into_own_chunk(r, *g.comm, staging, mine,
+                          [&r, pool, keep, mine, staging, done = std::move(done)]() mutable {
+                            keep(mine);
+                            r.release_staging(pool, staging);
+                            if (done) done();
+                          });
   }
   at::Tensor gradient_chunk(ZeroGroup& g, int bucket) override {
     const FlatBucket& b = g.layout.buckets[bucket];

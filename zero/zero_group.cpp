@@ -33,8 +33,9 @@ void ZeroGroup::check() const {
          std::to_string(layout.shard_numel));
   if (compute.defined() && compute.numel() != (partitioned ? layout.shard_numel : layout.total))
     fail("a compute buffer of " + std::to_string(compute.numel()) + " elements");
-  for (size_t b = 0; b < buckets; ++b)
-    if (segments[b].grads.numel() != layout.buckets[b].shard && segments[b].grads.numel() != layout.buckets[b].numel)
+  for (size_t b = 0; b < buckets; ++b)  // (undefined: the gradients go straight to the host)
+    if (segments[b].grads.defined() && segments[b].grads.numel() != layout.buckets[b].shard &&
+        segments[b].grads.numel() != layout.buckets[b].numel)
       fail("bucket " + std::to_string(b) + "'s gradient chunk is neither its shard nor the bucket");
 }
 

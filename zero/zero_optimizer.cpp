@@ -244,6 +244,7 @@ void ZeroOptimizer::after_shards_loaded() {
 
 void ZeroOptimizer::zero_grad() {
   for (auto& g : groups_) g->grads.zero_();
+  window_start_ = true;  // the host copies (gradients on the host) are overwritten, not added to
 }
 
 std::string ZeroOptimizer::optimizer_phase() const {

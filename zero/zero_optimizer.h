@@ -259,6 +259,10 @@ class ZeroOptimizer final : public UnitListener {
   void make_optimizer(ZeroGroup& g, const ZeroOptions& options, const ClientOptimizerFactory& client, int rank,
                       Communicator* tensor);
 
+  // Gradients straight to the host: a bucket's reduced chunk (on the device) takes what the
+  // window's earlier micro-steps left in the host copy, is scaled and normed on the boundary, and
+  // goes to the host copy (zero/stage2.cpp calls it as each reduction completes).
+  void reduced_to_host(ZeroGroup& g, int bucket, at::Tensor& reduced);
   void launch_gather(ZeroGroup& g, int bucket);
   void wait_oldest_gather();
   void remove_grad_hooks();
@@ -296,6 +300,11 @@ class ZeroOptimizer final : public UnitListener {
   std::unique_ptr<ParameterSite> params_;
   std::unique_ptr<PartitionedParameters> partitioned_;  // stage 3; destroyed before the groups
   int64_t delayed_update_after_ = -1;
+  // Stages 2–3 with the host step (not with a client optimizer): no gradient shard on the device;
+  // each reduced chunk accumulates in the StepSite's host copy (reduced_to_host).
+  bool gradients_to_host_ = false;
+  bool window_start_ = true;  // no micro-step of this accumulation window has reduced yet
+  std::vector<std::vector<size_t>> launch_index_;  // [group][bucket]: its index in launch_order_ (grad_parts_)
   std::future<void> delayed_;  // the delayed step running (valid until finish_delayed_step)
 };
 

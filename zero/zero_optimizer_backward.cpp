@@ -66,7 +66,7 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   std::function<void()> done;
   // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
   // and the next bucket's reduction is in flight.
-  if (boundary_) {
+  if (boundary_ && !gradients_to_host_) {  // (on the host path reduced_to_host does this)
     done = [this, launch_index, group, bucket] {
       ZeroGroup& g = *groups_[group];
       if (g.gradient_scale != 1.0) stage_->gradient_chunk(g, bucket).mul_(g.gradient_scale);
@@ -76,7 +76,26 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
 }
 
+void ZeroOptimizer::reduced_to_host(ZeroGroup& g, int bucket, at::Tensor& reduced) {
+  at::Tensor host = site_->host_gradient(g, bucket);
+  // The window's sum so far comes back to be added on the device (queued on the same stream as
+  // the copy that took it there), so the host never waits for a micro-step's chunk.
+  if (!window_start_) reduced.add_(host.to(reduced.device(), /*non_blocking=*/true));
+  if (boundary_) {
+    if (g.gradient_scale != 1.0) reduced.mul_(g.gradient_scale);
+    GradPart& part = grad_parts_[launch_index_[g.index][bucket]];
+    const at::Tensor none = part.grads;
+    part.grads = reduced;
+    take_norm(part);
+    part.grads = none;  // the staging buffer goes back to its pool
+  }
+  host.copy_(reduced, /*non_blocking=*/true);
+}
+
 void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool counted_here) {
+  if (gradients_to_host_)
+    throw std::invalid_argument("tessera: weights tied across pipeline stages with the optimizer offloaded at ZeRO "
+                                "stage 2-3 (the gradients live on the host): not supported yet; use stage 1");
   reductions_.wait_all();
   std::vector<CommHandle> sums;
   for (size_t i = 0; i < launch_order_.size(); ++i) {
@@ -131,6 +150,7 @@ void ZeroOptimizer::end_backward() {
   if (units_) units_->end_backward();
   reductions_.wait_all();
   reductions_.free_staging();
+  window_start_ = false;  // the host copies hold this micro-step's chunks: the next one adds to them
 }
 
 void ZeroOptimizer::abort_backward() {

@@ -231,6 +231,12 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   for (const GroupBuffers& g : plan_.groups) pools.push_back(g.largest_bucket);
   reductions_.set_staging_pools(std::move(pools));
   choose_residence(options);
+  // The host step at stages 2–3 takes each reduced chunk to the host as it completes (the device
+  // keeps no gradient shard, as DeepSpeed's CPU offload); a client optimizer steps the device's
+  // segments' views, so it keeps them.
+  gradients_to_host_ = site_->on_host() && options.stage >= 2 && !model.client_optimizer;
+  if (gradients_to_host_)
+    stage_->send_reduced_chunks([this](ZeroGroup& g, int bucket, at::Tensor& reduced) { reduced_to_host(g, bucket, reduced); });
 
   try {  // a refusal (a client optimizer with NVMe, a bad path) must leave no hook pointing at this object
     for (size_t gi = 0; gi < specs.size(); ++gi) {
@@ -292,7 +298,16 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   }
   gather_order_ = forward_order(groups_, unit_buckets_);
   launch_order_ = reduction_order(groups_, /*by_unit=*/options.stage == 3);
-  for (const auto& [gi, b] : launch_order_) grad_parts_.push_back(gradient_part(*groups_[gi], groups_[gi]->segments[b].grads));
+  launch_index_.resize(groups_.size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) launch_index_[gi].resize(groups_[gi]->layout.buckets.size());
+  for (size_t i = 0; i < launch_order_.size(); ++i) {
+    const auto [gi, b] = launch_order_[i];
+    launch_index_[gi][b] = i;
+    // With the gradients on the host the norm is taken from the reduced chunk as it passes
+    // (reduced_to_host); the part holds nothing of its own.
+    const at::Tensor& grads = gradients_to_host_ ? at::empty({0}, data_.options(at::kFloat)) : groups_[gi]->segments[b].grads;
+    grad_parts_.push_back(gradient_part(*groups_[gi], grads));
+  }
   for (auto& g : groups_)
     if (delayed_update_after_ >= 0 && !g->optimizer->elementwise())
       throw std::invalid_argument("tessera: a delayed parameter update steps bucket by bucket on a thread of its own: "
@@ -373,7 +388,7 @@ void ZeroOptimizer::adopt_parameters(ZeroGroup& g, const std::vector<at::Tensor>
 // each bucket as views built once (the buffers never move).
 void ZeroOptimizer::add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarType gradient_dtype, int rank) {
   const FlatLayout& L = g.layout;
-  g.grads = at::zeros({grad_numel}, data_.options(gradient_dtype));
+  g.grads = at::zeros({gradients_to_host_ ? 0 : grad_numel}, data_.options(gradient_dtype));
   g.staging.resize(L.buckets.size());
   g.pending.resize(L.buckets.size());
   g.arrived.assign(L.params.size(), false);
@@ -383,7 +398,7 @@ void ZeroOptimizer::add_segments(ZeroGroup& g, int64_t grad_numel, at::ScalarTyp
     ShardSegment s;
     // The compute copy of this rank's chunk: in the whole buffer, or (stage 3) the shard itself.
     const int64_t flat = g.partitioned ? k.shard_offset : L.flat_of_local(rank, static_cast<int>(b));
-    s.grads = stage_->gradient_chunk(g, static_cast<int>(b));
+    if (!gradients_to_host_) s.grads = stage_->gradient_chunk(g, static_cast<int>(b));
     s.params = g.mixed() ? g.master.narrow(0, k.shard_offset, k.shard) : g.compute.narrow(0, flat, k.shard);
     s.local_offset = k.shard_offset;
     if (g.mixed()) s.compute_copy = g.compute.narrow(0, flat, k.shard);

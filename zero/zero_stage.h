@@ -56,6 +56,11 @@ class ZeroStage {
   virtual void reduce_bucket(ZeroGroup& g, int bucket, Reductions& r, std::function<void()> done) = 0;
   // This rank's reduced gradients of a bucket's chunk, as a view that stays valid.
   virtual at::Tensor gradient_chunk(ZeroGroup& g, int bucket) = 0;
+  // Stages 2–3 with the optimizer on the host (gradients straight to the host): each bucket's
+  // reduced chunk (this rank's average, on the device in the reduction's staging buffer) goes to
+  // `to` instead of being added into the group's gradient shard, which is then not allocated.
+  using ReducedChunk = std::function<void(ZeroGroup& g, int bucket, at::Tensor& reduced)>;
+  void send_reduced_chunks(ReducedChunk to) { reduced_to_ = std::move(to); }
   // Whether g's updated chunks are gathered after the optimizer (stages 1–2 over 2+ ranks).
   virtual bool gathers(const ZeroGroup& g) const { return false; }
   // After the optimizer updated this rank's chunk of a bucket: every rank gets every chunk of it,
@@ -74,6 +79,7 @@ class ZeroStage {
 
   at::ScalarType wire_;
   double predivide_ = 1.0;
+  ReducedChunk reduced_to_;  // empty: into the gradient shard
 };
 
 // Stages 1–2: each rank updates its chunks, then the updated chunks are allgathered.
