@@ -157,7 +157,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
                          format_gib(largest) + " (the shards are on NVMe)";
     }
     if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
-    if (!off_opt || gpu_host_offload) {  // the engine's gradient buffer, on the device either way
+    // The engine's gradient buffer on the device; on GPU ranks with the optimizer on the host at
+    // stages 2-3 each reduced chunk goes to the host's copy, and the device keeps none.
+    if (!off_opt || (gpu_host_offload && s.zero_stage < 2)) {
       st.grads = plan.gradient_bytes;
       st.grads_detail = std::string(s.zero_stage < 2 && s.grad_accum_dtype == "bf16" ? "bf16, " : "fp32, ") +
                         part(s.zero_stage >= 2 ? dp : 1);
@@ -175,8 +177,8 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
         if (mixed) st.master = 0, st.master_detail.clear();
       }
     } else if (gpu_host_offload) {
-      // The GPU keeps the compute-dtype parameters and its gradient buffer; the host, per group,
-      // a copy of the gradient shard, the fp32 master (mixed precision; in its file with NVMe) or
+      // The GPU keeps the compute-dtype parameters and (stage 1) its gradient buffer; the host, per
+      // group, the gradient shard (a copy at stage 1; at 2-3 where the reduced chunks accumulate), the fp32 master (mixed precision; in its file with NVMe) or
       // a host fp32 copy of the parameters (fp32), the compute-dtype copy the step writes (mixed),
       // and the state (or NVMe's tile buffers). With offload_param "cpu" a partitioned group's
       // shard is allocated on the host and is that copy.

@@ -142,10 +142,11 @@ def test_optimizer_offloaded_to_host_memory_matches_plain_pytorch(stage, dtype, 
     the gradient chunks copied off the GPU, and the GPU gets the updated chunks back; the same
     tolerances as without offload, and the optimizer state is off the GPU: after initialize, 8 bytes
     per parameter less allocated than without offload in fp32 (the two moments; the host keeps its
-    own fp32 master beside the GPU's values) and 12 in bf16 (the fp32 master too)."""
+    own fp32 master beside the GPU's values) and 12 in bf16 (the fp32 master too); at stages 2-3 4
+    more, the fp32 gradient shard (each reduced chunk goes straight to the host)."""
     got, _ = run_worker("--stage", stage, "--dtype", dtype, "--offload", "pinned" if pinned else "pageable")
-    # fp32: the moments (the master stays the GPU's values); bf16: the master too
-    check_offloaded_run(got, stage, dtype, moved_per_param=8 if dtype == "fp32" else 12)
+    # fp32: the moments (the master stays the GPU's values); bf16: the master too; 2-3: the gradients
+    check_offloaded_run(got, stage, dtype, moved_per_param=(8 if dtype == "fp32" else 12) + (4 if stage >= 2 else 0))
 
 
 @pytest.mark.parametrize("stage,dtype", [(1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"), (3, "bf16")])
@@ -157,7 +158,7 @@ def test_optimizer_offloaded_to_nvme_matches_plain_pytorch(stage, dtype, tmp_pat
     swap = tmp_path / "swap"
     swap.mkdir()
     got, _ = run_worker("--stage", stage, "--dtype", dtype, "--offload", "nvme", "--nvme-path", swap)
-    check_offloaded_run(got, stage, dtype, moved_per_param=8 if dtype == "fp32" else 12)
+    check_offloaded_run(got, stage, dtype, moved_per_param=(8 if dtype == "fp32" else 12) + (4 if stage >= 2 else 0))
     assert list(swap.iterdir()) == []
 
 
@@ -166,14 +167,14 @@ def test_parameters_offloaded_to_host_memory_match_plain_pytorch(dtype, optimize
     """offload_param.device "cpu" on a GPU rank (ZeRO-3, with the optimizer on the host): each shard
     lives in pinned host memory, where the CPU optimizer steps it, and goes to its slot of the
     gathered buffer before each allgather; the same tolerances as without offload, and the GPU keeps
-    no shard: after initialize 12 bytes per parameter less allocated in fp32 (shard and moments), 14
-    in bf16 (bf16 shard, fp32 master, moments)."""
+    no shard: after initialize 16 bytes per parameter less allocated in fp32 (shard, moments and the
+    gradient shard), 18 in bf16 (bf16 shard, fp32 master, moments, gradients)."""
     args = ["--stage", 3, "--dtype", dtype, "--offload", optimizer_offload, "--offload-param"]
     if optimizer_offload == "nvme":
         (tmp_path / "swap").mkdir()
         args += ["--nvme-path", tmp_path / "swap"]
     got, _ = run_worker(*args)
-    check_offloaded_run(got, 3, dtype, moved_per_param=12 if dtype == "fp32" else 14)
+    check_offloaded_run(got, 3, dtype, moved_per_param=16 if dtype == "fp32" else 18)
 
 
 @pytest.mark.parametrize("stage,dtype", [(2, "fp32"), (2, "bf16"), (1, "bf16")])
