@@ -151,31 +151,31 @@ TEST_CASE("DeepSpeed's published formulas: equal where the two describe the same
   // (gradients are folded straight into fp32): tessera is 2Ψ/N lower.
   EstimateResult z2 = estimate(count_model(7000000000LL, N, 2, "bf16"));
   CHECK(static_cast<double>(states(z2)) == ds_zero2_gpu(P, N, false) - 2 * P / N);
-  // ZeRO-2 + CPU offload: the GPU keeps the 16-bit parameters, 2P, as DeepSpeed says, and its fp32
-  // gradient shard 4P/N, which the reductions write before the chunks go to the host (the engine's
-  // host path, validated in tests/engine/estimator/test_estimator_validation.cpp).
+  // ZeRO-2 + CPU offload: the GPU keeps the 16-bit parameters, 2P, as DeepSpeed says: each reduced
+  // gradient chunk goes straight to the host (the engine's host path, validated in
+  // tests/engine/estimator/test_estimator_validation.cpp).
   EstimateInputs off = count_model(7000000000LL, N, 2, "bf16");
   off.setup.offload_optimizer = "cpu";
   EstimateResult z2o = estimate(off);
-  CHECK(static_cast<double>(states(z2o)) == ds_zero2_gpu(P, N, true) + 4 * P / N);
+  CHECK(static_cast<double>(states(z2o)) == ds_zero2_gpu(P, N, true));
   CHECK(z2o.validated);
   // ...and the node's CPU holds DeepSpeed's 16P of offloaded states plus the bf16 copy the CPU step
   // writes for the GPU, 2P: 18P (DeepSpeed: P·max(4·gpus, 16)·1.5; the 4·gpus term is each rank's
   // fp32 model built on the host, tessera's construction peak).
   CHECK(z2o.per_node_cpu.model_states == static_cast<int64_t>(18 * P));
   CHECK(z2o.per_node_cpu.construction == static_cast<int64_t>(4 * P * N));
-  // ZeRO-3 + offload of the optimizer: GPU 2P/N of parameters and the 4P/N gradient shard
-  // (DeepSpeed L + 2P/N), CPU 18P as above.
+  // ZeRO-3 + offload of the optimizer: GPU 2P/N of parameters (DeepSpeed L + 2P/N; tessera counts
+  // the gathered window L apart), CPU 18P as above.
   EstimateInputs o3 = count_model(7000000000LL, N, 3, "bf16");
   o3.setup.offload_optimizer = "cpu";
   EstimateResult z3o = estimate(o3);
-  CHECK(states(z3o) == static_cast<int64_t>(2 * P / N + 4 * P / N));
+  CHECK(states(z3o) == static_cast<int64_t>(2 * P / N));
   CHECK(z3o.per_node_cpu.model_states == static_cast<int64_t>(18 * P));
-  // ZeRO-3 + offload of optimizer and parameters: the GPU keeps the gradient shard (DeepSpeed: L),
-  // the CPU 18P, as DeepSpeed (the shard on the host is the copy the step writes).
+  // ZeRO-3 + offload of optimizer and parameters: the GPU keeps no model state (DeepSpeed: L, the
+  // gathered window), the CPU 18P, as DeepSpeed (the shard on the host is the copy the step writes).
   o3.setup.offload_param = "cpu";
   EstimateResult z3p = estimate(o3);
-  CHECK(states(z3p) == static_cast<int64_t>(4 * P / N));
+  CHECK(states(z3p) == 0);
   CHECK(z3p.per_node_cpu.model_states == static_cast<int64_t>(18 * P));
   // NVMe: master, gradients and states move to NVMe, pinned swap buffers stay on the host.
   o3.setup.offload_optimizer = "nvme";
@@ -183,7 +183,9 @@ TEST_CASE("DeepSpeed's published formulas: equal where the two describe the same
   o3.hardware.nvme_capacity = 1024 * kGiB;
   EstimateResult z3n = estimate(o3);
   CHECK(z3n.per_node_nvme.model_states == static_cast<int64_t>(18 * P));
-  CHECK(z3n.per_node_cpu.buffers == N * (4 * int64_t(875000000) * 4 + 5 * 100000000LL * 2));
+  // (the optimizer's swap buffers: 4 tiles of 16M elements, the swapper's cut of an 875M-element
+  // shard, offload/swap_tiles.h)
+  CHECK(z3n.per_node_cpu.buffers == N * (4 * int64_t(16000000) * 4 + 5 * 100000000LL * 2));
 }
 
 TEST_CASE("activations: Korthikanti et al.'s per-layer formulas - checkpointing - pipelines - logits") {
