@@ -73,9 +73,8 @@ void check_delayed_update(const Config& c, const RunContext& run) {
   if (!offload.delayed_param_update.enabled) return;
   const std::string& type = c.optimizer->type;
   std::string why;
-  if (offload.device != "cpu")
-    why = "needs zero_optimization.offload_optimizer.device \"cpu\" (found \"" + offload.device + "\"" +
-          (offload.device == "nvme" ? ": not yet with the state in NVMe files" : "") + ")";
+  if (offload.device == "none")
+    why = "needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the host steps while the GPU trains)";
   else if (c.zero_optimization.stage != 1 && c.zero_optimization.stage != 2)
     why = "runs at zero_optimization.stage 1 or 2 (found " + std::to_string(c.zero_optimization.stage) + ")";
   else if (run.device.is_cpu() && !run.host_staging)

@@ -334,11 +334,12 @@ void ZeroOptimizer::choose_residence(const ZeroOptions& options) {
   params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
                                                           : make_parameters_in_memory();
   // A delayed step writes host copies the model does not read until it is finished: the host step
-  // at stages 1-2 with the state in memory (engine/runnable.cpp names the config keys).
+  // at stages 1-2, its state in memory or streamed from its files (engine/runnable.cpp names the
+  // config keys).
   delayed_update_after_ = options.delayed_update_after;
-  if (delayed_update_after_ >= 0 && (!host_step || options.nvme_optimizer || options.stage == 3 || options.stage == 0))
-    throw std::invalid_argument("tessera: a delayed parameter update needs the optimizer's host step with its state "
-                                "in memory at ZeRO stage 1 or 2");
+  if (delayed_update_after_ >= 0 && (!host_step || options.stage == 3 || options.stage == 0))
+    throw std::invalid_argument("tessera: a delayed parameter update needs the optimizer's host step at ZeRO stage 1 "
+                                "or 2");
 }
 
 // The group's parameter buffers: the compute copy (whole, or its shard at stage 3) and the fp32
