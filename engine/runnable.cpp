@@ -75,8 +75,9 @@ void check_delayed_update(const Config& c, const RunContext& run) {
   std::string why;
   if (offload.device == "none")
     why = "needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the host steps while the GPU trains)";
-  else if (c.zero_optimization.stage != 1 && c.zero_optimization.stage != 2)
-    why = "runs at zero_optimization.stage 1 or 2 (found " + std::to_string(c.zero_optimization.stage) + ")";
+  else if (c.zero_optimization.stage == 3 && c.zero_optimization.offload_param.device != "none")
+    why = "with zero_optimization.offload_param.device \"" + c.zero_optimization.offload_param.device +
+          "\": the update would write the shards the forward gathers meanwhile (not yet)";
   else if (run.device.is_cpu() && !run.host_staging)
     why = "overlaps the host's optimizer step with the GPU's forward and backward; these ranks run on the CPU, "
           "where both would share the same cores (TESSERA_HOST_STAGING=1 runs the GPU ranks' path here, for tests)";

@@ -111,6 +111,7 @@ void ZeroOptimizer::finish_delayed_step() {
   if (!delayed_.valid()) return;
   delayed_.get();  // rethrows what the step threw
   for (const auto& [group, bucket] : gather_order_) finish_bucket(*groups_[group], bucket);
+  if (partitioned_) partitioned_->after_step();  // ZeRO-3: the shards took the update; gathered copies are stale
 }
 
 bool ZeroOptimizer::steps_whole(const ZeroGroup& g) const {

@@ -334,12 +334,12 @@ void ZeroOptimizer::choose_residence(const ZeroOptions& options) {
   params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
                                                           : make_parameters_in_memory();
   // A delayed step writes host copies the model does not read until it is finished: the host step
-  // at stages 1-2, its state in memory or streamed from its files (engine/runnable.cpp names the
-  // config keys).
+  // at stages 1-3, its state in memory or streamed from its files, but not ZeRO-3's shards in host
+  // memory (the update would write what the forward gathers; engine/runnable.cpp names the keys).
   delayed_update_after_ = options.delayed_update_after;
-  if (delayed_update_after_ >= 0 && (!host_step || options.stage == 3 || options.stage == 0))
-    throw std::invalid_argument("tessera: a delayed parameter update needs the optimizer's host step at ZeRO stage 1 "
-                                "or 2");
+  if (delayed_update_after_ >= 0 && (!host_step || options.stage == 0 || (options.stage == 3 && options.host_parameters)))
+    throw std::invalid_argument("tessera: a delayed parameter update needs the optimizer's host step at ZeRO stage 1-3, "
+                                "without the ZeRO-3 shards in host memory");
 }
 
 // The group's parameter buffers: the compute copy (whole, or its shard at stage 3) and the fp32

@@ -253,10 +253,10 @@ TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme
 // backward run on the parameters from before it. Against the worker's reference that delays its
 // updates the same way (fp32: within 2e-5 everywhere), and against references that do not (an
 // update applied early, or one step late, is a MISMATCH).
-TEST_CASE("Delayed parameter update (TESSERA_HOST_STAGING): ZeRO 1-2 on 1 and 2 ranks in fp32 and bf16, the state in "
+TEST_CASE("Delayed parameter update (TESSERA_HOST_STAGING): ZeRO 1-3 on 1 and 2 ranks in fp32 and bf16, the state in "
           "memory and in NVMe files, match a reference delayed the same way and no other") {
   const std::map<std::string, std::string> staging{{"TESSERA_HOST_STAGING", "1"}};
-  for (const std::string stage : {"1", "2"})
+  for (const std::string stage : {"1", "2", "3"})
     for (int ranks : {1, 2})
       for (const std::string dtype : {"fp32", "bf16"}) {
         // Accumulation, clipping and plain SGD (a wrong gradient scale shows) in some of them; the
@@ -275,21 +275,21 @@ TEST_CASE("Delayed parameter update (TESSERA_HOST_STAGING): ZeRO 1-2 on 1 and 2 
         CHECK(contains(run.output, "engine ok"));
       }
   for (const std::string reference : {"-1", "3"}) {
-    auto run = train(1, {"--stage", "2", "--steps", "6", "--offload", "cpu", "--delayed", "2", "--reference-delay",
-                         reference}, staging);
+    auto run = train(1, {"--stage", reference == "3" ? "3" : "2", "--steps", "6", "--offload", "cpu", "--delayed", "2",
+                         "--units", "--reference-delay", reference}, staging);
     INFO(run.output);
     CHECK(run.status != 0);
     CHECK(contains(run.output, "engine MISMATCH"));
   }
 }
 
-TEST_CASE("Delayed parameter update refuses what it cannot run by name: CPU ranks - stage 3 - LAMB") {
+TEST_CASE("Delayed parameter update refuses what it cannot run by name: CPU ranks - ZeRO-3 shards on the host - LAMB") {
   const std::map<std::string, std::string> staging{{"TESSERA_HOST_STAGING", "1"}};
   const std::string key = "zero_optimization.offload_optimizer.delayed_param_update.enabled: true ";
   auto cpu = train(1, {"--stage", "2", "--offload", "cpu", "--delayed", "1"});
   CHECK(contains(cpu.output, key + "overlaps the host's optimizer step with the GPU's"));
-  auto stage3 = train(1, {"--stage", "3", "--offload", "cpu", "--delayed", "1"}, staging);
-  CHECK(contains(stage3.output, key + "runs at zero_optimization.stage 1 or 2 (found 3)"));
+  auto stage3 = train(1, {"--stage", "3", "--offload", "cpu", "--offload-param", "cpu", "--delayed", "1"}, staging);
+  CHECK(contains(stage3.output, key + "with zero_optimization.offload_param.device \"cpu\": the update would write"));
   auto lamb = train(1, {"--stage", "2", "--optimizer", "lamb", "--offload", "cpu", "--delayed", "1"}, staging);
   CHECK(contains(lamb.output, key + "needs optimizer.type Adam, AdamW or SGD (found Lamb)"));
   for (const auto* r : {&cpu, &stage3, &lamb}) CHECK(r->status != 0);
