@@ -327,12 +327,13 @@ void UnitFlopsProfiler::report() const {
   struct Totals { double params = 0, macs = 0, latency = 0; };
   std::vector<std::map<std::string, Totals>> depths(2);
   depths[0]["model"] = Totals{double(p.params), double(p.forward.macs), p.forward_s};
-  for (const UnitProfile& u : units_entered_ ? p.units : std::vector<UnitProfile>{}) {
-    Totals& t = depths[1][kind_of(u.name)];
-    t.params += double(u.params);
-    t.macs += double(u.forward.macs);
-    t.latency += u.latency_s;
-  }
+  if (units_entered_)
+    for (const UnitProfile& u : p.units) {
+      Totals& t = depths[1][kind_of(u.name)];
+      t.params += double(u.params);
+      t.macs += double(u.forward.macs);
+      t.latency += u.latency_s;
+    }
   const int shown = config_.module_depth < 0 ? 2 : static_cast<int>(std::min<int64_t>(2, config_.module_depth + 1));
   for (int d = 0; d < shown; ++d) {
     if (depths[d].empty()) continue;

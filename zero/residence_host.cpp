@@ -36,17 +36,16 @@ class HostStep final : public StepSite {
     Copies& c = copies_[g.index];
     const int64_t n = g.layout.shard_numel;
     const bool shard_here = holds_shard(g);
+    c.layout = &g.layout;
     c.grads[0] = at::zeros({n}, pinned_.dtype(gradient_dtype));
     if (g.mixed() && !shard_here) c.compute = at::empty({n}, pinned_.dtype(compute_dtype));
     if (!g.mixed() && !shard_here) c.master = at::empty({n}, pinned_);
-    if (offsets_.size() <= static_cast<size_t>(g.index)) offsets_.resize(g.index + 1);
     for (size_t b = 0; b < g.segments.size(); ++b) {
       const FlatBucket& k = g.layout.buckets[b];
       const ShardSegment& s = g.segments[b];
-      offsets_[g.index].emplace_back(k.shard_offset, k.shard);
       ShardSegment h;
       h.local_offset = s.local_offset;
-      h.grads = c.grads[0].narrow(0, k.shard_offset, k.shard);
+      h.grads = gradient_chunk(c, 0, static_cast<int>(b));
       h.params = g.mixed() || shard_here ? s.params : c.master.narrow(0, k.shard_offset, k.shard);
       if (g.mixed()) h.compute_copy = shard_here ? s.compute_copy : c.compute.narrow(0, k.shard_offset, k.shard);
       c.segments.push_back(h);
@@ -62,18 +61,15 @@ class HostStep final : public StepSite {
   }
 
   at::Tensor host_gradient(ZeroGroup& g, int bucket) override {
-    Copies& c = copies_[g.index];
-    const FlatBucket& k = g.layout.buckets[bucket];
-    return c.grads[c.filling].narrow(0, k.shard_offset, k.shard);
+    const Copies& c = copies_[g.index];
+    return gradient_chunk(c, c.filling, bucket);
   }
 
   void before_step() override {
     wait_for_device_stream(device_);
-    for (size_t i = 0; i < copies_.size(); ++i) {  // the step reads the buffer the backward filled
-      Copies& c = copies_[i];
+    for (Copies& c : copies_) {  // the step reads the buffer the backward filled
       if (c.segments.empty() || c.reading == c.filling) continue;
-      for (size_t b = 0; b < c.segments.size(); ++b)
-        c.segments[b].grads = c.grads[c.filling].narrow(0, offsets_[i][b].first, offsets_[i][b].second);
+      for (size_t b = 0; b < c.segments.size(); ++b) c.segments[b].grads = gradient_chunk(c, c.filling, static_cast<int>(b));
       c.reading = c.filling;
     }
   }
@@ -123,12 +119,17 @@ class HostStep final : public StepSite {
     at::Tensor grads[2];         // the second only with a delayed parameter update
     int filling = 0, reading = 0;  // the gradient buffer gradient_final() writes, and the one the step reads
     std::vector<ShardSegment> segments;  // what the optimizer steps: views of the above (or the device's master)
+    const FlatLayout* layout = nullptr;  // the group's (the groups outlive the site)
   };
+  // Bucket `bucket`'s chunk of gradient buffer `buffer`.
+  static at::Tensor gradient_chunk(const Copies& c, int buffer, int bucket) {
+    const FlatBucket& k = c.layout->buckets[bucket];
+    return c.grads[buffer].narrow(0, k.shard_offset, k.shard);
+  }
   c10::Device device_;
   at::TensorOptions pinned_;
   bool shards_on_host_;
   std::vector<Copies> copies_;  // by group index
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> offsets_;  // [group][bucket]: its chunk's (offset, numel)
 };
 
 }  // namespace

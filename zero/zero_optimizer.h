@@ -231,7 +231,9 @@ class ZeroOptimizer final : public UnitListener {
  private:
   void launch_ready_buckets();
   bool reduces_now() const;  // whether this backward's complete buckets are reduced as they fill
-  void take_norm(GradPart& part) const;  // part.norm from its gradients as they are now
+  // part.norm from `grads`, its gradients as they are now (its own view, or on the host path the
+  // reduced chunk passing through).
+  void take_norm(GradPart& part, const at::Tensor& grads) const;
   GradPart gradient_part(const ZeroGroup& g, const at::Tensor& grads) const;  // flagged for the norm
   // grad_parts_[i]'s gradients are final for this step: its norm, and the step site's (a host copy).
   void gradient_final(size_t i);

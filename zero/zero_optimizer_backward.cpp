@@ -27,15 +27,15 @@ void ZeroOptimizer::begin_backward(bool boundary, int64_t next_step) {
     }
 }
 
-void ZeroOptimizer::take_norm(GradPart& part) const {
-  part.norm = gradient_norm(part.grads);
+void ZeroOptimizer::take_norm(GradPart& part, const at::Tensor& grads) const {
+  part.norm = gradient_norm(grads);
   // Local gradients: summed over the data group as data-sharded (begin_backward), each divided by
   // √p, the total is the mean of the ranks' squared norms.
   if (!averaging_) part.norm.div_(std::sqrt(double(part.group ? part.group->size() : data_.size())));
 }
 
 void ZeroOptimizer::gradient_final(size_t i) {
-  take_norm(grad_parts_[i]);
+  take_norm(grad_parts_[i], grad_parts_[i].grads);
   const auto [group, bucket] = launch_order_[i];
   site_->gradient_final(*groups_[group], bucket);  // e.g. its host copy, queued behind the reduction
 }
@@ -83,11 +83,7 @@ void ZeroOptimizer::reduced_to_host(ZeroGroup& g, int bucket, at::Tensor& reduce
   if (!window_start_) reduced.add_(host.to(reduced.device(), /*non_blocking=*/true));
   if (boundary_) {
     if (g.gradient_scale != 1.0) reduced.mul_(g.gradient_scale);
-    GradPart& part = grad_parts_[launch_index_[g.index][bucket]];
-    const at::Tensor none = part.grads;
-    part.grads = reduced;
-    take_norm(part);
-    part.grads = none;  // the staging buffer goes back to its pool
+    take_norm(grad_parts_[launch_index_[g.index][bucket]], reduced);
   }
   host.copy_(reduced, /*non_blocking=*/true);
 }

@@ -300,13 +300,13 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
   launch_order_ = reduction_order(groups_, /*by_unit=*/options.stage == 3);
   launch_index_.resize(groups_.size());
   for (size_t gi = 0; gi < groups_.size(); ++gi) launch_index_[gi].resize(groups_[gi]->layout.buckets.size());
+  // With the gradients on the host the norm is taken from the reduced chunk as it passes
+  // (reduced_to_host); the parts hold nothing of their own.
+  const at::Tensor none = gradients_to_host_ ? at::empty({0}, data_.options(at::kFloat)) : at::Tensor();
   for (size_t i = 0; i < launch_order_.size(); ++i) {
     const auto [gi, b] = launch_order_[i];
     launch_index_[gi][b] = i;
-    // With the gradients on the host the norm is taken from the reduced chunk as it passes
-    // (reduced_to_host); the part holds nothing of its own.
-    const at::Tensor& grads = gradients_to_host_ ? at::empty({0}, data_.options(at::kFloat)) : groups_[gi]->segments[b].grads;
-    grad_parts_.push_back(gradient_part(*groups_[gi], grads));
+    grad_parts_.push_back(gradient_part(*groups_[gi], gradients_to_host_ ? none : groups_[gi]->segments[b].grads));
   }
   for (auto& g : groups_)
     if (delayed_update_after_ >= 0 && !g->optimizer->elementwise())
