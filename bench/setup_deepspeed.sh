@@ -2,7 +2,8 @@
 # DeepSpeed (the pinned version, from PyPI) in its own virtual environment that REUSES the project
 # venv's PyTorch: a .pth file puts the project venv's site-packages on its path, so pip sees torch
 # as installed and nobody downloads it twice. Idempotent; prints the venv's python on its last
-# line (as scripts/setup.sh does). Benchmarks that compare with DeepSpeed call it.
+# line (as scripts/setup.sh does). Benchmarks that compare with DeepSpeed call it. Also DeepSpeed
+# 0.19.7's package alone in $venv/deepspeed-0.19.7 (the last release with elastic training).
 #
 #   TESSERA_DEEPSPEED_VENV  where it lives (default ~/.cache/tessera/deepspeed-venv)
 #   DEEPSPEED_VERSION       default 0.19.8
@@ -30,4 +31,13 @@ if ! "$venv/bin/python" -c "import deepspeed, sys; sys.exit(deepspeed.__version_
   DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-build-isolation "deepspeed==$version" >&2
 fi
 "$venv/bin/python" -c "import torch, deepspeed; assert torch.__file__.startswith('$project_site'), torch.__file__" >&2
+# DeepSpeed 0.19.8 removed elastic training; its last release with deepspeed.elasticity, 0.19.7, goes
+# beside it (its package alone, run with this venv's dependencies: PYTHONPATH=$venv/deepspeed-0.19.7)
+# for tests/python/engine/test_elasticity.py.
+if [ ! -f "$venv/deepspeed-0.19.7/deepspeed/elasticity/elasticity.py" ]; then
+  log "installing deepspeed==0.19.7 into $venv/deepspeed-0.19.7 (its elasticity module)"
+  rm -rf "$venv/deepspeed-0.19.7"
+  DS_BUILD_OPS=0 "$venv/bin/pip" install -q --no-build-isolation --no-deps --target "$venv/deepspeed-0.19.7" \
+    "deepspeed==0.19.7" >&2
+fi
 echo "$venv/bin/python"

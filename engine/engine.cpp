@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "csrc/cpu_block_cache.h"
 #include "csrc/device_stream.h"
 #include "engine/flops_profiler.h"
+#include "engine/heartbeat.h"
 #include "engine/progress.h"
 #include "engine/runnable.h"
 #include "engine/zero_options.h"
@@ -125,6 +128,11 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
                                 : make_lr_schedule("", {}, config_.optimizer->params.lr);
   progress_ = std::make_unique<ProgressMeter>(config_.steps_per_print, config_.wall_clock_breakdown,
                                               parallel_.rank() == 0, grid.data);
+  heartbeat_ = std::make_unique<Heartbeat>();
+  if (heartbeat_->restart_count() > 0 && parallel_.rank() == 0) {
+    std::printf("[tessera] restart %d: %s\n", heartbeat_->restart_count(), heartbeat_->restart_reason().c_str());
+    std::fflush(stdout);
+  }
   if (config_.flops_profiler.enabled && parallel_.rank() == 0) {
     FlopsRunLayout layout{grid.world_size(), grid.data, grid.tensor, grid.pipe,
                           *config_.train_micro_batch_size_per_gpu * *config_.gradient_accumulation_steps,
@@ -138,7 +146,45 @@ Engine::Engine(Config config, ParallelContext& parallel, ModelDescription model,
     // back before the first step counts them in its peak.
     if (heap_trimmer_->bound_bytes() >= 0) release_free_heap();
   }
+  resumed_ = auto_resume();
   last_step_end_ = Clock::now();
+}
+
+// checkpoint.auto_resume (a restarted job resumes by itself, engine/launch/restarts.h): every rank
+// looks for `latest` in the load directory and they agree before anyone loads, so a directory that
+// only some ranks see is an error rather than a hang.
+std::optional<LoadResult> Engine::auto_resume() {
+  const CheckpointConfig& c = config_.checkpoint;
+  if (!c.auto_resume) return std::nullopt;
+  const std::string dir = c.load_dir.empty() ? c.save_dir : c.load_dir;
+  const std::string latest = dir + "/latest";
+  Communicator& world = parallel_.world();
+  at::Tensor seen = at::full({1}, ::access(latest.c_str(), R_OK) == 0 ? 1.0 : 0.0, world.options(at::kFloat));
+  if (world.size() > 1) world.all_reduce(seen, ReduceOp::Sum);
+  const int ranks_seeing = static_cast<int>(seen.item<double>() + 0.5);
+  if (ranks_seeing != 0 && ranks_seeing != world.size())
+    throw std::runtime_error("tessera: checkpoint.auto_resume: " + latest + " exists on " + std::to_string(ranks_seeing) +
+                             " of " + std::to_string(world.size()) + " ranks: the load directory must be one that every "
+                             "rank sees (a shared file system)");
+  if (ranks_seeing == 0) {
+    if (!c.start_fresh_if_missing)
+      throw std::runtime_error("tessera: checkpoint.auto_resume: no checkpoint to resume from in " + dir + " (no " + latest +
+                               "); set checkpoint.start_fresh_if_missing to true to train from scratch when there is none");
+    if (parallel_.rank() == 0) {
+      std::printf("[tessera] checkpoint.auto_resume: no checkpoint in %s yet: training starts from scratch\n", dir.c_str());
+      std::fflush(stdout);
+    }
+    return std::nullopt;
+  }
+  LoadOptions options;
+  options.load_dir = dir;
+  LoadResult loaded = load_checkpoint(options);
+  if (parallel_.rank() == 0) {
+    std::printf("[tessera] checkpoint.auto_resume: resumed from %s at step %lld\n", loaded.path.c_str(),
+                (long long)steps_.global_step);
+    std::fflush(stdout);
+  }
+  return loaded;
 }
 
 Engine::~Engine() = default;
@@ -370,6 +416,7 @@ void Engine::optimizer_step() {
   zero_->zero_grad();
   if (heap_trimmer_) heap_trimmer_->after_step();
   ++steps_.global_step;
+  heartbeat_->beat();  // the launcher's hang detection: this rank made progress
   StepTimes t;
   t.allgather_s = zero_->take_allgather_wait_s();  // not overlapped: waited for in step 5
   t.optimizer_s = since(start) - t.allgather_s;
@@ -437,6 +484,7 @@ void Engine::print_progress() {
     sent_at_last_print_ = sent;
   }
   steps_at_last_print_ = steps_.global_step;
+  if (heartbeat_->restart_count() > 0) extra += " | restart " + std::to_string(heartbeat_->restart_count());
   std::string line = progress_->line(steps_.global_step, loss_known ? std::optional<double>(mean.item<double>()) : std::nullopt,
                                      learning_rate(), scaler_->scale(),
                                      last_grad_norm_, extra);

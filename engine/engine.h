@@ -38,6 +38,7 @@ class LossScaler;
 class LrSchedule;
 class ProgressMeter;
 class UnitFlopsProfiler;
+class Heartbeat;
 struct StepTimes;
 struct UpdateResult;
 
@@ -207,6 +208,9 @@ class Engine {
   // and raise its error, on every rank.
   std::string save_checkpoint(const SaveOptions& options);
   LoadResult load_checkpoint(LoadOptions options);
+  // checkpoint.auto_resume: what the engine loaded at its construction (the latest checkpoint of
+  // checkpoint.load_dir, else save_dir); nullopt when it loaded nothing.
+  const std::optional<LoadResult>& resumed() const { return resumed_; }
   void wait_for_checkpoint();
   // The asynchronous save not yet waited for, if any: its snapshot's bytes on this rank (0: none),
   // and whether its thread is still writing.
@@ -229,6 +233,7 @@ class Engine {
   void print_overflow(const UpdateResult& update) const;
   void print_progress();
   TrainingState training_state();
+  std::optional<LoadResult> auto_resume();
 
   Config config_;
   ParallelContext& parallel_;
@@ -238,6 +243,8 @@ class Engine {
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<ProgressMeter> progress_;
   std::unique_ptr<UnitFlopsProfiler> flops_profiler_;  // flops_profiler.enabled, on global rank 0
+  std::optional<LoadResult> resumed_;     // checkpoint.auto_resume's load
+  std::unique_ptr<Heartbeat> heartbeat_;  // the launcher's hang detection and restart count (engine/heartbeat.h)
   std::optional<HeapTrimmer> heap_trimmer_;  // CPU ranks, TESSERA_HEAP_TRIM_MIB: bounds the heap's creep (csrc/heap_trim.h)
   int64_t gradient_accumulation_steps_ = 1;
   StepCounters steps_;

@@ -42,20 +42,15 @@ void check_onebit(const Config& c, const RunContext& run) {
                     numbers + ". Use stage 0 with " + type + ", or Adam with ZeRO (docs/onebit.md)");
 }
 
-// ZeRO-3's parameter offload on GPU ranks: the shards in host memory, stepped there by the host
-// optimizer (ZeroOptions::host_parameters); shards in files on CPU ranks only so far.
+// ZeRO-3's parameter offload on GPU ranks: the shards in host memory or NVMe files, stepped in host
+// memory by the host optimizer (ZeroOptions::host_parameters, nvme_parameters).
 void check_offload(const Config& c, const RunContext& run, std::vector<std::string>& notes) {
   const bool gpu = !run.device.is_cpu();
   const std::string& offload_param = c.zero_optimization.offload_param.device;
-  if (offload_param != "none" && gpu) {
-    if (offload_param != "cpu")
-      throw ConfigError("tessera: zero_optimization.offload_param.device: \"" + offload_param + "\" runs on CPU ranks "
-                        "only so far, not on " + run.device.str() + "; use \"cpu\" or \"none\" there");
-    if (c.zero_optimization.offload_optimizer.device == "none")
-      throw ConfigError("tessera: zero_optimization.offload_param.device: \"cpu\" on " + run.device.str() +
-                        " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the optimizer steps "
-                        "the shards where they are, in host memory)");
-  }
+  if (offload_param != "none" && gpu && c.zero_optimization.offload_optimizer.device == "none")
+    throw ConfigError("tessera: zero_optimization.offload_param.device: \"" + offload_param + "\" on " +
+                      run.device.str() + " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the "
+                      "optimizer steps the shards in host memory, where they are or where their files are read)");
   if (c.zero_optimization.offload_optimizer.ratio < 1.0 && gpu) {
     char line[256];
     std::snprintf(line, sizeof(line),

@@ -166,8 +166,8 @@ int run(int argc, char** argv) {
   Engine engine(config, *ctx, std::move(description));
   model.attach(&engine);  // the forward reports its units (embedding, blocks, head) to the engine
   // --load: the training state of the latest checkpoint; the data position is its global step
-  // (each step's batch is a function of the step alone).
-  int64_t first_step = 0;
+  // (each step's batch is a function of the step alone). checkpoint.auto_resume loaded it already.
+  int64_t first_step = engine.global_step();
   if (!args.load.empty()) {
     LoadOptions load;
     load.load_dir = args.load;
@@ -343,7 +343,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   if (holds_wte) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, stages - 1}});
   if (init) init->take_shards(params);  // ZeRO-3: the stage's chunks, built partitioned over its data group
   PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
-  int64_t first_step = 0;
+  int64_t first_step = engine.engine().global_step();  // checkpoint.auto_resume loaded it already
   if (!args.load.empty()) {  // --load: as without stages, each stage's engine reads its own parameters
     LoadOptions load;
     load.load_dir = args.load;

@@ -18,6 +18,9 @@
 #   scripts/cluster.sh down          removes every host and the bridge (also what a killed run left)
 #   scripts/cluster.sh hosts         the hosts' addresses, one per line
 #   scripts/cluster.sh exec K CMD... runs CMD on host K (inside its namespace; GLOO_SOCKET_IFNAME set)
+#   scripts/cluster.sh sshd K stop|start   host K's sshd stops (or starts) listening: new ssh
+#                                    connections to it are refused, open ones go on (a host that
+#                                    has gone away, for the elastic launch tests)
 #   scripts/cluster.sh check         exits 0 when this machine can make namespaces, else says why
 #
 # It only ever touches the namespaces, links and addresses it names (tessera-h*, tessera-br0,
@@ -214,6 +217,17 @@ hosts() {
   for ns in $(hosts_made); do echo "$SUBNET.${ns#"$PREFIX"}"; done
 }
 
+host_sshd() {
+  local k=$1 what=$2 pidfile="$STATE/sshd.$1.pid"
+  ip netns list | awk '{print $1}' | grep -qx "$PREFIX$k" || die "sshd: no host $k (scripts/cluster.sh up N first)"
+  case "$what" in
+    stop) if [ -f "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; fi ;;
+    start) [ -f "$pidfile" ] || ip netns exec "$PREFIX$k" "$SSHD" -f "$STATE/sshd_config" \
+             -o "ListenAddress=$SUBNET.$k" -o "PidFile=$pidfile" ;;
+    *) die "sshd K stop|start" ;;
+  esac
+}
+
 run_on() {
   local k=$1
   shift
@@ -226,11 +240,12 @@ case "${1:-}" in
   down) down ;;
   hosts) hosts ;;
   exec) shift; [ $# -ge 2 ] || die "exec K CMD..."; run_on "$@" ;;
+  sshd) shift; [ $# -eq 2 ] || die "sshd K stop|start"; host_sshd "$@" ;;
   check) check ;;
   slurm) slurm ;;
   slurm-conf) [ -f "$STATE/slurm/slurm.conf" ] || die "slurm-conf: no SLURM cluster (scripts/cluster.sh slurm first)"
               echo "$STATE/slurm/slurm.conf" ;;
   ssh-config) [ -f "$STATE/ssh_config" ] || die "ssh-config: no cluster with sshd (scripts/cluster.sh up N first)"
               echo "$STATE/ssh_config" ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -48,8 +48,12 @@ class StepSite {
   virtual at::TensorOptions state_options(const at::TensorOptions& device_f32) const { return device_f32; }
   // Options for a ZeRO-3 group's parameter shard (the host's with offload_param cpu on GPU ranks).
   virtual at::TensorOptions shard_options(const at::TensorOptions& device, bool partitioned) const { return device; }
-  // Whether g's parameter shard is host memory that the step writes in place (offload_param cpu).
+  // Whether g's parameter shard is host memory that the step writes in place (offload_param cpu,
+  // or the swap buffer an NVMe shard's chunk is bound to with offload_param nvme).
   virtual bool holds_shard(const ZeroGroup& g) const { return false; }
+  // The ParameterSite bound g's shard views anew (a chunk swapped in from its file, or the whole
+  // shard brought in; `bucket` -1: every bucket): a site that steps the shard in place follows them.
+  virtual void follow_shard(ZeroGroup& g, int bucket) {}
   // After g's device segments exist: its own buffers (HostStep: the host copies and their segments).
   virtual void add_group(ZeroGroup& g, at::ScalarType gradient_dtype, at::ScalarType compute_dtype) {}
   // The segments the optimizer steps for g.
@@ -82,7 +86,8 @@ class StepSite {
 
 std::unique_ptr<StepSite> make_in_place_step();
 // `device`: the data group's; `pinned`: offload_optimizer.pin_memory (asynchronous copies);
-// `shards_on_host`: offload_param cpu at ZeRO-3 (a partitioned group's shard is the host copy).
+// `shards_on_host`: offload_param cpu or nvme at ZeRO-3 (a partitioned group's shard, in host
+// memory or bound from its file, is the host copy).
 std::unique_ptr<StepSite> make_host_step(c10::Device device, bool pinned, bool shards_on_host);
 
 // ---- where the optimizer state lives ---------------------------------------------------------
@@ -152,6 +157,8 @@ class ParameterSite {
 };
 
 std::unique_ptr<ParameterSite> make_parameters_in_memory();
-std::unique_ptr<ParameterSite> make_parameters_in_files(const ParameterSwapOptions& options);
+// `buffers_on_host`: the swap buffers are host memory beside a device (GPU ranks' host path), so
+// the memory report counts them as the host's.
+std::unique_ptr<ParameterSite> make_parameters_in_files(const ParameterSwapOptions& options, bool buffers_on_host);
 
 }  // namespace tessera

@@ -87,7 +87,8 @@ class StateInFiles final : public StateSite {
 
 class ParametersInFiles final : public ParameterSite {
  public:
-  explicit ParametersInFiles(const ParameterSwapOptions& options) : options_(options) {}
+  ParametersInFiles(const ParameterSwapOptions& options, bool buffers_on_host)
+      : options_(options), buffers_on_host_(buffers_on_host) {}
 
   void attach(Groups& groups) override {
     auto swapper = std::make_unique<ParameterSwapper>(options_);
@@ -187,7 +188,8 @@ class ParametersInFiles final : public ParameterSite {
 
   void add_memory(MemoryReport& m) const override {
     if (!swapper_) return;
-    m.parameters += swapper_->resident_bytes();  // its buffers: what of the shards is in memory
+    // Its buffers: what of the shards is in memory (the host's, beside a GPU).
+    (buffers_on_host_ ? m.host_parameter_bytes : m.parameters) += swapper_->resident_bytes();
     m.offloaded_parameter_bytes = swapper_->file_bytes();
     m.offload_read_bytes += swapper_->bytes_read();
     m.offload_written_bytes += swapper_->bytes_written();
@@ -203,8 +205,8 @@ class ParametersInFiles final : public ParameterSite {
     if (g.mixed()) s.compute_copy = shard;
     else s.params = shard;
   }
-  void bring_group_in(ZeroGroup& g) {  // its shard read into a `compute` buffer, views bound
-    g.compute = at::empty({g.layout.shard_numel}, g.params.front().options().dtype(g.params.front().scalar_type()));
+  void bring_group_in(ZeroGroup& g) {  // its shard read into a host `compute` buffer, views bound
+    g.compute = at::empty({g.layout.shard_numel}, at::TensorOptions().dtype(g.params.front().scalar_type()));
     for (size_t b = 0; b < g.layout.buckets.size(); ++b) {
       const FlatBucket& k = g.layout.buckets[b];
       at::Tensor chunk = g.compute.narrow(0, k.shard_offset, k.shard);
@@ -231,6 +233,7 @@ class ParametersInFiles final : public ParameterSite {
   }
 
   ParameterSwapOptions options_;
+  bool buffers_on_host_;
   std::unique_ptr<ParameterSwapper> swapper_;  // null until attach() found a partitioned group
   int depth_ = 0;                              // ResidentParameters scopes open
   bool modified_ = false;                      // one of them writes the shards
@@ -242,8 +245,8 @@ std::unique_ptr<StateSite> make_state_in_files(const OptimizerSwapOptions& optio
   return std::make_unique<StateInFiles>(options);
 }
 
-std::unique_ptr<ParameterSite> make_parameters_in_files(const ParameterSwapOptions& options) {
-  return std::make_unique<ParametersInFiles>(options);
+std::unique_ptr<ParameterSite> make_parameters_in_files(const ParameterSwapOptions& options, bool buffers_on_host) {
+  return std::make_unique<ParametersInFiles>(options, buffers_on_host);
 }
 
 }  // namespace tessera

@@ -4,7 +4,8 @@
 // the reduced gradient chunk (queued to the host as each bucket's reduction completes, while
 // backward goes on), and the compute-dtype chunk that goes back to the device, asynchronously,
 // before its allgather. With offload_param cpu a partitioned group's shard is allocated on the host
-// and IS the host copy (no second one, nothing copied back). TESSERA_HOST_STAGING=1 takes this
+// and IS the host copy (no second one, nothing copied back); with offload_param nvme the host copy
+// is the swap buffer each chunk is read into around its step (follow_shard), written back to its file. TESSERA_HOST_STAGING=1 takes this
 // path on CPU ranks (copies CPU to CPU), so its bookkeeping is tested without a GPU.
 // A delayed parameter update (ZeroOptions::delayed_update_after) steps while the next backward
 // queues its gradient copies: those go to a second host gradient buffer, the two taking turns.
@@ -55,6 +56,16 @@ class HostStep final : public StepSite {
 
   const std::vector<ShardSegment>& segments(const ZeroGroup& g) const override { return copies_[g.index].segments; }
 
+  void follow_shard(ZeroGroup& g, int bucket) override {
+    if (!holds_shard(g)) return;
+    std::vector<ShardSegment>& host = copies_[g.index].segments;
+    for (size_t b = 0; b < host.size(); ++b) {
+      if (bucket >= 0 && static_cast<int>(b) != bucket) continue;
+      if (g.mixed()) host[b].compute_copy = g.segments[b].compute_copy;
+      else host[b].params = g.segments[b].params;
+    }
+  }
+
   void gradient_final(ZeroGroup& g, int bucket) override {
     // Queued behind the reduction on the current stream; before_step() waits once for all of them.
     host_gradient(g, bucket).copy_(g.segments[bucket].grads, /*non_blocking=*/true);
@@ -83,10 +94,12 @@ class HostStep final : public StepSite {
   }
 
   void after_bucket(ZeroGroup& g, int bucket) override {
+    // offload_param: the shard is the host's already (in memory, or written back to its file, its
+    // views let go by the unbind before this)
+    if (holds_shard(g)) return;
     const ShardSegment &host = copies_[g.index].segments[bucket], &device = g.segments[bucket];
     const at::Tensor& from = g.mixed() ? host.compute_copy : host.params;
     const at::Tensor& to = g.mixed() ? device.compute_copy : device.params;
-    if (from.data_ptr() == to.data_ptr()) return;  // offload_param cpu: the shard is the host's already
     // From pinned memory: queued on the current stream; the next step's before_step() (before the
     // CPU writes the host buffers again) orders the two.
     to.copy_(from, /*non_blocking=*/true);

@@ -96,6 +96,7 @@ void ZeroOptimizer::step_buckets(const std::vector<StepInputs>& in, bool finish)
       buckets,
       [&](int group, int bucket) {
         params_->bind(*groups_[group], bucket);
+        site_->follow_shard(*groups_[group], bucket);
         return site_->segments(*groups_[group])[bucket];
       },
       [&](int group, const ShardSegment& piece, const std::vector<at::Tensor>& state) {
@@ -121,11 +122,16 @@ bool ZeroOptimizer::steps_whole(const ZeroGroup& g) const {
 
 void ZeroOptimizer::step_group(ZeroGroup& g, const StepInputs& in) {
   // LAMB's trust ratios need whole parameters: with the shard in files, it comes into memory for the step.
-  params_->with_group_resident(g, [&] { g.optimizer->step(in, site_->segments(g)); });
+  params_->with_group_resident(g, [&] {
+    site_->follow_shard(g, -1);
+    g.optimizer->step(in, site_->segments(g));
+  });
+  site_->follow_shard(g, -1);  // back in its file: the host views let go of the memory
 }
 
 void ZeroOptimizer::finish_bucket(ZeroGroup& g, int bucket) {
   params_->unbind(g, bucket);
+  site_->follow_shard(g, bucket);  // a chunk written back to its file: the host view lets go
   site_->after_bucket(g, bucket);  // before its allgather reads it
   if (stage_->gathers(g) && !g.partitioned) launch_gather(g, bucket);  // stage 3's are gathered around their units
 }

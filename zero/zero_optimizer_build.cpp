@@ -277,6 +277,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     }
     state_->attach(groups_, *site_);  // NVMe: the state and master to their files
     params_->attach(groups_);         // NVMe: the partitioned shards to theirs
+    for (const auto& g : groups_) site_->follow_shard(*g, -1);  // HostStep lets go of the shards' memory
     for (const auto& g : groups_) g->check();
   } catch (...) {
     // The model's partitioned tensors were re-pointed at buffers that are gone: they read as NaN,
@@ -322,17 +323,17 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
 }
 
 // Where the shards live (zero/residence.h). The host step is the GPU ranks' (or, with
-// host_staging_on_cpu, a CPU rank's test of it); parameter offload to NVMe has its own path on CPU
-// ranks and is refused on GPU ranks.
+// host_staging_on_cpu, a CPU rank's test of it); with it ZeRO-3's shards offloaded to host memory
+// or to NVMe files are stepped where they are, in host memory.
 void ZeroOptimizer::choose_residence(const ZeroOptions& options) {
-  const bool host_step = options.host_optimizer && !options.nvme_parameters &&
-                         (!data_.device().is_cpu() || options.host_staging_on_cpu);
+  const bool host_step = options.host_optimizer && (!data_.device().is_cpu() || options.host_staging_on_cpu);
+  const bool shards_in_files = options.nvme_parameters && options.stage == 3;
   site_ = host_step ? make_host_step(data_.device(), options.host_pinned,
-                                     /*shards_on_host=*/options.host_parameters && options.stage == 3)
+                                     /*shards_on_host=*/(options.host_parameters || shards_in_files) && options.stage == 3)
                     : make_in_place_step();
   state_ = options.nvme_optimizer ? make_state_in_files(*options.nvme_optimizer) : make_state_in_memory();
-  params_ = options.nvme_parameters && options.stage == 3 ? make_parameters_in_files(*options.nvme_parameters)
-                                                          : make_parameters_in_memory();
+  params_ = shards_in_files ? make_parameters_in_files(*options.nvme_parameters, /*buffers_on_host=*/host_step)
+                            : make_parameters_in_memory();
   // A delayed step writes host copies the model does not read until it is finished: the host step
   // at stages 1-3, its state in memory or streamed from its files, but not ZeRO-3's shards in host
   // memory (the update would write what the forward gathers; engine/runnable.cpp names the keys).

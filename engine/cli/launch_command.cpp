@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,11 +26,13 @@ constexpr const char* kUsage = "usage: tessera launch [OPTIONS] -- PROGRAM [ARGS
 
 struct LaunchFlags {
   std::string config;
-  std::optional<int> nproc_per_node, nnodes, node_rank, master_port;
+  std::optional<int> nproc_per_node, node_rank, master_port;
+  std::optional<std::string> nnodes;  // "N", or torchrun's "MIN:MAX"
   std::optional<std::string> master_addr, hostfile, launcher, include, exclude, env_file;
   std::optional<int> ssh_port;
   bool exit_with_parent = false;
-  std::optional<double> grace_period_s, timeout_s;
+  std::optional<double> grace_period_s, timeout_s, hang_timeout_s;
+  std::optional<int> max_restarts;
   bool tag_output = false, pass_local_rank = false;
   CLI::Option* tag_output_flag = nullptr;
   CLI::Option* pass_local_rank_flag = nullptr;
@@ -40,12 +43,28 @@ struct LaunchFlags {
 nlohmann::json overrides_from(const LaunchFlags& f) {
   nlohmann::json j = nlohmann::json::object();
   if (f.nproc_per_node) j["nproc_per_node"] = *f.nproc_per_node;
-  if (f.nnodes) j["nnodes"] = *f.nnodes;
+  if (f.nnodes) {  // "MIN:MAX": MAX hosts, and a restart may go on with as few as MIN
+    const size_t colon = f.nnodes->find(':');
+    auto number = [&](const std::string& text) -> nlohmann::json {
+      char* end = nullptr;
+      const long n = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0') return text;  // the key's own check names it
+      return n;
+    };
+    if (colon == std::string::npos) {
+      j["nnodes"] = number(*f.nnodes);
+    } else {
+      j["min_nnodes"] = number(f.nnodes->substr(0, colon));
+      j["nnodes"] = number(f.nnodes->substr(colon + 1));
+    }
+  }
   if (f.node_rank) j["node_rank"] = *f.node_rank;
   if (f.master_addr) j["master_addr"] = *f.master_addr;
   if (f.master_port) j["master_port"] = *f.master_port;
   if (f.grace_period_s) j["grace_period_s"] = *f.grace_period_s;
   if (f.timeout_s) j["timeout_s"] = *f.timeout_s;
+  if (f.max_restarts) j["max_restarts"] = *f.max_restarts;
+  if (f.hang_timeout_s) j["hang_timeout_s"] = *f.hang_timeout_s;
   if (f.tag_output_flag->count() > 0) j["tag_output"] = f.tag_output;
   if (f.pass_local_rank_flag->count() > 0) j["pass_local_rank"] = f.pass_local_rank;
   // A hostfile alone means ssh, as DeepSpeed's runner starts every host of one (it defaults to pdsh).
@@ -114,7 +133,9 @@ void register_launch_command(CLI::App& app, int& exit_code, const std::vector<st
   // torchrun's names, and DeepSpeed's launcher's (--num_gpus, --num_nodes) for the same counts.
   sub->add_option("--nproc-per-node,--nproc_per_node,--num_gpus,--num-gpus", flags->nproc_per_node,
                   "Ranks to start on this node (1)");
-  sub->add_option("--nnodes,--num_nodes,--num-nodes", flags->nnodes, "Nodes in the job (1); run the launcher on each");
+  sub->add_option("--nnodes,--num_nodes,--num-nodes", flags->nnodes,
+                  "Nodes in the job (1); run the launcher on each. With a hostfile MIN:MAX (torchrun's form): MAX "
+                  "hosts, and a restart goes on with those still reachable, at least MIN");
   sub->add_option("--node-rank,--node_rank", flags->node_rank, "This node's index, 0 .. nnodes-1 (0)");
   sub->add_option("--master-addr,--master_addr", flags->master_addr,
                   "Address of rank 0's node (127.0.0.1; with a hostfile its first host)");
@@ -138,6 +159,11 @@ void register_launch_command(CLI::App& app, int& exit_code, const std::vector<st
   sub->add_option("--grace-period", flags->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping ranks after a failure (5)");
   sub->add_option("--timeout", flags->timeout_s, "Rendezvous/collective timeout in seconds, as TESSERA_TIMEOUT_S (300)");
+  sub->add_option("--max-restarts,--max_restarts", flags->max_restarts,
+                  "Start every rank again after a failure or a hang, up to this many times (torchrun's flag; 0)");
+  sub->add_option("--hang-timeout,--hang_timeout", flags->hang_timeout_s,
+                  "Seconds without an optimizer step, after a rank's first, that make it hung: the job stops "
+                  "(and restarts with --max-restarts); 0: off (0)");
   sub->add_option("program", flags->command, "The program to run as every rank, and its arguments (after --)");
   // Unknown options land in remaining() and are reported by run_launch with a hint about `--`.
   sub->allow_extras();

@@ -310,6 +310,37 @@ struct ContextParallelConfig {
   }
 };
 
+// DeepSpeed's "elasticity" section (elasticity/elasticity.py): the batch layout that keeps the
+// global batch the same across the world sizes a job may run at (engine/config/elasticity.h
+// computes it as DeepSpeed does). When enabled it decides train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps for the world size at hand.
+struct ElasticityConfig {
+  bool enabled = false;
+  std::optional<int64_t> max_train_batch_size;  // required when enabled
+  std::vector<int64_t> micro_batch_sizes;       // required when enabled
+  int64_t min_gpus = 1;
+  int64_t max_gpus = 10000;
+  int64_t num_gpus_per_node = 1;
+  int64_t model_parallel_size = 1;
+  double min_time = 0;  // accepted, unused (as in DeepSpeed)
+  bool prefer_larger_batch = true;
+  bool ignore_non_elastic_batch_info = false;
+  double version = 0.2;
+  template <class V> void fields(V& v) {
+    v("enabled", enabled);
+    v("max_train_batch_size", max_train_batch_size, at_least<int64_t>(1));
+    v("micro_batch_sizes", micro_batch_sizes);
+    v("min_gpus", min_gpus, at_least<int64_t>(1));
+    v("max_gpus", max_gpus, at_least<int64_t>(1));
+    v("num_gpus_per_node", num_gpus_per_node, at_least<int64_t>(1));
+    v("model_parallel_size", model_parallel_size, at_least<int64_t>(1));
+    v("min_time", min_time, at_least(0.0));
+    v("prefer_larger_batch", prefer_larger_batch);
+    v("ignore_non_elastic_batch_info", ignore_non_elastic_batch_info);
+    v("version", version);
+  }
+};
+
 // tessera's section for a model's Mixture-of-Experts blocks (docs/moe.md): the example GPT and the
 // estimator read it; a Python model builds tessera.moe.MoE layers itself and needs none. Block l
 // (from 0) is an MoE block when (l + 1) % every == 0: every other block with the default.
@@ -373,10 +404,18 @@ struct CheckpointConfig {
   // tessera's (Megatron-Core's async_save, torch DCP's async_save): a save copies the state to host
   // memory and returns; a thread writes and commits it (engine/checkpoint/background_save.h).
   bool async_save = false;
+  // tessera's (torchrun restarts a job; this makes it resume): at start the engine loads the latest
+  // checkpoint of load_dir ("": save_dir). None there is an error unless start_fresh_if_missing.
+  bool auto_resume = false;
+  std::string load_dir;
+  bool start_fresh_if_missing = false;
   template <class V> void fields(V& v) {
     v("save_interval", save_interval, at_least<int64_t>(0));
     v("async_save", async_save);
     v("save_dir", save_dir);
+    v("auto_resume", auto_resume);
+    v("load_dir", load_dir);
+    v("start_fresh_if_missing", start_fresh_if_missing);
     v("tag_validation", tag_validation, one_of({"Ignore", "Warn", "Fail"}));
     v("load_universal", load_universal);
     v("use_node_local_storage", use_node_local_storage);
@@ -498,6 +537,7 @@ struct Config {
   std::optional<ActivationCheckpointingConfig> activation_checkpointing;
   CheckpointConfig checkpoint;
   std::optional<MoeConfig> moe;  // absent unless the config has the section
+  std::optional<ElasticityConfig> elasticity;  // absent unless the config has the section
   MonitorConfig csv_monitor;
   MonitorConfig tensorboard;
   WandbConfig wandb;
@@ -543,6 +583,7 @@ struct Config {
     v("activation_checkpointing", activation_checkpointing);
     v("checkpoint", checkpoint);
     v("moe", moe);
+    v("elasticity", elasticity);
     v("csv_monitor", csv_monitor);
     v("tensorboard", tensorboard);
     v("wandb", wandb);

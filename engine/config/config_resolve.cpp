@@ -3,8 +3,10 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "engine/config/config_io.h"
+#include "engine/config/elasticity.h"
 #include "parallel/topology.h"
 
 namespace tessera {
@@ -12,6 +14,28 @@ namespace tessera {
 namespace {
 
 std::string s(int64_t x) { return std::to_string(x); }
+
+// DeepSpeed's elasticity: the batch triple comes from the elastic layout for this data-parallel
+// size (engine/config/elasticity.h). Batch keys given beside it are an error unless
+// ignore_non_elastic_batch_info says to drop them, as in DeepSpeed.
+void apply_elasticity(Config& c, int dp, ConfigReport& report) {
+  const ElasticityConfig& e = *c.elasticity;
+  if (!e.ignore_non_elastic_batch_info)
+    for (const auto& [key, given] : {std::pair<const char*, bool>{"train_batch_size", c.train_batch_size.has_value()},
+                                     {"train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu.has_value()},
+                                     {"gradient_accumulation_steps", c.gradient_accumulation_steps.has_value()}})
+      if (given)
+        report.error(key, std::string(key) + " is set while elasticity.enabled decides the batch for each world size; "
+                          "remove it, or set elasticity.ignore_non_elastic_batch_info to true to have it ignored");
+  try {
+    const ElasticBatch b = compute_elastic_batch(e, dp);
+    c.train_batch_size = b.train_batch_size;
+    c.train_micro_batch_size_per_gpu = b.micro_batch;
+    c.gradient_accumulation_steps = b.gradient_accumulation_steps;
+  } catch (const ElasticityError& error) {
+    report.error(error.path, error.what());
+  }
+}
 
 // DeepSpeed's _set_batch_related_parameters, with the arithmetic shown in every error:
 // train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size.
@@ -99,6 +123,8 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
                    grid_error);
     } else {
       layout.tensor = grid->tensor, layout.pipe = grid->pipe, layout.data = grid->data, layout.context = grid->context;
+      if (c.elasticity && c.elasticity->enabled && !unparsed({"elasticity"}))
+        apply_elasticity(c, grid->data, report);
       if (!unparsed({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}))
         resolve_batch(c, grid->data, report);
     }

@@ -16,7 +16,6 @@ const UnsupportedKey kUnsupported[] = {
     {"zero_force_ds_cpu_optimizer", "", "true", nullptr},
     {"dump_state", "", "false", nullptr},
     {"disable_allgather", "", "false", nullptr},
-    {"elasticity", "", kDisabledSection, nullptr},
     {"autotuning", "", kDisabledSection, "autotuner (autotuning)"},
     {"data_efficiency", "", kDisabledSection, "data efficiency library (data_efficiency: data sampling, routing)"},
     {"curriculum_learning", "", kDisabledSection, "curriculum learning (curriculum_learning)"},

@@ -38,11 +38,10 @@ std::vector<std::vector<int64_t>> group_numels(const StageModel& m, const Traini
 
 bool engine_runs(const TrainingSetup& s, bool cpu_device) {
   // The optimizer's offload runs at stages 1-3 on CPU and GPU ranks; the parameters' at stage 3 on
-  // CPU ranks, and on GPU ranks to host memory when the optimizer is offloaded too.
+  // CPU ranks, and on GPU ranks (to host memory or NVMe) when the optimizer is offloaded too.
   const bool optimizer_offload_runs = s.offload_optimizer == "none" || s.zero_stage >= 1;
   const bool param_offload_runs =
-      s.offload_param == "none" ||
-      (s.zero_stage == 3 && (cpu_device || (s.offload_param == "cpu" && s.offload_optimizer != "none")));
+      s.offload_param == "none" || (s.zero_stage == 3 && (cpu_device || s.offload_optimizer != "none"));
   return s.zero_stage <= 3 && optimizer_offload_runs && param_offload_runs && s.tp == 1 && s.pp == 1;
 }
 
@@ -77,8 +76,10 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
   const bool off_param = s.offload_param != "none" && !engine_offload;
   // On GPU ranks the engine's host path (zero/zero_optimizer.h, host_optimizer/host_parameters).
   const bool gpu_host_offload = !cpu_device && off_opt && engine_runs(s, false);
-  // ...where offload_param "cpu" puts each partitioned group's shard in host memory.
+  // ...where offload_param "cpu" puts each partitioned group's shard in host memory, and "nvme" in
+  // files read through host swap buffers: either way no partitioned shard stays on the device.
   const bool shards_on_host = gpu_host_offload && s.offload_param == "cpu";
+  const bool shards_in_files = gpu_host_offload && s.offload_param == "nvme";
   std::vector<int> keys;
   const auto groups = group_numels(m, s, &keys);
   // An MoE model's experts (groups 2-3) are partitioned over their expert-data group, dp/ep ranks.
@@ -129,8 +130,8 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
       int64_t group_params = 0;
       for (auto n : in.group_numels[gi]) group_params += n;
       // At stage 3 the engine is built whole (every bucket gathered) and released at the first unit.
-      const bool shard_on_host = shards_on_host && g.partitioned;
-      const int64_t compute = int64_t(c) * ((shard_on_host ? 0 : g.compute_numel) + (g.partitioned ? g.layout.total : 0));
+      const bool shard_off_device = (shards_on_host || shards_in_files) && g.partitioned;
+      const int64_t compute = int64_t(c) * ((shard_off_device ? 0 : g.compute_numel) + (g.partitioned ? g.layout.total : 0));
       const int64_t master = off_opt ? 0 : 4 * g.master_numel;
       st.construction = std::max(st.construction, remaining_model + built + compute + master);
       remaining_model -= 4 * group_params;
@@ -138,9 +139,10 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
     }
     st.params = plan.parameter_bytes;
     st.params_detail = dtype + (s.zero_stage == 3 ? ", " + part(dp) + " (small tensors whole)" : ", whole");
-    if (engine_offload && s.offload_param == "nvme" && s.zero_stage == 3) {
+    if ((engine_offload || shards_in_files) && s.offload_param == "nvme" && s.zero_stage == 3) {
       // The engine's parameter swap files (offload/parameter_swapper.h): each partitioned group's
-      // shard, one chunk per bucket aligned to 4096; in memory buffer_count buffers of the largest.
+      // shard, one chunk per bucket aligned to 4096; in memory buffer_count buffers of the largest
+      // (the host's beside a GPU).
       int64_t file = 0, largest = 0;
       for (const GroupBuffers& g : plan.groups) {
         if (!g.partitioned) continue;
@@ -152,9 +154,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
         }
       }
       st.n_params = file;
-      st.params += int64_t(std::max(1, s.param_buffer_count)) * largest;
+      (shards_in_files ? st.h_params : st.params) += int64_t(std::max(1, s.param_buffer_count)) * largest;
       st.params_detail = dtype + ", small tensors whole; " + std::to_string(s.param_buffer_count) + " swap buffers of " +
-                         format_gib(largest) + " (the shards are on NVMe)";
+                         format_gib(largest) + (shards_in_files ? " in host memory" : "") + " (the shards are on NVMe)";
     }
     if (s.tp * s.pp > 1) st.params_detail += " (this rank's tp/pp share: " + count_str(m.params) + ")";
     // The engine's gradient buffer on the device; on GPU ranks with the optimizer on the host at
@@ -188,7 +190,9 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
         const int64_t shard_numel = g.layout.shard_numel;
         const bool shard_on_host = shards_on_host && g.partitioned;
         st.h_grads += int64_t(grad_bytes) * shard_numel;
-        if (shard_on_host) {
+        if (shards_in_files && g.partitioned) {
+          // the swap buffers (above) are the copy the step writes
+        } else if (shard_on_host) {
           st.params -= int64_t(c) * g.compute_numel;
           st.h_params += int64_t(c) * g.compute_numel;
         } else if (mixed) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 
 #include "engine/config/config_io.h"
+#include "engine/launch/restarts.h"
 #include "engine/launch/supervisor.h"
 #include "parallel/rendezvous.h"
 
@@ -77,8 +79,8 @@ std::vector<std::string> ssh_options(const LaunchHostsConfig& hosts) {
   return options;
 }
 
-// Tries every host at once with `ssh HOST true`; throws naming each one that cannot be reached.
-void check_hosts_reachable(const std::vector<HostSlots>& hosts, const LaunchHostsConfig& config) {
+// Tries every host at once with `ssh HOST true`: for each host, "" or why it cannot be reached.
+std::vector<std::string> reach_hosts(const std::vector<HostSlots>& hosts, const LaunchHostsConfig& config) {
   std::vector<std::pair<std::string, FILE*>> probes;
   for (const auto& h : hosts) {
     std::vector<std::string> words = {"ssh", "-n"};
@@ -88,10 +90,11 @@ void check_hosts_reachable(const std::vector<HostSlots>& hosts, const LaunchHost
     for (const auto& w : words) line += shell_quote(w) + " ";
     probes.emplace_back(h.host, ::popen((line + "2>&1").c_str(), "r"));
   }
-  std::string failures;
+  std::vector<std::string> failures;
   for (auto& [host, pipe] : probes) {
+    failures.emplace_back();
     if (!pipe) {
-      failures += "\n  " + host + ": cannot run ssh";
+      failures.back() = "cannot run ssh";
       continue;
     }
     std::string output;
@@ -102,11 +105,49 @@ void check_hosts_reachable(const std::vector<HostSlots>& hosts, const LaunchHost
     while (!output.empty() && (output.back() == '\n' || output.back() == '\r')) output.pop_back();
     std::string why = output.substr(output.rfind('\n') == std::string::npos ? 0 : output.rfind('\n') + 1);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    failures += "\n  " + host + ": ssh exited with status " + std::to_string(code) + (why.empty() ? "" : ": " + why);
+    failures.back() = "ssh exited with status " + std::to_string(code) + (why.empty() ? "" : ": " + why);
   }
+  return failures;
+}
+
+// Throws naming each host that cannot be reached.
+void check_hosts_reachable(const std::vector<HostSlots>& hosts, const LaunchHostsConfig& config) {
+  const std::vector<std::string> why = reach_hosts(hosts, config);
+  std::string failures;
+  for (size_t k = 0; k < hosts.size(); ++k)
+    if (!why[k].empty()) failures += "\n  " + hosts[k].host + ": " + why[k];
   if (!failures.empty())
     throw std::runtime_error("cannot reach every host with ssh (" + format_seconds(config.connect_timeout_s) +
                              " s connect timeout); nothing was started:" + failures);
+}
+
+// --nnodes MIN:MAX, before a restart: the hosts that stopped answering are dropped (their node
+// ranks and devices with them) while at least min_nnodes remain; the master moves to the first
+// host left unless it was given. Returns "" or why the job cannot go on.
+std::string drop_unreachable_hosts(const LaunchConfig& config, std::vector<HostSlots>& hosts, LaunchConfig& node) {
+  const std::vector<std::string> why = reach_hosts(hosts, config.hosts);
+  std::vector<HostSlots> kept;
+  std::vector<std::string> devices;
+  std::string dropped;
+  for (size_t k = 0; k < hosts.size(); ++k) {
+    if (why[k].empty()) {
+      kept.push_back(hosts[k]);
+      if (!node.node_devices.empty()) devices.push_back(node.node_devices[k]);
+    } else {
+      dropped += (dropped.empty() ? "" : ", ") + hosts[k].host + " (" + why[k] + ")";
+    }
+  }
+  if (dropped.empty()) return "";
+  if (static_cast<int>(kept.size()) < config.min_nnodes)
+    return "only " + std::to_string(kept.size()) + " of " + std::to_string(hosts.size()) + " hosts answer, fewer than "
+           "the " + std::to_string(config.min_nnodes) + " of --nnodes " + std::to_string(config.min_nnodes) + ":" +
+           std::to_string(config.nnodes) + "; unreachable: " + dropped;
+  std::fprintf(stderr, "tessera launch: dropping %s; the job goes on with %zu host(s)\n", dropped.c_str(), kept.size());
+  hosts = std::move(kept);
+  node.nnodes = static_cast<int>(hosts.size());
+  if (config.master_addr.empty()) node.master_addr = hosts.front().host;
+  if (!node.node_devices.empty()) node.node_devices = std::move(devices);
+  return "";
 }
 
 // pdsh's line for a host whose command failed: "pdsh@NAME: HOST: ssh exited with exit code N".
@@ -255,6 +296,11 @@ std::string node_command_line(const LaunchConfig& node_config, const std::string
   return join(words);
 }
 
+static std::vector<SupervisedProcess> host_processes(const LaunchConfig& config, const std::vector<HostSlots>& hosts,
+                                                     const LaunchConfig& node, const std::vector<std::string>& environment,
+                                                     const EnvironmentList& env, const std::string& cwd,
+                                                     const std::string& tessera, const std::vector<std::string>& command);
+
 int launch_on_hosts(const LaunchConfig& config, const std::vector<std::string>& command, const NodeCounts& asked) {
   if (command.empty() || command[0].empty()) throw ConfigError("tessera launch: no program to run");
   ConfigReport report;
@@ -267,16 +313,46 @@ int launch_on_hosts(const LaunchConfig& config, const std::vector<std::string>& 
   const std::string tessera = hosts.tessera_path.empty() ? this_program() : hosts.tessera_path;
   const std::string cwd = current_directory();
   const EnvironmentList env = forwarded_environment(hosts, environment, lookup(environment, "HOME"));
+  if (hosts.method == "ssh" || hosts.method == "pdsh") check_hosts_reachable(plan.hosts, hosts);
+  // The whole job restarts (every host's launcher, engine/launch/restarts.h); a node launcher's own
+  // restarts would leave the other hosts' ranks waiting in the old rendezvous. Its hang detection
+  // fails its host, which stops (and restarts) the job.
+  // With --nnodes MIN:MAX a restart goes on with the hosts that still answer.
+  std::vector<HostSlots> alive = plan.hosts;
+  LaunchConfig layout = plan.node_config;
+  return run_with_restarts(config.max_restarts, [&](int count, const std::string& reason) {
+    if (count > 0 && config.min_nnodes > 0) {
+      const std::string why = drop_unreachable_hosts(config, alive, layout);
+      if (!why.empty()) {
+        std::fprintf(stderr, "tessera launch: cannot restart: %s\n", why.c_str());
+        return JobEnd{1, false, why, /*final=*/true};
+      }
+    }
+    LaunchConfig node = layout;
+    node.max_restarts = 0;
+    node.min_nnodes = 0;
+    for (const auto& [name, value] : restart_environment(config.max_restarts, count, reason)) node.env[name] = value;
+    return supervise_job(host_processes(config, alive, node, environment, env, cwd, tessera, command),
+                         {config.grace_period_s, hosts.method == "ssh" ? "host" : "launcher"});
+  });
+}
+
+// The processes that start `node`'s launcher on every host of `plan`: one ssh per host, or one pdsh
+// or srun for all of them.
+static std::vector<SupervisedProcess> host_processes(const LaunchConfig& config, const std::vector<HostSlots>& targets,
+                                                     const LaunchConfig& node, const std::vector<std::string>& environment,
+                                                     const EnvironmentList& env, const std::string& cwd,
+                                                     const std::string& tessera, const std::vector<std::string>& command) {
+  const LaunchHostsConfig& hosts = config.hosts;
   auto line_for = [&](const std::string& node_rank) {
-    return node_command_line(plan.node_config, node_rank, env, cwd, tessera, command);
+    return node_command_line(node, node_rank, env, cwd, tessera, command);
   };
 
   std::vector<SupervisedProcess> processes;
   if (hosts.method == "ssh") {
-    check_hosts_reachable(plan.hosts, hosts);
-    for (size_t k = 0; k < plan.hosts.size(); ++k) {
+    for (size_t k = 0; k < targets.size(); ++k) {
       SupervisedProcess p;
-      const std::string& host = plan.hosts[k].host;
+      const std::string& host = targets[k].host;
       p.name = "host " + host + " (node " + std::to_string(k) + ")";
       p.argv = {"ssh", "-n"};
       for (const auto& o : ssh_options(hosts)) p.argv.push_back(o);
@@ -286,9 +362,8 @@ int launch_on_hosts(const LaunchConfig& config, const std::vector<std::string>& 
       processes.push_back(std::move(p));
     }
   } else if (hosts.method == "pdsh") {
-    check_hosts_reachable(plan.hosts, hosts);
     std::vector<std::string> names;
-    for (const auto& h : plan.hosts) names.push_back(h.host);
+    for (const auto& h : targets) names.push_back(h.host);
     // pdsh puts each host's index in its -w list where the line says %n, and reads any other % as
     // its own: a literal one must be %%.
     const std::string marker = "@NODE_RANK@";
@@ -309,16 +384,15 @@ int launch_on_hosts(const LaunchConfig& config, const std::vector<std::string>& 
   } else {  // slurm: one node launcher per node of the allocation
     SupervisedProcess p;
     p.name = "srun";
-    p.argv = {"srun", "--nodes=" + std::to_string(plan.node_config.nnodes),
-              "--ntasks=" + std::to_string(plan.node_config.nnodes), "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+    p.argv = {"srun", "--nodes=" + std::to_string(node.nnodes),
+              "--ntasks=" + std::to_string(node.nnodes), "--ntasks-per-node=1", "--kill-on-bad-exit=1",
               "--label", "sh", "-c", line_for("\"$SLURM_NODEID\"")};
     p.env = environment;
     p.output_prefix = "";  // srun --label prefixes each line with its node; its stderr is watched for failures
     p.failure_in_output = srun_reported_failure;
     processes.push_back(std::move(p));
   }
-  // pdsh and srun are one process for every host.
-  return supervise(std::move(processes), {config.grace_period_s, hosts.method == "ssh" ? "host" : "launcher"});
+  return processes;  // pdsh and srun are one process for every host
 }
 
 }  // namespace tessera

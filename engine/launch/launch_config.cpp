@@ -31,6 +31,15 @@ static void check_launch_config(const LaunchConfig& c, const ConfigReport& parse
                                   std::to_string(c.nnodes) + "): node ranks count from 0");
   if (int64_t(c.nnodes) * c.nproc_per_node > INT_MAX && !unparsed({"nnodes", "nproc_per_node"}))
     report.error("nproc_per_node", "nnodes * nproc_per_node does not fit in an int");
+  if (c.min_nnodes > 0 && !unparsed({"min_nnodes", "nnodes", "hosts.method"})) {
+    if (c.min_nnodes > c.nnodes)
+      report.error("min_nnodes", "found " + std::to_string(c.min_nnodes) + ", expected at most nnodes (" +
+                                     std::to_string(c.nnodes) + ")");
+    if (c.hosts.method != "ssh" && c.hosts.method != "pdsh" && c.min_nnodes != c.nnodes)
+      report.error("min_nnodes", "an elastic node count (--nnodes MIN:MAX) needs a hostfile launch (hosts.method "
+                                 "\"ssh\" or \"pdsh\"): its controller drops the hosts it cannot reach; found \"" +
+                                     c.hosts.method + "\"");
+  }
   if (!unparsed({"hosts.method"})) {
     const std::string& method = c.hosts.method;
     if ((method == "ssh" || method == "pdsh") && c.hosts.hostfile.empty() && !unparsed({"hosts.hostfile"}))

@@ -72,6 +72,15 @@ struct LaunchConfig {
   bool pass_local_rank = false;  // append --local_rank=N to each rank's arguments (DeepSpeed's launcher does)
   double grace_period_s = 5;   // after a failure: SIGTERM, wait this long, then SIGKILL
   double timeout_s = 300;      // rendezvous/collective timeout, given to ranks as TESSERA_TIMEOUT_S
+  // torchrun's --max-restarts: after a failure (or a hang, below) every rank is stopped and the
+  // node's ranks start again, up to this many times (engine/launch/restarts.h).
+  int max_restarts = 0;
+  // torchrun's --nnodes MIN:MAX (hostfile launches): a restart continues on the hosts still
+  // reachable, as long as there are at least this many. 0: all nnodes hosts, always.
+  int min_nnodes = 0;
+  // A rank whose training made no progress (no optimizer step: its heartbeat file untouched) for
+  // this long after its first step is hung: the node's ranks are stopped as after a failure. 0: off.
+  double hang_timeout_s = 0;
   std::map<std::string, std::string> env;  // extra environment variables for every rank
   // One entry per node: that node's ranks get CUDA_VISIBLE_DEVICES set to it (the slots --include
   // or --exclude chose on each host). Empty: CUDA_VISIBLE_DEVICES is left as it is.
@@ -90,6 +99,9 @@ struct LaunchConfig {
     v("pass_local_rank", pass_local_rank);
     v("grace_period_s", grace_period_s, at_least(0.0));
     v("timeout_s", timeout_s, greater_than(0.0));
+    v("max_restarts", max_restarts, at_least(0));
+    v("min_nnodes", min_nnodes, at_least(0));
+    v("hang_timeout_s", hang_timeout_s, at_least(0.0));
     v("env", env);
     v("node_devices", node_devices);
     v("hosts", hosts);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 
+#include "engine/launch/restarts.h"
 #include "engine/launch/supervisor.h"
 
 extern char** environ;
@@ -73,20 +74,30 @@ int launch(const LaunchConfig& config, const std::vector<std::string>& command) 
   parse_launch_config(launch_config_to_json(config), report);
   if (!report.ok()) throw ConfigError("invalid launch config:\n" + report.errors());
 
-  std::vector<SupervisedProcess> ranks;
-  for (int local_rank = 0; local_rank < config.nproc_per_node; ++local_rank) {
-    int rank = config.node_rank * config.nproc_per_node + local_rank;
-    SupervisedProcess p;
-    p.name = "rank " + std::to_string(rank) + " (local rank " + std::to_string(local_rank) + ")";
-    p.argv = command;
-    if (config.pass_local_rank)  // where DeepSpeed's launcher puts it: before the script's own arguments
-      p.argv.insert(p.argv.begin() + static_cast<std::ptrdiff_t>(script_end(p.argv)),
-                    "--local_rank=" + std::to_string(local_rank));
-    p.env = rank_environment(config, local_rank);
-    if (config.tag_output) p.output_prefix = "[rank" + std::to_string(rank) + "]: ";
-    ranks.push_back(std::move(p));
-  }
-  return supervise(std::move(ranks), {config.grace_period_s, "rank"});
+  // With max_restarts every rank starts again after a failure or a hang (engine/launch/restarts.h);
+  // a node launcher started by a hosts launcher runs with 0, its restarts being the whole job's.
+  HeartbeatDirectory heartbeats(config.hang_timeout_s > 0);
+  return run_with_restarts(config.max_restarts, [&](int count, const std::string& reason) {
+    LaunchConfig attempt = config;
+    for (const auto& [name, value] : restart_environment(config.max_restarts, count, reason))
+      if (count > 0 || !attempt.env.count(name)) attempt.env[name] = value;
+    std::vector<SupervisedProcess> ranks;
+    for (int local_rank = 0; local_rank < config.nproc_per_node; ++local_rank) {
+      int rank = config.node_rank * config.nproc_per_node + local_rank;
+      SupervisedProcess p;
+      p.name = "rank " + std::to_string(rank) + " (local rank " + std::to_string(local_rank) + ")";
+      p.argv = command;
+      if (config.pass_local_rank)  // where DeepSpeed's launcher puts it: before the script's own arguments
+        p.argv.insert(p.argv.begin() + static_cast<std::ptrdiff_t>(script_end(p.argv)),
+                      "--local_rank=" + std::to_string(local_rank));
+      p.heartbeat_file = heartbeats.file_for(rank, count);
+      if (!p.heartbeat_file.empty()) attempt.env["TESSERA_HEARTBEAT_FILE"] = p.heartbeat_file;
+      p.env = rank_environment(attempt, local_rank);
+      if (config.tag_output) p.output_prefix = "[rank" + std::to_string(rank) + "]: ";
+      ranks.push_back(std::move(p));
+    }
+    return supervise_job(std::move(ranks), {config.grace_period_s, "rank", config.hang_timeout_s});
+  });
 }
 
 }  // namespace tessera

@@ -19,7 +19,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -241,13 +243,14 @@ class Job {
     for (size_t i = 0; i < specs.size(); ++i) processes_[i].spec = std::move(specs[i]);
   }
 
-  int run() {
+  JobEnd run() {
     start_all();
     while (true) {
       collect_exits();
       handle_interrupts();
       if (all_exited()) break;
       wait_for_events();
+      check_heartbeats();
       if (stopping_ && !killed_ && Clock::now() >= kill_deadline_)
         kill_survivors("after the " + format_seconds(options_.grace_period_s) + " s grace period");
     }
@@ -374,6 +377,8 @@ class Job {
     if (stopping_ && !killed_) {
       auto left = std::chrono::duration<double, std::milli>(kill_deadline_ - Clock::now()).count();
       timeout_ms = int(std::min(std::max(std::ceil(left), 0.0), 1e9));
+    } else if (!stopping_ && options_.hang_timeout_s > 0) {  // the heartbeats are looked at 4 times a timeout
+      timeout_ms = int(std::clamp(options_.hang_timeout_s * 250, 10.0, 1000.0));
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) return;  // EINTR: the loop looks again
     if (fds[0].revents) signals_.drain();
@@ -406,6 +411,25 @@ class Job {
       }
       if (!p.start_error.empty()) how = p.start_error;
       if (status != 0) fail(p, status, how);
+    }
+  }
+
+  // A process whose heartbeat file exists (it made progress once) and has not been touched for
+  // hang_timeout_s is hung: it fails, which stops the job (a stopped process, SIGSTOP, is SIGKILLed
+  // after the grace period).
+  void check_heartbeats() {
+    if (stopping_ || options_.hang_timeout_s <= 0) return;
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    for (auto& p : processes_) {
+      struct stat st{};
+      if (p.pid <= 0 || p.exited || p.spec.heartbeat_file.empty() || ::stat(p.spec.heartbeat_file.c_str(), &st) != 0)
+        continue;
+      const double idle = double(now.tv_sec - st.st_mtim.tv_sec) + 1e-9 * double(now.tv_nsec - st.st_mtim.tv_nsec);
+      if (idle > options_.hang_timeout_s)
+        fail(p, kHangStatus, "made no progress for " + format_seconds(std::floor(idle * 10) / 10) +
+                                 " s (no optimizer step; hang_timeout_s " + format_seconds(options_.hang_timeout_s) +
+                                 "): hung");
     }
   }
 
@@ -456,16 +480,18 @@ class Job {
   }
 
   // The one line that says how the job ended, and the supervisor's exit status.
-  int report() const {
+  JobEnd report() const {
+    JobEnd end;
     if (failed_) {
-      say(failed_->spec.name + " " + failed_->how + stop_summary("; stopped the other "));
-      return failed_->status;
+      end.reason = failed_->spec.name + " " + failed_->how + stop_summary("; stopped the other ");
+      end.status = failed_->status;
+    } else if (interrupted_by_) {
+      end.reason = "interrupted by " + signal_name(interrupted_by_) + stop_summary("; stopped ");
+      end.status = 128 + interrupted_by_;
+      end.interrupted = true;
     }
-    if (interrupted_by_) {
-      say("interrupted by " + signal_name(interrupted_by_) + stop_summary("; stopped "));
-      return 128 + interrupted_by_;
-    }
-    return 0;
+    if (!end.reason.empty()) say(end.reason);
+    return end;
   }
 
   std::string stop_summary(const std::string& lead) const {
@@ -501,9 +527,13 @@ std::string format_seconds(double s) {
   return out;
 }
 
-int supervise(std::vector<SupervisedProcess> processes, const SupervisorOptions& options) {
+JobEnd supervise_job(std::vector<SupervisedProcess> processes, const SupervisorOptions& options) {
   Job job(std::move(processes), options);
   return job.run();
+}
+
+int supervise(std::vector<SupervisedProcess> processes, const SupervisorOptions& options) {
+  return supervise_job(std::move(processes), options).status;
 }
 
 }  // namespace tessera

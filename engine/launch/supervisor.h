@@ -25,18 +25,37 @@ struct SupervisedProcess {
   // With output_prefix: called with each line it writes to stderr; returning true marks it failed
   // with `status` and `how`, as if it had exited so (pdsh reports a host's failure this way).
   std::function<bool(const std::string& line, int& status, std::string& how)> failure_in_output;
+  // Set, with SupervisorOptions::hang_timeout_s: a file the process touches as it makes progress
+  // (engine/heartbeat.h). Once it exists, a modification time older than the timeout is a hang.
+  std::string heartbeat_file;
 };
 
 struct SupervisorOptions {
   double grace_period_s = 5;  // after a failure or a signal: SIGTERM, wait this long, then SIGKILL
   std::string noun = "rank";  // what the processes are, in the report: "stopped the other 3 rank(s)"
+  double hang_timeout_s = 0;  // > 0: a heartbeat file this much older than now fails its process
+};
+
+// The status a hung process fails with (as timeout(1) exits).
+constexpr int kHangStatus = 124;
+
+// How a supervised job ended: its status (below), whether the supervisor was interrupted, and the
+// report's line ("rank 1 (local rank 1) was killed by signal 9 (Killed); stopped the other 1
+// rank(s)"; empty after a success).
+struct JobEnd {
+  int status = 0;
+  bool interrupted = false;
+  std::string reason;
+  bool final = false;  // set by a caller that could not start the job again (engine/launch/restarts.h)
 };
 
 // Starts `processes` in order and waits for all of them. Returns 0 when every one exits 0; else
-// the first failing one's status (its exit code, or 128 + signal when a signal killed it);
-// 128 + signal when the supervisor itself was interrupted (SIGINT, SIGTERM, SIGHUP and SIGQUIT are
-// forwarded). Installs its own signal handlers while it runs (restored on return): one at a time.
+// the first failing one's status (its exit code, or 128 + signal when a signal killed it, or
+// kHangStatus for a hang); 128 + signal when the supervisor itself was interrupted (SIGINT,
+// SIGTERM, SIGHUP and SIGQUIT are forwarded). Installs its own signal handlers while it runs
+// (restored on return): one at a time.
 int supervise(std::vector<SupervisedProcess> processes, const SupervisorOptions& options);
+JobEnd supervise_job(std::vector<SupervisedProcess> processes, const SupervisorOptions& options);
 
 // "2.5" for 2.5, "300" for 300: seconds as a person writes them.
 std::string format_seconds(double s);

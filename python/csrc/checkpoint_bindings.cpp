@@ -105,6 +105,12 @@ void bind_calls(py::class_<Handle>& engine) {
            py::arg("load_dir"), py::arg("tag") = "", py::arg("load_optimizer_states") = true,
            py::arg("load_lr_scheduler_states") = true, py::arg("load_module_only") = false,
            py::arg("load_module_strict") = true)
+      .def("resumed",  // checkpoint.auto_resume's load at construction: (path, client_state JSON) or None
+           [](Handle& e) -> py::object {
+             const auto& r = engine_of(e).resumed();
+             if (!r) return py::none();
+             return py::make_tuple(r->path, r->client_state);
+           })
       .def("save_16bit_model",
            [](Handle& e, const std::string& save_dir, const std::string& save_filename) {
              std::string path;

@@ -92,6 +92,22 @@ class CheckpointCalls:
             self._load_client_lr_state(lr_state)
         return path, client_state
 
+    def _finish_auto_resume(self):
+        """checkpoint.auto_resume: the engine loaded the latest checkpoint as it was built; the
+        client's LR state saved with it reaches the client's optimizer and scheduler (attached
+        since). Sets resumed_checkpoint: (path, client_state) as load_checkpoint returns them, or
+        (None, None) when nothing was loaded."""
+        resumed = self._c.resumed()
+        if resumed is None:
+            self.resumed_checkpoint = (None, None)
+            return
+        path, text = resumed
+        client_state = json.loads(text)
+        lr_state = client_state.pop(_CLIENT_LR_KEY, None)
+        if lr_state:
+            self._load_client_lr_state(lr_state)
+        self.resumed_checkpoint = (path, client_state)
+
     def _client_lr_state(self):
         optimizer, scheduler = getattr(self, "optimizer", None), getattr(self, "lr_scheduler", None)
         if optimizer is None or not getattr(self, "_lr_from_groups", False):

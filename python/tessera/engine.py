@@ -21,7 +21,7 @@ __all__ = ["Engine"]
 _DEEPSPEED_ENGINE_NAMES = frozenset({
     "amp_enabled", "autotuning_enabled", "bfloat16_enabled_for_comm", "checkpoint_tag_validation_enabled",
     "communication_data_type", "compression_training", "curriculum_learning_enabled", "data_efficiency_enabled",
-    "dump_state", "dynamic_loss_scale", "eigenvalue_enabled", "elasticity_enabled", "flops_profiler_enabled",
+    "dump_state", "dynamic_loss_scale", "eigenvalue_enabled", "flops_profiler_enabled",
     "get_mom", "get_pld_theta", "get_sequence_parallel_group", "get_type", "is_map_style_dataset",
     "load_moe_state_dict", "memory_breakdown", "module_state_dict", "load_module_state_dict", "moe_enabled",
     "offload_states", "reload_states", "pld_enabled", "quantize_training", "random_ltd_enabled",
@@ -498,6 +498,10 @@ class Engine(CheckpointCalls):
 
     def train_batch_size(self):
         return self.config["train_batch_size"]
+
+    def elasticity_enabled(self):
+        """DeepSpeed's: whether the config's elasticity section chose the batch layout (docs/config.md)."""
+        return bool((self.config.get("elasticity") or {}).get("enabled", False))
 
     def optimizer_name(self):
         """The config's optimizer type as DeepSpeed names it (lower case: "adam", "onebitlamb"), or

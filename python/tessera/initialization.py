@@ -369,6 +369,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     optimizer, lr_scheduler = client.attach(engine, client_optimizer, lr_scheduler,
                                             config_has_scheduler=engine.config.get("scheduler") is not None,
                                             runs_as_given=runner is not None)
+    engine._finish_auto_resume()  # checkpoint.auto_resume: the client's LR state, now attached
     loader = client.training_dataloader(engine, training_data, collate_fn) if training_data is not None else None
     engine.training_dataloader = loader
     return engine, optimizer, loader, lr_scheduler

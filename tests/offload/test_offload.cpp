@@ -211,17 +211,22 @@ TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme
         INFO(plain.output);
         REQUIRE(plain.status == 0);
         // NVMe everywhere (small tiles, every other case pipelined), CPU on 2 ranks, and at stage 3
-        // each with the parameter shards in host memory too.
+        // each with the parameter shards in host memory too, or in NVMe files.
         std::vector<std::string> variants = {"nvme"};
         if (ranks == 2) variants.push_back("cpu");
-        if (stage == "3") variants.insert(variants.end(), {"nvme+params", "cpu+params"});
+        if (stage == "3") variants.insert(variants.end(), {"nvme+params", "cpu+params", "cpu+nvme-params", "nvme+nvme-params"});
         for (const std::string& variant : variants) {
           INFO(variant);
           const std::string device = variant.substr(0, variant.find('+'));
-          const bool params = variant != device;
+          const bool params = variant != device, params_in_files = variant.find("nvme-params") != std::string::npos;
           auto args = common;
           args.insert(args.end(), {"--dump", dir.file(variant + ".bin"), "--offload", device});
-          if (params) args.insert(args.end(), {"--offload-param", "cpu"});
+          if (params_in_files) {
+            mkdir(dir.file("param-swap").c_str(), 0700);
+            args.insert(args.end(), {"--offload-param", "nvme", "--param-path", dir.file("param-swap"), "--param-buffers", "2"});
+          } else if (params) {
+            args.insert(args.end(), {"--offload-param", "cpu"});
+          }
           if (device == "nvme") {
             mkdir(dir.file("swap").c_str(), 0700);
             args.insert(args.end(), {"--nvme-path", dir.file("swap"), "--tile", "50", "--buffers", "2"});
@@ -244,6 +249,7 @@ TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme
           CHECK((std::stoll(m[6]) > 0) == params);
           if (params) CHECK(std::stoll(m[1]) == 0);
           if (device == "nvme") CHECK(files_in(dir.file("swap")).empty());
+          if (params_in_files) CHECK(files_in(dir.file("param-swap")).empty());  // the swap files are removed at the end
         }
       }
 }

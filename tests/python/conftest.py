@@ -51,9 +51,16 @@ def launch(nproc, argv, timeout=240, flags=(), **kwargs):
     returns CompletedProcess."""
     if not os.path.exists(CLI):
         pytest.fail("%s not built (run `make build` or scripts/build.sh tessera_cli)" % CLI)
-    cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120"] + \
-        list(flags) + ["--", sys.executable] + list(argv)
-    return subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
+    # A port free when chosen can be taken before rank 0 binds it (another test's Gloo pairs listen on
+    # ephemeral ports): that job never started, so it is run again on another port.
+    for attempt in range(3):
+        cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120"] + \
+            list(flags) + ["--", sys.executable] + list(argv)
+        result = subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                                **kwargs)
+        if result.returncode == 0 or "could not host the rendezvous store" not in (result.stdout or "") + (result.stderr or ""):
+            return result
+    return result
 
 
 def check(result):

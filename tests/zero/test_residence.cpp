@@ -229,7 +229,7 @@ TEST_CASE("ParametersInFiles: a ZeRO-3 shard in its file - bound around each ste
     options.buffer_count = 2;
     auto site = make_in_place_step();
     auto state = make_state_in_memory();
-    auto params = make_parameters_in_files(options);
+    auto params = make_parameters_in_files(options, /*buffers_on_host=*/false);
     Group group(mixed, /*partitioned=*/true, *site);
     ZeroGroup& g = *group;
     g.params = {at::empty({10}), at::empty({7})};  // the model's tensors: their dtype names the shard's

@@ -203,9 +203,9 @@ TEST_CASE("every problem is reported in one pass") {
 }
 
 TEST_CASE("unknown_keys: warn downgrades unknown and unsupported keys to warnings") {
-  auto c = check(R"({"unknown_keys": "warn", "train_batch_size": 8, "elasticity": {"enabled": true}, "my_own_key": 1})");
+  auto c = check(R"({"unknown_keys": "warn", "train_batch_size": 8, "nebula": {"enabled": true}, "my_own_key": 1})");
   CHECK(c.report.ok());
-  CHECK(contains(c.report.warnings(), "elasticity"));
+  CHECK(contains(c.report.warnings(), "nebula"));
   CHECK(contains(c.report.warnings(), "my_own_key"));
 }
 
@@ -405,10 +405,10 @@ TEST_CASE("resolution skips the checks on keys that failed to parse: no second e
 
 TEST_CASE("load_config's warnings do not carry a second \"warning:\"") {
   std::vector<std::string> warnings;
-  load_config(R"({"unknown_keys": "warn", "train_batch_size": 8, "elasticity": {"enabled": true}})", 1, nullptr,
+  load_config(R"({"unknown_keys": "warn", "train_batch_size": 8, "nebula": {"enabled": true}})", 1, nullptr,
               &warnings);
   REQUIRE(warnings.size() == 1);
-  CHECK(warnings[0].rfind("elasticity: DeepSpeed knows this key but tessera does not implement it", 0) == 0);
+  CHECK(warnings[0].rfind("nebula: DeepSpeed knows this key but tessera does not implement it", 0) == 0);
   // Callers print them as "<program>: warning: <path>: <message>".
   CHECK_FALSE(contains("tessera: warning: " + warnings[0], "warning: warning:"));
 }

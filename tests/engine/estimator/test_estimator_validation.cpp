@@ -192,7 +192,7 @@ TEST_CASE("validation: NVMe parameter offload on CPU ranks (ZeRO-3) - the estima
     }
 }
 
-// GPU ranks' offload (the optimizer to host memory or NVMe, ZeRO-3's shards to host memory),
+// GPU ranks' offload (the optimizer to host memory or NVMe, ZeRO-3's shards to host memory or NVMe),
 // measured through the GPU ranks' own code path on CPU ranks (TESSERA_HOST_STAGING=1, whose
 // buffers are the GPU ranks' buffers): the estimate for a GPU is those buffers, device and host.
 TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate is the engine's device and host buffers") {
@@ -201,10 +201,12 @@ TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate
     std::string optimizer, param;
   };
   for (int ranks : {1, 2})
-    for (const Case& c : std::vector<Case>{{"cpu", "none"}, {"nvme", "none"}, {"cpu", "cpu"}, {"nvme", "cpu"}}) {
+    for (const Case& c : std::vector<Case>{{"cpu", "none"}, {"nvme", "none"}, {"cpu", "cpu"}, {"nvme", "cpu"},
+                                           {"cpu", "nvme"}, {"nvme", "nvme"}}) {
       std::vector<std::string> extra = {"--offload", c.optimizer, "--nvme-path", dir.path, "--tile", "100000",
                                         "--buffers", "3"};
       if (c.param != "none") extra.insert(extra.end(), {"--offload-param", c.param});
+      if (c.param == "nvme") extra.insert(extra.end(), {"--param-path", dir.path, "--param-buffers", "2"});
       auto measured = measure(ranks, 1024, 300000, extra, {{"TESSERA_HOST_STAGING", "1"}});
       for (const auto& [key, m] : measured) {
         const auto& [stage, dtype] = key;
@@ -217,6 +219,7 @@ TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate
         in.setup.offload_param = c.param;
         in.setup.sub_group_size = 100000;
         in.setup.optimizer_buffer_count = 3;
+        in.setup.param_buffer_count = 2;
         EstimateResult e = estimate(in);
         INFO("ranks " << ranks << " offload_optimizer " << c.optimizer << " offload_param " << c.param << " stage "
                       << stage << " " << dtype);
@@ -229,7 +232,9 @@ TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate
         CHECK(m.host > 0);
         CHECK(m.master == 0);
         CHECK(m.states == 0);
-        CHECK((m.host_params > 0) == (c.param == "cpu"));
+        CHECK((m.host_params > 0) == (c.param != "none"));  // the shards, or NVMe's swap buffers
+        CHECK((m.offloaded_params > 0) == (c.param == "nvme"));
+        CHECK(e.per_node_nvme.bytes("parameters") == ranks * m.offloaded_params);
         CHECK(e.per_gpu.bytes("parameters") == m.params);
         CHECK(e.per_gpu.bytes("fp32 master weights") == 0);
         CHECK(e.per_gpu.bytes("gradients") == m.grads);

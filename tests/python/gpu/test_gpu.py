@@ -177,6 +177,23 @@ def test_parameters_offloaded_to_host_memory_match_plain_pytorch(dtype, optimize
     check_offloaded_run(got, 3, dtype, moved_per_param=16 if dtype == "fp32" else 18)
 
 
+@pytest.mark.parametrize("dtype,optimizer_offload", [("fp32", "pinned"), ("bf16", "nvme")])
+def test_parameters_offloaded_to_nvme_match_plain_pytorch(dtype, optimizer_offload, tmp_path):
+    """offload_param.device "nvme" on a GPU rank (ZeRO-3, with the optimizer on the host): each shard
+    lives in its file, read through a host swap buffer into its slot of the gathered buffer before
+    each allgather and swapped into host memory around its step; the same tolerances as without
+    offload, the GPU keeps no shard (the bytes of the host-memory case), and the files are removed."""
+    (tmp_path / "params").mkdir()
+    args = ["--stage", 3, "--dtype", dtype, "--offload", optimizer_offload, "--offload-param", "nvme",
+            "--param-path", tmp_path / "params"]
+    if optimizer_offload == "nvme":
+        (tmp_path / "swap").mkdir()
+        args += ["--nvme-path", tmp_path / "swap"]
+    got, _ = run_worker(*args)
+    check_offloaded_run(got, 3, dtype, moved_per_param=16 if dtype == "fp32" else 18)
+    assert list((tmp_path / "params").iterdir()) == []
+
+
 @pytest.mark.parametrize("stage,dtype", [(2, "fp32"), (2, "bf16"), (1, "bf16")])
 def test_delayed_parameter_update_matches_a_plain_loop_delayed_the_same_way(stage, dtype):
     """offload_optimizer.delayed_param_update after 2 steps: each later host step runs while the next

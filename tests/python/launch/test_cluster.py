@@ -10,6 +10,7 @@ sockets) is checked on this machine's own interfaces too.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import CLI, ROOT, child_env, free_port
+from conftest import CLI, ROOT, child_env, free_port, launch
 from parity_cases import GPT, GPT_PARAM_TOL, case, compare, write_cases
 
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
@@ -264,6 +265,75 @@ def test_hostfile_launch_a_rank_dying_on_host_2_stops_every_rank_on_both_hosts(c
     else:
         assert last.startswith("tessera launch: pdsh reported that host 10.213.0.2 exited with status 7"), text[-4000:]
     assert seconds < 40, seconds  # host 1 is stopped at once, not when its collectives time out (30 s)
+    time.sleep(0.5)
+    assert namespace_pids() == [], "orphans left on the hosts"
+
+
+def test_hostfile_launch_with_max_restarts_restarts_both_hosts_and_resumes_from_the_checkpoint(cluster, ssh_config,
+                                                                                               tmp_path):
+    """A rank on host 2 killed at step 3 of a 2 hosts x 2 ranks ZeRO-2 job (restart_worker.py: a
+    checkpoint every step, checkpoint.auto_resume) with --max-restarts 1: both hosts' launchers start
+    again, the job resumes from step 3's checkpoint and ends with the losses of an uninterrupted
+    4-rank run (here, on loopback), exactly."""
+    from test_restarts import STEPS, WORKER, losses
+    reference = launch(4, [WORKER, str(tmp_path / "reference"), str(STEPS)])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=2", "10.213.0.2 slots=2"])
+    proc = launch_on_hosts(ssh_config, hostfile, [WORKER, str(tmp_path / "restarted"), str(STEPS), "--die-at", "3",
+                                                  "--rank", "3"], flags=["--max-restarts", "1"])
+    text = finish([proc], timeout=240)[0]
+    assert proc.returncode == 0, text[-4000:]
+    assert "10.213.0.2: tessera launch: rank 3 (local rank 1) was killed by signal 9" in text, text[-4000:]
+    assert "tessera launch: restart 1 of 1: every rank starts again (host 10.213.0.2 (node 1)" in text, text[-4000:]
+    assert re.search(r"resumed from \S+global_step3 at step 3", text), text[-4000:]
+    assert losses(text) == losses(reference.stdout)
+    time.sleep(0.5)
+    assert namespace_pids() == [], "orphans left on the hosts"
+
+
+def test_elastic_launch_drops_a_host_that_went_away_and_goes_on_at_the_elastic_batch_layout(cluster, ssh_config,
+                                                                                          tmp_path):
+    """--nnodes 1:2 --max-restarts 1 and DeepSpeed's elasticity (a global batch of 8): host 2 stops
+    answering ssh and a rank on it dies at step 3; the restart drops host 2 and goes on with host
+    1's 2 ranks at micro-batch 2 x 2 accumulation steps, from step 3's checkpoint (saved on 4 ranks,
+    resharded to 2). From there the losses are those of a 2-rank run from that checkpoint."""
+    import shutil
+    from test_restarts import STEPS, WORKER, losses
+    save, go = tmp_path / "elastic", tmp_path / "go"
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=2", "10.213.0.2 slots=2"])
+    proc = launch_on_hosts(ssh_config, hostfile, [WORKER, str(save), str(STEPS), "--elastic", "--die-at", "3",
+                                                  "--rank", "3", "--wait-for", str(go)],
+                           flags=["--max-restarts", "1", "--nnodes", "1:2"])
+    try:
+        lines = []
+        for line in proc.stdout:  # every rank is up (rank 0 printed its layout): host 2 goes away
+            lines.append(line)
+            if "layout: batch 8 = micro 2 x steps 1 x ranks 4 (elastic)" in line:
+                break
+        subprocess.run([CLUSTER, "sshd", "2", "stop"], check=True, capture_output=True, text=True, timeout=30)
+        go.write_text("")
+        text = "".join(lines) + proc.communicate(timeout=240)[0]
+    finally:
+        proc.kill()
+        subprocess.run([CLUSTER, "sshd", "2", "start"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, text[-4000:]
+    assert re.search(r"tessera launch: dropping 10\.213\.0\.2 \(ssh exited with status 255[^)]*\); the job goes on "
+                     r"with 1 host\(s\)", text), text[-4000:]
+    assert "layout: batch 8 = micro 2 x steps 2 x ranks 2 (elastic)" in text, text[-4000:]
+    assert re.search(r"resumed from \S+global_step3 at step 3", text), text[-4000:]
+    got = losses(text)
+    assert sorted(got) == list(range(STEPS)), got
+    # The reference: 2 ranks here from a copy of the same step-3 checkpoint.
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    shutil.copytree(save / "global_step3", reference_dir / "global_step3")
+    (reference_dir / "latest").write_text("global_step3")
+    reference = launch(2, [WORKER, str(reference_dir), str(STEPS), "--elastic"])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = losses(reference.stdout)
+    assert sorted(expected) == [3, 4, 5], expected
+    for step in (3, 4, 5):
+        assert abs(got[step] - expected[step]) <= 1e-9 * abs(expected[step]), (step, got[step], expected[step])
     time.sleep(0.5)
     assert namespace_pids() == [], "orphans left on the hosts"
 

@@ -121,8 +121,11 @@ def tessera_run(model, data, args):
     if args.delayed is not None:  # ZeRO-Offload's delayed parameter update after args.delayed steps
         config["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = {"enabled": True,
                                                                                    "warmup_steps": args.delayed}
-    if args.offload_param:  # ZeRO-3's shards in host memory too
+    if args.offload_param == "cpu":  # ZeRO-3's shards in host memory too
         config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    elif args.offload_param == "nvme":  # or in files, read around each gather and each step
+        config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": args.param_path,
+                                                        "buffer_count": 3}
     engine, _, _, _ = tessera.initialize(model=model, config=config, model_parameters=groups(model, args.weight_decay))
     tessera_run.allocated_after_init = torch.cuda.memory_allocated() if args.device == "cuda" else 0
     losses = []
@@ -163,7 +166,9 @@ def main():
     ap.add_argument("--offload", choices=("pinned", "pageable", "nvme"),
                     help="zero_optimization.offload_optimizer.device cpu, with pin_memory true or false; or nvme")
     ap.add_argument("--nvme-path", help="offload_optimizer.nvme_path with --offload nvme")
-    ap.add_argument("--offload-param", action="store_true", help="offload_param.device cpu (stage 3)")
+    ap.add_argument("--offload-param", nargs="?", const="cpu", choices=("cpu", "nvme"),
+                    help="offload_param.device (stage 3): cpu (the default), or nvme with --param-path")
+    ap.add_argument("--param-path", help="offload_param.nvme_path with --offload-param nvme")
     ap.add_argument("--delayed", type=int, help="offload_optimizer.delayed_param_update after this many steps")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the worker itself (TESSERA_HOST_STAGING=1)")
     args = ap.parse_args()
