@@ -37,6 +37,9 @@ export TESSERA_BUILD_DIR="$(cd "$build" && pwd)"
 # DeepSpeed from PyPI in its own venv (reusing this torch), for the checkpoint import tests.
 TESSERA_DEEPSPEED_PYTHON=$(bench/setup_deepspeed.sh | tail -n 1)
 export TESSERA_DEEPSPEED_PYTHON
+# Hivemind from PyPI in its own venv (reusing this torch and tessera), for the collaborative tests.
+TESSERA_HIVEMIND_PYTHON=$(bench/setup_hivemind.sh | tail -n 1)
+export TESSERA_HIVEMIND_PYTHON
 parallel=() how="one at a time"
 if [ "$jobs" -gt 1 ] && "$python" -c 'import xdist' 2>/dev/null; then
   parallel=(-n "$jobs" --dist loadscope)  # a module's tests on one worker: its fixtures run once

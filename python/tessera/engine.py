@@ -209,6 +209,25 @@ class Engine(CheckpointCalls):
         """ZeRO-3: a context in which every parameter is whole (tessera.zero.GatheredParameters)."""
         return zero.GatheredParameters(self._partitioned, modifier_rank=modifier_rank)
 
+    def set_parameters(self, values, src=0):
+        """The module's parameters take `values` (one flat tensor, the parameters in module order)
+        as data-parallel rank `src` gives them: broadcast to every data rank, each rank's fp32 master
+        shard rewritten from them (what zero.GatheredParameters(modifier_rank=src) does at ZeRO-3,
+        at every stage). Collective over the data group; `values` is read on rank `src` only."""
+        self._c.gather_all_parameters()
+        try:
+            if self.dp_rank == src:
+                offset = 0
+                with torch.no_grad():
+                    for p in self._module.parameters():
+                        if p.requires_grad:
+                            p.copy_(values[offset:offset + p.numel()].view_as(p))
+                            offset += p.numel()
+            with torch.no_grad():
+                self._c.write_back_parameters(src)
+        finally:
+            self._c.release_all_parameters()
+
     forward = __call__
 
     def train(self, mode=True):
