@@ -1,28 +1,18 @@
 #!/usr/bin/env bash
 # DeepSpeed (the pinned version, from PyPI) in its own virtual environment that REUSES the project
-# venv's PyTorch: a .pth file puts the project venv's site-packages on its path, so pip sees torch
-# as installed and nobody downloads it twice. Idempotent; prints the venv's python on its last
-# line (as scripts/setup.sh does). Benchmarks that compare with DeepSpeed call it. Also DeepSpeed
+# venv's PyTorch (bench/peer_venv.sh). Idempotent; prints the venv's python on its last line (as
+# scripts/setup.sh does). Benchmarks that compare with DeepSpeed call it. Also DeepSpeed
 # 0.19.7's package alone in $venv/deepspeed-0.19.7 (the last release with elastic training).
 #
 #   TESSERA_DEEPSPEED_VENV  where it lives (default ~/.cache/tessera/deepspeed-venv)
 #   DEEPSPEED_VERSION       default 0.19.8
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-project_python=$("$here/scripts/setup.sh" | tail -n 1)
 venv=${TESSERA_DEEPSPEED_VENV:-$HOME/.cache/tessera/deepspeed-venv}
 version=${DEEPSPEED_VERSION:-0.19.8}
 log() { echo "[setup-deepspeed] $*" >&2; }
-
-if [ ! -x "$venv/bin/python" ]; then
-  # The same interpreter as the project venv: torch's compiled modules must load in it.
-  base=$("$project_python" -c 'import sys; print(sys._base_executable)')
-  log "creating $venv with $base"
-  "$base" -m venv "$venv"
-fi
-site=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
-project_site=$("$project_python" -c 'import site; print(site.getsitepackages()[0])')
-echo "$project_site" > "$site/tessera-project-venv.pth"
+"$here/bench/peer_venv.sh" "$venv" >/dev/null
+project_site=$("$venv/bin/python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 if ! "$venv/bin/python" -c "import deepspeed, sys; sys.exit(deepspeed.__version__ != '$version')" >/dev/null 2>&1; then
   log "installing deepspeed==$version (reusing torch from $project_site)"
   "$venv/bin/pip" install -q wheel setuptools >&2

@@ -46,6 +46,17 @@ def child_env(**extra):
     return env
 
 
+def peer_python(variable, setup_script):
+    """The python of a peer's venv from PyPI (DeepSpeed, Hivemind; bench/peer_venv.sh): scripts/test.sh
+    makes it and exports `variable`; run alone, the test makes it with bench/`setup_script`."""
+    python = os.environ.get(variable)
+    if not python:
+        r = subprocess.run([os.path.join(ROOT, "bench", setup_script)], capture_output=True, text=True, timeout=900)
+        check(r)
+        python = r.stdout.strip().splitlines()[-1]
+    return python
+
+
 def launch(nproc, argv, timeout=240, flags=(), **kwargs):
     """Runs `python argv...` on `nproc` local ranks through tessera launch (with its `flags`);
     returns CompletedProcess."""

@@ -51,7 +51,7 @@ TEST_CASE("restarts: a rank that fails once is started again with every other, a
   CHECK(!contains(r.output, "restart 2"));
 }
 
-TEST_CASE("restarts: the limit ends the job with the last failure's status; no restarts is the old behaviour") {
+TEST_CASE("restarts: the limit ends the job with the last failure's status - without restarts the first failure ends it") {
   auto r = tessera::testing::run(launch_argv({"--nproc-per-node", "2", "--max-restarts", "2"},
                                              "[ \"$RANK\" = 0 ] && exit $((5 + ${TESSERA_RESTART_COUNT:-0})); exec sleep 30"),
                                  {}, 60);
@@ -65,7 +65,7 @@ TEST_CASE("restarts: the limit ends the job with the last failure's status; no r
   CHECK(!contains(once.output, "restart"));
 }
 
-TEST_CASE("hang detection: a rank whose heartbeat goes stale fails the job; before its first beat it is not watched") {
+TEST_CASE("hang detection: a rank whose heartbeat goes stale fails the job - before its first beat it is not watched") {
   tessera::testing::TempDir dir;
   // Rank 0 beats once and stops; rank 1 never beats. The directory of heartbeat files is the
   // launcher's own and goes with it.

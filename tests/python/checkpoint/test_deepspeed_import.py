@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import CLI, ROOT, check, child_env, free_port
+from conftest import CLI, ROOT, check, child_env, free_port, peer_python
 
 WORKER = os.path.join(ROOT, "tests", "python", "workers", "deepspeed_checkpoint_worker.py")
 PROJECT_PYTHON = sys.executable
@@ -22,14 +22,7 @@ PROJECT_PYTHON = sys.executable
 
 @pytest.fixture(scope="module")
 def deepspeed_python():
-    """DeepSpeed's venv (scripts/test.sh makes it first and exports TESSERA_DEEPSPEED_PYTHON)."""
-    python = os.environ.get("TESSERA_DEEPSPEED_PYTHON")
-    if not python:
-        r = subprocess.run([os.path.join(ROOT, "bench", "setup_deepspeed.sh")], capture_output=True, text=True,
-                           timeout=900)
-        check(r)
-        python = r.stdout.strip().splitlines()[-1]
-    return python
+    return peer_python("TESSERA_DEEPSPEED_PYTHON", "setup_deepspeed.sh")
 
 
 def run(python, nproc, impl, spec, tmp_path, name):

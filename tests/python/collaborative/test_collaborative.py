@@ -3,14 +3,13 @@ their parameters through Hivemind's DHT and averager (hivemind from PyPI, in its
 reuses this one's torch and tessera: bench/setup_hivemind.sh). Each peer is a process started by
 `tessera launch` (its own rendezvous), the peers on this machine's loopback."""
 import json
-import os
 import subprocess
 import time
 
 import pytest
 import torch
 
-from conftest import CLI, ROOT, check, child_env, free_port
+from conftest import CLI, ROOT, child_env, free_port, peer_python
 
 WORKER = "tests/python/workers/collaborative_worker.py"
 # Alone, after the parallel pass: the peers' matchmaking waits on each other in seconds.
@@ -19,13 +18,7 @@ pytestmark = pytest.mark.serial
 
 @pytest.fixture(scope="module")
 def hivemind_python():
-    python = os.environ.get("TESSERA_HIVEMIND_PYTHON")
-    if not python:
-        r = subprocess.run([os.path.join(ROOT, "bench", "setup_hivemind.sh")], capture_output=True, text=True,
-                           timeout=900)
-        check(r)
-        python = r.stdout.strip().splitlines()[-1]
-    return python
+    return peer_python("TESSERA_HIVEMIND_PYTHON", "setup_hivemind.sh")
 
 
 def start_peer(python, tmp_path, name, spec, nproc=1):

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import CLI, ROOT, check
+from conftest import CLI, check, peer_python
 
 # (elasticity section, data-parallel sizes): versions 0.1 and 0.2, ties both ways, lcm bases,
 # node-level counting, a size outside the valid ones (0.2's fallback batch; 0.1's error).
@@ -45,13 +45,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def deepspeed_python():
-    python = os.environ.get("TESSERA_DEEPSPEED_PYTHON")
-    if not python:
-        r = subprocess.run([os.path.join(ROOT, "bench", "setup_deepspeed.sh")], capture_output=True, text=True,
-                           timeout=900)
-        check(r)
-        python = r.stdout.strip().splitlines()[-1]
-    return python
+    return peer_python("TESSERA_DEEPSPEED_PYTHON", "setup_deepspeed.sh")
 
 
 def tessera_layout(tmp_path, section, size):
