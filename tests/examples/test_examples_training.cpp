@@ -100,7 +100,7 @@ TEST_CASE("train_gpt: prescale_gradients and gradient_predivide_factor reach the
 }
 
 TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence parallelism - tp 2 x dp 2 with "
-          "ZeRO 1-3) reaches the 1-rank loss and parameters") {
+          "ZeRO 1-3) reaches the 1-rank loss and parameters", "[slow]") {
   struct Run { int ranks, tp, micro, stage; bool sp; };
   for (Run r : {Run{2, 2, 16, 1, false}, Run{2, 2, 16, 2, true}, Run{4, 2, 8, 1, false}, Run{4, 2, 8, 2, true},
                 Run{4, 2, 8, 3, true}, Run{4, 4, 16, 1, false}, Run{4, 4, 16, 2, true}}) {
@@ -115,7 +115,7 @@ TEST_CASE("train_gpt: tensor parallelism (tp 2 and 4 with and without sequence p
 }
 
 TEST_CASE("train_gpt: pipeline stages (pp 2 and 4 by 1F1B and GPipe - pp 2 x dp 2 with ZeRO 0-2 - pp 2 x tp 2 - "
-          "pp 2 x dp 2 x tp 2 - checkpointed blocks) reach the 1-rank loss and parameters") {
+          "pp 2 x dp 2 x tp 2 - checkpointed blocks) reach the 1-rank loss and parameters", "[slow]") {
   // 4 micro-batches a step through the pipeline; micro x dp x 4 = the reference's 16 sequences.
   struct Run { int ranks, pp, tp, micro, stage; const char* schedule; bool sp; };
   for (Run r : {Run{2, 2, 1, 4, 1, "1f1b", false}, Run{2, 2, 1, 4, 0, "gpipe", false}, Run{4, 4, 1, 4, 2, "1f1b", false},
@@ -259,7 +259,7 @@ TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without in
 // dp 2 at ZeRO 2 and 3, cp 2 x tp 2 with sequence parallelism (heads split by tp, then by cp), cp 2
 // x pp 2, and DeepSpeed's sequence_parallel_size.
 TEST_CASE("train_gpt: context parallelism (Ulysses and ring at cp 2 and 4 - cp 2 x dp 2 at ZeRO 2 and 3 - cp 2 x tp 2 "
-          "- cp 2 x pp 2) reaches the 1-rank loss and parameters") {
+          "- cp 2 x pp 2) reaches the 1-rank loss and parameters", "[slow]") {
   auto cp = [](const std::string& method, int size) {
     return "\"context_parallel\": {\"size\": " + std::to_string(size) + ", \"method\": \"" + method + "\"}";
   };
@@ -587,7 +587,7 @@ std::string check_moe(const MoeReference& ref, int ranks, const std::string& con
 }  // namespace
 
 TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-3 - ep 4 - tp 2 x ep 2 - pp 2 x ep 2 "
-          "- with dropped tokens - cp 2 x ep 2 - bf16) reach the 1-rank loss and parameters") {
+          "- with dropped tokens - cp 2 x ep 2 - bf16) reach the 1-rank loss and parameters", "[slow]") {
   const MoeReference dropless = moe_reference("");
   INFO(dropless.output);
   CHECK(contains(dropless.output, "| moe aux "));

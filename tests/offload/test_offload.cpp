@@ -194,7 +194,8 @@ TEST_CASE("CPU offload on a CPU rank trains byte for byte as without it") {
 // copy, and goes to the gathered buffer before each allgather), taken on CPU ranks with
 // TESSERA_HOST_STAGING=1: every copy is CPU to CPU, so all but the streams is checked here, byte
 // for byte against training without offload.
-TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme at stages 1-3 train byte for byte") {
+TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme at stages 1-3 train byte for byte",
+          "[slow]") {
   const std::regex memory("memory: params (\\d+) master (\\d+) grads (\\d+) states (\\d+) buckets \\d+ host (\\d+) "
                           "host-params (\\d+)");
   for (const std::string stage : {"1", "2", "3"})
