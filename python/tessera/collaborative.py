@@ -105,6 +105,7 @@ class Collaboration:
         self._state_lock = threading.Lock()
         self._momentum = torch.zeros(numel, dtype=torch.float32) if outer_lr is not None else None
         self.dht = self.tracker = self.averager = None
+        self._own_dht = False
         try:
             self._start(run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size)
             if load_state:
@@ -116,6 +117,7 @@ class Collaboration:
     def _start(self, run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size):
         if self._leader:
             hivemind = _hivemind()
+            self._own_dht = dht is None  # a caller's DHT stays up after shutdown()
             self.dht = dht or self._connect(hivemind, initial_peers, host_maddrs)
             self.tracker = hivemind.optim.progress_tracker.ProgressTracker(
                 self.dht, prefix="%s_progress" % run_id, target_batch_size=self.target_batch_size, start=True,
@@ -238,8 +240,9 @@ class Collaboration:
             torch.distributed.broadcast(t, 0)
 
     def shutdown(self):
-        """Leaves the collaboration: the averager, the progress tracker and the DHT stop."""
-        for part in (self.averager, self.tracker, self.dht):
+        """Leaves the collaboration: the averager, the progress tracker and (unless it was the
+        caller's) the DHT stop."""
+        for part in (self.averager, self.tracker, self.dht if self._own_dht else None):
             if part is not None:
                 part.shutdown()
         self.averager = self.tracker = self.dht = None
