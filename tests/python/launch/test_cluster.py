@@ -269,22 +269,26 @@ def test_hostfile_launch_a_rank_dying_on_host_2_stops_every_rank_on_both_hosts(c
     assert namespace_pids() == [], "orphans left on the hosts"
 
 
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
 def test_hostfile_launch_with_max_restarts_restarts_both_hosts_and_resumes_from_the_checkpoint(cluster, ssh_config,
-                                                                                               tmp_path):
+                                                                                               tmp_path, launcher):
     """A rank on host 2 killed at step 3 of a 2 hosts x 2 ranks ZeRO-2 job (restart_worker.py: a
     checkpoint every step, checkpoint.auto_resume) with --max-restarts 1: both hosts' launchers start
-    again, the job resumes from step 3's checkpoint and ends with the losses of an uninterrupted
-    4-rank run (here, on loopback), exactly."""
+    again (over ssh, or pdsh), the job resumes from step 3's checkpoint and ends with the losses of
+    an uninterrupted 4-rank run (here, on loopback), exactly."""
+    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
+        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
     from test_restarts import STEPS, WORKER, losses
     reference = launch(4, [WORKER, str(tmp_path / "reference"), str(STEPS)])
     assert reference.returncode == 0, reference.stderr[-3000:]
     hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=2", "10.213.0.2 slots=2"])
     proc = launch_on_hosts(ssh_config, hostfile, [WORKER, str(tmp_path / "restarted"), str(STEPS), "--die-at", "3",
-                                                  "--rank", "3"], flags=["--max-restarts", "1"])
+                                                  "--rank", "3"], launcher=launcher, flags=["--max-restarts", "1"])
     text = finish([proc], timeout=240)[0]
     assert proc.returncode == 0, text[-4000:]
     assert "10.213.0.2: tessera launch: rank 3 (local rank 1) was killed by signal 9" in text, text[-4000:]
-    assert "tessera launch: restart 1 of 1: every rank starts again (host 10.213.0.2 (node 1)" in text, text[-4000:]
+    why = {"ssh": "host 10.213.0.2 (node 1)", "pdsh": "pdsh reported that host 10.213.0.2 exited with status 137"}
+    assert "tessera launch: restart 1 of 1: every rank starts again (%s" % why[launcher] in text, text[-4000:]
     assert re.search(r"resumed from \S+global_step3 at step 3", text), text[-4000:]
     assert losses(text) == losses(reference.stdout)
     time.sleep(0.5)
@@ -426,3 +430,23 @@ def _command(pid):
         return open("/proc/%s/comm" % pid).read().strip()
     except OSError:
         return ""
+
+
+def test_launcher_slurm_with_max_restarts_starts_every_node_again_and_resumes_from_the_checkpoint(cluster, slurm_conf,
+                                                                                                 tmp_path):
+    """--launcher slurm --max-restarts 1 inside a 2-node allocation: rank 3 (node h2) killed at step
+    3 of the ZeRO-2 job; the launcher runs a new srun step on both nodes, which resumes from step
+    3's checkpoint and ends with the losses of an uninterrupted 4-rank run, exactly."""
+    from test_restarts import STEPS, WORKER, losses
+    reference = launch(4, [WORKER, str(tmp_path / "reference"), str(STEPS)])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    argv = [CLI, "launch", "--launcher", "slurm", "--nproc-per-node", "2", "--master-addr", MASTER,
+            "--master-port", str(free_port()), "--timeout", "60", "--max-restarts", "1", "--", sys.executable,
+            WORKER, str(tmp_path / "restarted"), str(STEPS), "--die-at", "3", "--rank", "3"]
+    proc = in_allocation(slurm_conf, argv)
+    text = finish([proc], timeout=240)[0]
+    assert proc.returncode == 0, text[-4000:]
+    assert "1: tessera launch: rank 3 (local rank 1) was killed by signal 9" in text, text[-4000:]
+    assert "tessera launch: restart 1 of 1: every rank starts again" in text, text[-4000:]
+    assert re.search(r"resumed from \S+global_step3 at step 3", text), text[-4000:]
+    assert losses(text) == losses(reference.stdout)
