@@ -94,6 +94,8 @@ class Collaboration:
         self.target_batch_size = int(target_batch_size)
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.averaging_timeout = averaging_timeout
+        self.matchmaking_time = matchmaking_time
+        self._scheduled = None  # a round whose matchmaking started ahead of the target (hivemind StepControl)
         self._params = [p for p in engine.module.parameters() if p.requires_grad]
         self._leader = comm.get_rank() == 0  # the peer's rank that talks to the others
         self.local_epoch = 0  # averaging rounds this peer has taken part in (or caught up with)
@@ -127,7 +129,7 @@ class Collaboration:
                     "8bit": compressions.Uniform8BitQuantization()}[compression]
             self.averager = _averager_class(hivemind)(
                 [self._flat], self.dht, start=True, prefix="%s_averaging" % run_id, min_group_size=min_group_size,
-                min_matchmaking_time=matchmaking_time, request_timeout=3.0,
+                min_matchmaking_time=matchmaking_time, request_timeout=min(3.0, matchmaking_time / 2),
                 allreduce_timeout=self.averaging_timeout, compression=wire, allow_state_sharing=True,
                 state_source=self._shared_state)
 
@@ -169,11 +171,36 @@ class Collaboration:
             progress = self.tracker.global_progress
             ready = progress.epoch > self.local_epoch or progress.samples_accumulated >= self.target_batch_size
             go[0] = 1.0 if ready else 0.0
+            if not ready:
+                self._maybe_schedule()
         self._broadcast(go)
         if go.item() == 0:
             return False
         self._average()
         return True
+
+    def _maybe_schedule(self):
+        """Matchmaking ahead of the round, as hivemind.Optimizer does: once the tracker expects the
+        target within matchmaking_time, this peer starts gathering a group, so that the all-reduce
+        begins as soon as the samples are there instead of matchmaking_time later."""
+        if self._scheduled is not None and not self._scheduled.done():
+            return
+        now = _hivemind().utils.get_dht_time()
+        eta = self.tracker.estimated_next_update_time - now
+        if eta <= self.matchmaking_time:
+            self._scheduled = self.averager.step(scheduled_time=now + max(eta, self.matchmaking_time), wait=False,
+                                                 require_trigger=True, timeout=self.averaging_timeout)
+
+    def _all_reduce(self, weight):
+        """This round's all-reduce of self._flat (the scheduled one, or one that gathers its group
+        now), weighted; returns the group's size (None: no group, or it failed)."""
+        control, self._scheduled = self._scheduled, None
+        if control is None or control.done():
+            control = self.averager.step(wait=False, require_trigger=True, timeout=self.averaging_timeout)
+        control.weight = weight
+        control.allow_allreduce()
+        gathered = control.result(timeout=self.averaging_timeout)
+        return len(gathered) if gathered else None
 
     def _average(self):
         start = time.monotonic()
@@ -184,9 +211,9 @@ class Collaboration:
                 with self.averager.get_tensors() as tensors:
                     tensors[0].copy_(params if self.outer_lr is None else self._state - params)
                 try:
-                    gathered = self.averager.step(weight=float(max(self.samples, 1)), timeout=self.averaging_timeout)
-                    record["ok"] = gathered is not None
-                    record["group"] = len(gathered) if gathered else 1
+                    group = self._all_reduce(float(max(self.samples, 1)))
+                    record["ok"] = group is not None
+                    record["group"] = group or 1
                 except Exception as e:  # a dead peer, a timeout: this peer keeps its own values
                     record["error"] = "%s: %s" % (type(e).__name__, e)
                 with self.averager.get_tensors() as tensors:
@@ -242,6 +269,8 @@ class Collaboration:
     def shutdown(self):
         """Leaves the collaboration: the averager, the progress tracker and (unless it was the
         caller's) the DHT stop."""
+        if self._scheduled is not None and not self._scheduled.done():
+            self._scheduled.cancel()
         for part in (self.averager, self.tracker, self.dht if self._own_dht else None):
             if part is not None:
                 part.shutdown()

@@ -46,6 +46,18 @@ def child_env(**extra):
     return env
 
 
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+
+
+def cluster_unavailable():
+    """Why this machine cannot make the emulated hosts of scripts/cluster.sh (None: it can)."""
+    try:
+        result = subprocess.run([CLUSTER, "check"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        return str(e)
+    return None if result.returncode == 0 else result.stderr.strip()
+
+
 def peer_python(variable, setup_script):
     """The python of a peer's venv from PyPI (DeepSpeed, Hivemind; bench/peer_venv.sh): scripts/test.sh
     makes it and exports `variable`; run alone, the test makes it with bench/`setup_script`."""

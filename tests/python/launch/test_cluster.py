@@ -18,22 +18,11 @@ import time
 import pytest
 import torch
 
-from conftest import CLI, ROOT, child_env, free_port, launch
+from conftest import CLI, CLUSTER, ROOT, child_env, cluster_unavailable, free_port, launch
 from parity_cases import GPT, GPT_PARAM_TOL, case, compare, write_cases
 
-CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 MASTER = "10.213.0.1"
-
-
-def _can_make_namespaces():
-    try:
-        result = subprocess.run([CLUSTER, "check"], capture_output=True, text=True, timeout=30)
-    except OSError as e:
-        return str(e)
-    return None if result.returncode == 0 else result.stderr.strip()
-
-
-_WHY_NOT = _can_make_namespaces()
+_WHY_NOT = cluster_unavailable()
 
 
 @pytest.fixture(scope="module")
