@@ -61,6 +61,7 @@ def parse():
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--matchmaking", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=20.0)
+    ap.add_argument("--group-size", type=int, default=None, help="target_group_size (default: --peers)")
     ap.add_argument("--slowdown", type=float, default=1.0)
     ap.add_argument("--target-loss", type=float, default=0.45)
     ap.add_argument("--eval-every", type=float, default=2.0)
@@ -106,7 +107,8 @@ class TesseraPeer:
             self.collab = tessera.collaborative.Collaboration(
                 self.engine, run_id="bench", target_batch_size=args.target_batch, dht=dht, outer_lr=outer,
                 outer_momentum=args.outer_momentum, compression=args.compression,
-                matchmaking_time=args.matchmaking, averaging_timeout=args.timeout)
+                matchmaking_time=args.matchmaking, averaging_timeout=args.timeout,
+                target_group_size=args.group_size or args.peers)
 
     def train_step(self, x, y):
         """Returns the seconds of forward and backward (what a slower peer takes longer for)."""
@@ -123,7 +125,8 @@ class TesseraPeer:
         return len(self.collab.rounds) if self.collab else 0
 
     def round_details(self):
-        return [{"seconds": round(r["seconds"], 3), "group": r["group"]} for r in self.collab.rounds] if self.collab else []
+        return [{"seconds": round(r["seconds"], 3), "group": r["group"], "started": r["started"]}
+                for r in self.collab.rounds] if self.collab else []
 
     def shutdown(self):
         if self.collab:
@@ -144,6 +147,7 @@ class HivemindPeer:
             matchmaking_time=args.matchmaking, averaging_timeout=args.timeout, use_local_updates=local,
             grad_compression=compression, state_averaging_compression=compression,
             tracker_opts=dict(min_refresh_period=0.2, max_refresh_period=1.0, default_refresh_period=0.5),
+            averager_opts=dict(target_group_size=args.group_size or args.peers),
             verbose=False)
         self.opt.load_state_from_peers()
 

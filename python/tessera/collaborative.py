@@ -11,6 +11,10 @@ the samples it processed since the last round:
 
     θ ← Σ_p s_p θ_p / Σ_p s_p
 
+The group is gathered ahead of time, as hivemind.Optimizer does: when the tracker expects the target
+within matchmaking_time, matchmaking starts in the background and the all-reduce waits for the
+peer's trigger, so a round costs the all-reduce, not the matchmaking too.
+
 With an outer optimizer (DiLoCo) the peers average their change since the last round instead,
 Δ_p = θ_anchor − θ_p, and every peer applies the same outer step to the shared anchor (SGD with
 Nesterov momentum, DiLoCo's choice): m ← μ m + Δ̄, θ_anchor ← θ_anchor − η (Δ̄ + μ m), θ_p ← θ_anchor.
@@ -81,11 +85,13 @@ class Collaboration:
     compression: "none", "fp16" or "8bit" for the averaged tensors on the wire.
     matchmaking_time, averaging_timeout: seconds to gather a group, and to finish a round.
     min_group_size: peers needed for a round (fewer: the round is skipped, training goes on).
+    target_group_size: the most peers in one group; a group that has them starts its all-reduce at
+    once instead of at the end of matchmaking_time (None: no limit, always the whole matchmaking_time).
     host_maddrs: where this peer's DHT listens (the leader rank's)."""
 
     def __init__(self, engine, run_id, target_batch_size, initial_peers=(), dht=None, outer_lr=None,
                  outer_momentum=0.9, compression="none", matchmaking_time=3.0, averaging_timeout=30.0,
-                 min_group_size=2, host_maddrs=("/ip4/0.0.0.0/tcp/0",), load_state=True):
+                 min_group_size=2, target_group_size=None, host_maddrs=("/ip4/0.0.0.0/tcp/0",), load_state=True):
         if compression not in _COMPRESSIONS:
             raise ValueError("tessera.collaborative: compression %r: expected one of %s" % (compression, _COMPRESSIONS))
         if target_batch_size <= 0:
@@ -109,14 +115,16 @@ class Collaboration:
         self.dht = self.tracker = self.averager = None
         self._own_dht = False
         try:
-            self._start(run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size)
+            self._start(run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size,
+                        target_group_size)
             if load_state:
                 self._join()
         except BaseException:
             self.shutdown()  # Hivemind's threads and processes would keep the process alive
             raise
 
-    def _start(self, run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size):
+    def _start(self, run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size,
+               target_group_size):
         if self._leader:
             hivemind = _hivemind()
             self._own_dht = dht is None  # a caller's DHT stays up after shutdown()
@@ -129,7 +137,7 @@ class Collaboration:
                     "8bit": compressions.Uniform8BitQuantization()}[compression]
             self.averager = _averager_class(hivemind)(
                 [self._flat], self.dht, start=True, prefix="%s_averaging" % run_id, min_group_size=min_group_size,
-                min_matchmaking_time=matchmaking_time, request_timeout=min(3.0, matchmaking_time / 2),
+                target_group_size=target_group_size, min_matchmaking_time=matchmaking_time, request_timeout=min(3.0, matchmaking_time / 2),
                 allreduce_timeout=self.averaging_timeout, compression=wire, allow_state_sharing=True,
                 state_source=self._shared_state)
 
@@ -185,6 +193,12 @@ class Collaboration:
         begins as soon as the samples are there instead of matchmaking_time later."""
         if self._scheduled is not None and not self._scheduled.done():
             return
+        # Only on fresh counts of this round, half-way there: right after a round the tracker's
+        # estimate is stale, and a group gathered then would take in peers still finishing the
+        # last round (whose all-reduce would wait a whole round for this peer's trigger).
+        progress = self.tracker.global_progress
+        if progress.epoch != self.local_epoch or progress.samples_accumulated < self.target_batch_size // 2:
+            return
         now = _hivemind().utils.get_dht_time()
         eta = self.tracker.estimated_next_update_time - now
         if eta <= self.matchmaking_time:
@@ -205,7 +219,7 @@ class Collaboration:
     def _average(self):
         start = time.monotonic()
         params = self._read_parameters()
-        record = {"epoch": self.local_epoch, "weight": self.samples, "group": 1, "ok": False}
+        record = {"epoch": self.local_epoch, "weight": self.samples, "group": 1, "ok": False, "started": time.time()}
         if self._leader:
             with self.tracker.pause_updates():
                 with self.averager.get_tensors() as tensors:
@@ -255,8 +269,10 @@ class Collaboration:
     # ---- the engine's parameters ---------------------------------------------------------------
 
     def _read_parameters(self):
+        """The peer's parameters as one fp32 vector in host memory (where Hivemind averages; on GPU
+        ranks too)."""
         with self.engine.gathered_parameters():  # ZeRO-3: whole while read
-            return torch.cat([p.detach().float().reshape(-1) for p in self._params])
+            return torch.cat([p.detach().float().reshape(-1).cpu() for p in self._params])
 
     def _write_parameters(self, flat):
         """The leader's values become every rank's parameters (and fp32 masters)."""
