@@ -21,11 +21,14 @@ def hivemind_python():
     return peer_python("TESSERA_HIVEMIND_PYTHON", "setup_hivemind.sh")
 
 
-def start_peer(python, tmp_path, name, spec, nproc=1):
+def start_peer(python, tmp_path, name, spec, nproc=1, host=None):
+    """A peer's `tessera launch` job, on this machine or (host K) inside emulated host K."""
     path = tmp_path / (name + ".spec.json")
-    path.write_text(json.dumps(spec))
+    path.write_text(json.dumps(dict(spec, host="10.213.0.%d" % host) if host else spec))
     cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120",
            "--", python, WORKER, str(path), str(tmp_path / (name + ".out.json"))]
+    if host:
+        cmd = [CLUSTER, "exec", str(host)] + cmd
     return subprocess.Popen(cmd, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -105,23 +108,44 @@ def test_a_peer_of_two_ranks_with_zero_2_averages_with_a_peer_of_one(hivemind_py
     assert finals[0] == finals[1]
 
 
-def test_a_peer_dying_mid_run_leaves_the_others_going_and_a_new_peer_joins_in_step(hivemind_python, tmp_path):
+@pytest.fixture
+def hosts(request):
+    """None (the peers on this machine's loopback), or [1, 2, 3, 4]: each peer on its own emulated
+    host (scripts/cluster.sh) with a 100 Mbit/s link."""
+    if request.param == "loopback":
+        yield [None] * 4
+        return
+    why = cluster_unavailable()
+    if why is not None:
+        pytest.skip("emulated cluster unavailable: %s" % why)
+    subprocess.run([CLUSTER, "up", "4", "100mbit"], check=True, capture_output=True, text=True, timeout=60)
+    try:
+        yield [1, 2, 3, 4]
+    finally:
+        subprocess.run([CLUSTER, "down"], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("hosts", ["loopback", "hosts"], indirect=True)
+def test_a_peer_dying_mid_run_leaves_the_others_going_and_a_new_peer_joins_in_step(hivemind_python, tmp_path, hosts):
     """3 peers train 30 steps each (a round every 6 steps' worth of samples among them); peer 2 is
     killed after its first round. Peers 0 and 1 go on averaging without it; peer 3, started after
     peer 0's second round, downloads the state of a live peer (the parameters of the last round)
-    and then takes part in the rounds at the others' epoch."""
+    and then takes part in the rounds at the others' epoch. On loopback, and with each peer on its
+    own emulated host behind a 100 Mbit/s link."""
     maddrs = str(tmp_path / "maddrs.json")
     base = dict(run_id="churn", samples=4, target=24, min_group=2, step_delay=0.3, timeout=15.0)
     # Peers 0 and 1 run long enough for the joiner to bootstrap through peer 0 and average with them.
     specs = [dict(base, steps=30, maddrs_out=maddrs), dict(base, steps=30, maddrs_in=maddrs),
              dict(base, steps=30, maddrs_in=maddrs, die_after_rounds=1)]
-    procs = [start_peer(hivemind_python, tmp_path, "peer%d" % i, dict(s, peer=i)) for i, s in enumerate(specs)]
+    procs = [start_peer(hivemind_python, tmp_path, "peer%d" % i, dict(s, peer=i), host=hosts[i])
+             for i, s in enumerate(specs)]
     progress = tmp_path / "peer0.out.json.rounds"
     deadline = time.time() + 120
     while time.time() < deadline and not (progress.exists() and int(progress.read_text() or 0) >= 2):
         time.sleep(0.2)
     assert progress.exists(), "peer 0 took no round"
-    joiner = start_peer(hivemind_python, tmp_path, "peer3", dict(base, steps=8, maddrs_in=maddrs, peer=3))
+    joiner = start_peer(hivemind_python, tmp_path, "peer3", dict(base, steps=8, maddrs_in=maddrs, peer=3),
+                        host=hosts[3])
     outputs = [p.communicate(timeout=240)[0] for p in procs + [joiner]]
     assert procs[2].returncode != 0  # killed
     for i in (0, 1, 3):
@@ -145,26 +169,20 @@ def test_a_peer_dying_mid_run_leaves_the_others_going_and_a_new_peer_joins_in_st
     assert joined_rounds and joined_rounds[0]["epoch"] >= e and joined_rounds[0]["group"] >= 2, results[3]["rounds"]
 
 
-def test_four_peers_on_100_mbit_links_one_half_as_fast_train_to_a_target_loss(hivemind_python, tmp_path):
+@pytest.mark.parametrize("hosts", ["hosts"], indirect=True)
+def test_four_peers_on_100_mbit_links_one_half_as_fast_train_to_a_target_loss(hivemind_python, tmp_path, hosts):
     """bench/collaborative_train.py's MLP on Fashion-MNIST, 4 peers each on its own emulated host
     (scripts/cluster.sh) with a 100 Mbit/s link, the last one sleeping as long as its compute every
     step (half as fast): the held-out loss of peer 0 reaches 0.45 (2.3 before training), and every peer, the slow one too, takes part in rounds of all 4."""
-    why = cluster_unavailable()
-    if why is not None:
-        pytest.skip("emulated cluster unavailable: %s" % why)
-    subprocess.run([CLUSTER, "up", "4", "100mbit"], check=True, capture_output=True, text=True, timeout=60)
-    try:
-        procs = []
-        for k in range(4):
-            cmd = [CLUSTER, "exec", str(k + 1), hivemind_python, "bench/collaborative_train.py", "--mode", "tessera",
-                   "--peer", str(k), "--peers", "4", "--dir", str(tmp_path), "--host", "10.213.0.%d" % (k + 1),
-                   "--hidden", "128", "--target-batch", "4096", "--target-loss", "0.45", "--time-limit", "90",
-                   "--slowdown", "2" if k == 3 else "1"]
-            procs.append(subprocess.Popen(cmd, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-        finish(procs, timeout=240)
-    finally:
-        subprocess.run([CLUSTER, "down"], capture_output=True, text=True, timeout=60)
+    procs = []
+    for k, host in enumerate(hosts):
+        cmd = [CLUSTER, "exec", str(host), hivemind_python, "bench/collaborative_train.py", "--mode", "tessera",
+               "--peer", str(k), "--peers", "4", "--dir", str(tmp_path), "--host", "10.213.0.%d" % host,
+               "--hidden", "128", "--target-batch", "4096", "--target-loss", "0.45", "--time-limit", "90",
+               "--slowdown", "2" if k == 3 else "1"]
+        procs.append(subprocess.Popen(cmd, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    finish(procs, timeout=240)
     peers = [json.load(open(tmp_path / ("peer%d.json" % k))) for k in range(4)]
     assert peers[0]["reached"] is not None, peers[0]["evals"]
     assert peers[0]["evals"][0][1] > 2.0  # the loss before training

@@ -9,7 +9,8 @@ SPEC: {"run_id", "peer" (index: its data and seed), "steps", "samples" (per rank
        "maddrs_out": file to write this peer's DHT addresses to (the first peer), "maddrs_in": file
        to read initial peers from, "min_group", "outer_lr", "compression", "stage", "wait_rounds":
        after its steps, keep calling step(0) until this many rounds ran, "step_delay": seconds
-       between steps, "die_after_rounds": SIGKILL itself at the step after this many rounds}
+       between steps, "die_after_rounds": SIGKILL itself at the step after this many rounds,
+       "host": the address its DHT listens on (127.0.0.1)}
 Besides OUT.json (rank 0's), OUT.json.rounds holds the number of rounds so far, and every rank
 writes its final parameters to OUT.json.rankN."""
 import json
@@ -47,7 +48,7 @@ def main():
         engine, run_id=spec["run_id"], target_batch_size=spec["target"], initial_peers=initial,
         outer_lr=spec.get("outer_lr"), compression=spec.get("compression", "none"),
         min_group_size=spec.get("min_group", 2), matchmaking_time=spec.get("matchmaking", 3.0),
-        averaging_timeout=spec.get("timeout", 20.0), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        averaging_timeout=spec.get("timeout", 20.0), host_maddrs=["/ip4/%s/tcp/0" % spec.get("host", "127.0.0.1")])
     if spec.get("maddrs_out") and tessera.comm.get_rank() == 0:
         tmp = spec["maddrs_out"] + ".tmp"
         json.dump(collab.visible_maddrs(), open(tmp, "w"))
