@@ -19,7 +19,8 @@ evaluation does not count) or after --time-limit; the clock starts when all --pe
   collaborative_train.py --mode M --peer K --peers N --dir RUN_DIR --host ADDR [...]
 
 Writes RUN_DIR/peerK.json: {"mode", "peer", "steps", "samples", "rounds", "round_details" (tessera's:
-seconds and group size of each round), "evals": [[seconds, loss]], "reached": seconds or null}. Runs in the Hivemind venv (bench/setup_hivemind.sh)."""
+seconds and group size of each round), "evals": [[seconds, loss]], "reached": seconds or null}.
+Runs in the Hivemind venv (bench/setup_hivemind.sh)."""
 import argparse
 import glob
 import json
@@ -37,8 +38,9 @@ from data import FashionMnist  # noqa: E402
 class Mlp(torch.nn.Module):
     def __init__(self, hidden):
         super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Linear(784, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
-                                          torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+        nn = torch.nn
+        self.layers = nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                    nn.Linear(hidden, 10))
 
     def forward(self, x, y):
         return F.cross_entropy(self.layers(x.reshape(x.shape[0], -1)), y)

@@ -87,11 +87,13 @@ class Collaboration:
     min_group_size: peers needed for a round (fewer: the round is skipped, training goes on).
     target_group_size: the most peers in one group; a group that has them starts its all-reduce at
     once instead of at the end of matchmaking_time (None: no limit, always the whole matchmaking_time).
+    report_period: the fewest seconds between this peer's progress reports to the DHT.
     host_maddrs: where this peer's DHT listens (the leader rank's)."""
 
     def __init__(self, engine, run_id, target_batch_size, initial_peers=(), dht=None, outer_lr=None,
                  outer_momentum=0.9, compression="none", matchmaking_time=3.0, averaging_timeout=30.0,
-                 min_group_size=2, target_group_size=None, host_maddrs=("/ip4/0.0.0.0/tcp/0",), load_state=True):
+                 min_group_size=2, target_group_size=None, report_period=0.25, host_maddrs=("/ip4/0.0.0.0/tcp/0",),
+                 load_state=True):
         if compression not in _COMPRESSIONS:
             raise ValueError("tessera.collaborative: compression %r: expected one of %s" % (compression, _COMPRESSIONS))
         if target_batch_size <= 0:
@@ -102,7 +104,7 @@ class Collaboration:
         self.averaging_timeout = averaging_timeout
         self.matchmaking_time = matchmaking_time
         self._scheduled = None  # a round whose matchmaking started ahead of the target (hivemind StepControl)
-        self.report_period = 0.25  # seconds between this peer's progress reports to the DHT
+        self.report_period = report_period
         self._reported = -float("inf")
         self._params = [p for p in engine.module.parameters() if p.requires_grad]
         self._leader = comm.get_rank() == 0  # the peer's rank that talks to the others
@@ -139,7 +141,8 @@ class Collaboration:
                     "8bit": compressions.Uniform8BitQuantization()}[compression]
             self.averager = _averager_class(hivemind)(
                 [self._flat], self.dht, start=True, prefix="%s_averaging" % run_id, min_group_size=min_group_size,
-                target_group_size=target_group_size, min_matchmaking_time=matchmaking_time, request_timeout=min(3.0, matchmaking_time / 2),
+                target_group_size=target_group_size, min_matchmaking_time=matchmaking_time,
+                request_timeout=min(3.0, matchmaking_time / 2),  # Hivemind: below matchmaking_time, or it can deadlock
                 allreduce_timeout=self.averaging_timeout, compression=wire, allow_state_sharing=True,
                 state_source=self._shared_state)
 

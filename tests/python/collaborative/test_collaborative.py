@@ -1,7 +1,8 @@
 """tessera.collaborative (python/tessera/collaborative.py): peers, each a tessera job, averaging
 their parameters through Hivemind's DHT and averager (hivemind from PyPI, in its own venv that
 reuses this one's torch and tessera: bench/setup_hivemind.sh). Each peer is a process started by
-`tessera launch` (its own rendezvous), the peers on this machine's loopback."""
+`tessera launch` (its own rendezvous), the peers on this machine's loopback or each on its own
+emulated host (scripts/cluster.sh) behind a 100 Mbit/s link."""
 import json
 import subprocess
 import time
@@ -173,7 +174,8 @@ def test_a_peer_dying_mid_run_leaves_the_others_going_and_a_new_peer_joins_in_st
 def test_four_peers_on_100_mbit_links_one_half_as_fast_train_to_a_target_loss(hivemind_python, tmp_path, hosts):
     """bench/collaborative_train.py's MLP on Fashion-MNIST, 4 peers each on its own emulated host
     (scripts/cluster.sh) with a 100 Mbit/s link, the last one sleeping as long as its compute every
-    step (half as fast): the held-out loss of peer 0 reaches 0.45 (2.3 before training), and every peer, the slow one too, takes part in rounds of all 4."""
+    step (half as fast): the held-out loss of peer 0 reaches 0.45 (2.3 before training), and every
+    peer, the slow one too, takes part in rounds of all 4."""
     procs = []
     for k, host in enumerate(hosts):
         cmd = [CLUSTER, "exec", str(host), hivemind_python, "bench/collaborative_train.py", "--mode", "tessera",
