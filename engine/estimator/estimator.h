@@ -6,11 +6,11 @@
 // fragmentation and the framework. The search ranks the layouts that fit by a stated cost model
 // (recomputation, communication, offload traffic). docs/estimator.md gives every formula.
 //
-// Model states follow tessera's engine byte by byte (docs/zero.md, zero/zero_optimizer.cpp):
-// for ZeRO 0/1/2 without offload and without tensor/pipeline parallelism they are what the engine
-// allocates, checked against its measured memory by tests/engine/estimator/test_estimator.cpp. ZeRO-3, offload,
-// tensor and pipeline parallelism are not implemented in the engine yet: for them the figures
-// are a design estimate (DeepSpeed-like), flagged as such in every output.
+// Model states follow tessera's engine byte by byte (docs/zero.md, zero/zero_optimizer.cpp): for
+// ZeRO 0-3 and optimizer/parameter offload without tensor/pipeline parallelism they are what the
+// engine allocates, checked against its measured memory by tests/engine/estimator/. With tensor or
+// pipeline parallelism (which the engine runs) the figures are not checked against it yet: a
+// design estimate (DeepSpeed-like), flagged as such in every output.
 //
 //   EstimateResult r = tessera::estimate(inputs);       // from C++
 //   nlohmann::json j = tessera::estimate_to_json(r);    // what `tessera estimate --json` prints
