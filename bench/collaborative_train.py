@@ -71,12 +71,6 @@ def parse():
     return ap.parse_args()
 
 
-def hivemind_compression(name):
-    from hivemind import compression
-    return {"none": compression.NoCompression(), "fp16": compression.Float16Compression(),
-            "8bit": compression.Uniform8BitQuantization()}[name]
-
-
 def join_dht(args):
     """Peer 0 starts the DHT and writes its addresses; the others join through them."""
     import hivemind
@@ -140,9 +134,10 @@ class HivemindPeer:
 
     def __init__(self, args, model, dht):
         import hivemind
+        from tessera.collaborative import wire_compression  # the same codecs as tessera's mode
         self.module = model
         local = args.mode == "hivemind-local"
-        compression = hivemind_compression(args.compression)
+        compression = wire_compression(args.compression)
         self.opt = hivemind.Optimizer(
             dht=dht, run_id="bench", target_batch_size=args.target_batch, batch_size_per_step=args.batch,
             params=model.parameters(), optimizer=lambda params: torch.optim.Adam(params, lr=args.lr),

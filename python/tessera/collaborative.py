@@ -43,7 +43,7 @@ import torch
 
 from . import comm
 
-__all__ = ["Collaboration"]
+__all__ = ["Collaboration", "wire_compression"]
 
 _COMPRESSIONS = ("none", "fp16", "8bit")
 
@@ -55,6 +55,13 @@ def _hivemind():
         raise ImportError("tessera.collaborative needs the hivemind package (pip install hivemind; "
                           "bench/setup_hivemind.sh makes a venv with it): %s" % e) from None
     return hivemind
+
+
+def wire_compression(name):
+    """Hivemind's codec for the averaged tensors: "none", "fp16" or "8bit" (_COMPRESSIONS)."""
+    codecs = _hivemind().compression
+    return {"none": codecs.NoCompression, "fp16": codecs.Float16Compression,
+            "8bit": codecs.Uniform8BitQuantization}[name]()
 
 
 def _averager_class(hivemind):
@@ -119,16 +126,14 @@ class Collaboration:
         self.dht = self.tracker = self.averager = None
         self._own_dht = False
         try:
-            self._start(run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size,
-                        target_group_size)
+            self._start(run_id, initial_peers, dht, host_maddrs, compression, min_group_size, target_group_size)
             if load_state:
                 self._join()
         except BaseException:
             self.shutdown()  # Hivemind's threads and processes would keep the process alive
             raise
 
-    def _start(self, run_id, initial_peers, dht, host_maddrs, compression, matchmaking_time, min_group_size,
-               target_group_size):
+    def _start(self, run_id, initial_peers, dht, host_maddrs, compression, min_group_size, target_group_size):
         if self._leader:
             hivemind = _hivemind()
             self._own_dht = dht is None  # a caller's DHT stays up after shutdown()
@@ -136,15 +141,12 @@ class Collaboration:
             self.tracker = hivemind.optim.progress_tracker.ProgressTracker(
                 self.dht, prefix="%s_progress" % run_id, target_batch_size=self.target_batch_size, start=True,
                 min_refresh_period=0.2, max_refresh_period=1.0, default_refresh_period=0.5)
-            compressions = hivemind.compression
-            wire = {"none": compressions.NoCompression(), "fp16": compressions.Float16Compression(),
-                    "8bit": compressions.Uniform8BitQuantization()}[compression]
             self.averager = _averager_class(hivemind)(
                 [self._flat], self.dht, start=True, prefix="%s_averaging" % run_id, min_group_size=min_group_size,
-                target_group_size=target_group_size, min_matchmaking_time=matchmaking_time,
-                request_timeout=min(3.0, matchmaking_time / 2),  # Hivemind: below matchmaking_time, or it can deadlock
-                allreduce_timeout=self.averaging_timeout, compression=wire, allow_state_sharing=True,
-                state_source=self._shared_state)
+                target_group_size=target_group_size, min_matchmaking_time=self.matchmaking_time,
+                request_timeout=min(3.0, self.matchmaking_time / 2),  # below matchmaking_time (Hivemind's advice)
+                allreduce_timeout=self.averaging_timeout, compression=wire_compression(compression),
+                allow_state_sharing=True, state_source=self._shared_state)
 
     @staticmethod
     def _connect(hivemind, initial_peers, host_maddrs, attempts=3):
@@ -190,14 +192,14 @@ class Collaboration:
             ready = progress.epoch > self.local_epoch or progress.samples_accumulated >= self.target_batch_size
             go[0] = 1.0 if ready else 0.0
             if not ready:
-                self._maybe_schedule()
+                self._maybe_schedule(progress)
         self._broadcast(go)
         if go.item() == 0:
             return False
         self._average()
         return True
 
-    def _maybe_schedule(self):
+    def _maybe_schedule(self, progress):
         """Matchmaking ahead of the round, as hivemind.Optimizer does: once the tracker expects the
         target within matchmaking_time, this peer starts gathering a group, so that the all-reduce
         begins as soon as the samples are there instead of matchmaking_time later."""
@@ -206,7 +208,6 @@ class Collaboration:
         # Only on fresh counts of this round, half-way there: right after a round the tracker's
         # estimate is stale, and a group gathered then would take in peers still finishing the
         # last round (whose all-reduce would wait a whole round for this peer's trigger).
-        progress = self.tracker.global_progress
         if progress.epoch != self.local_epoch or progress.samples_accumulated < self.target_batch_size // 2:
             return
         now = _hivemind().utils.get_dht_time()

@@ -4,6 +4,7 @@ They import tessera as installed into the interpreter's environment (`make pytho
 --no-build-isolation -e . into the project venv; no PYTHONPATH) and start multi-rank jobs through
 build/bin/tessera launch (TESSERA_BUILD_DIR or BUILD_DIR overrides build/).
 """
+import contextlib
 import os
 import socket
 import subprocess
@@ -56,6 +57,23 @@ def cluster_unavailable():
     except OSError as e:
         return str(e)
     return None if result.returncode == 0 else result.stderr.strip()
+
+
+@contextlib.contextmanager
+def emulated_hosts(count, rate=None):
+    """scripts/cluster.sh's `count` hosts (links shaped to `rate`, e.g. "100mbit") for the block, taken
+    down after it; the test is skipped, with the reason, where this machine cannot make them. Yields
+    the host numbers 1..count (host K is 10.213.0.K)."""
+    why = cluster_unavailable()
+    if why is not None:
+        pytest.skip("emulated cluster unavailable: %s" % why)
+    subprocess.run([CLUSTER, "up", str(count)] + ([rate] if rate else []), check=True, capture_output=True, text=True,
+                   timeout=60)
+    try:
+        yield list(range(1, count + 1))
+    finally:
+        down = subprocess.run([CLUSTER, "down"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, "scripts/cluster.sh down failed: %s" % (down.stdout + down.stderr)
 
 
 def peer_python(variable, setup_script):

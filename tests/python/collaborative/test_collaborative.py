@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import CLI, CLUSTER, ROOT, child_env, cluster_unavailable, free_port, peer_python
+from conftest import CLI, CLUSTER, ROOT, child_env, emulated_hosts, free_port, peer_python
 
 WORKER = "tests/python/workers/collaborative_worker.py"
 # Alone, after the parallel pass: the peers' matchmaking waits on each other in seconds.
@@ -116,14 +116,8 @@ def hosts(request):
     if request.param == "loopback":
         yield [None] * 4
         return
-    why = cluster_unavailable()
-    if why is not None:
-        pytest.skip("emulated cluster unavailable: %s" % why)
-    subprocess.run([CLUSTER, "up", "4", "100mbit"], check=True, capture_output=True, text=True, timeout=60)
-    try:
-        yield [1, 2, 3, 4]
-    finally:
-        subprocess.run([CLUSTER, "down"], capture_output=True, text=True, timeout=60)
+    with emulated_hosts(4, "100mbit") as hosts:
+        yield hosts
 
 
 @pytest.mark.parametrize("hosts", ["loopback", "hosts"], indirect=True)

@@ -18,21 +18,21 @@ import time
 import pytest
 import torch
 
-from conftest import CLI, CLUSTER, ROOT, child_env, cluster_unavailable, free_port, launch
+from conftest import CLI, CLUSTER, ROOT, child_env, emulated_hosts, free_port, launch
 from parity_cases import GPT, GPT_PARAM_TOL, case, compare, write_cases
 
 MASTER = "10.213.0.1"
-_WHY_NOT = cluster_unavailable()
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    if _WHY_NOT is not None:
-        pytest.skip("emulated cluster unavailable: %s" % _WHY_NOT)
-    subprocess.run([CLUSTER, "up", "2"], check=True, capture_output=True, text=True, timeout=60)
-    yield ["10.213.0.1", "10.213.0.2"]
-    down = subprocess.run([CLUSTER, "down"], capture_output=True, text=True, timeout=60)
-    assert down.returncode == 0, "scripts/cluster.sh down failed: %s" % (down.stdout + down.stderr)
+    with emulated_hosts(2) as hosts:
+        yield ["10.213.0.%d" % k for k in hosts]
+
+
+def skip_without_pdsh(launcher):
+    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
+        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +219,7 @@ print("rank %s of %s on %s, master %s, local %s, cuda %s, extra %s" % (os.enviro
 def test_hostfile_launch_places_ranks_by_include_and_forwards_the_env_file(cluster, ssh_config, tmp_path, launcher):
     """--include picks hosts and slots (the slots become CUDA_VISIBLE_DEVICES), the env file's
     variables reach every rank, and the output is "HOST: [rankN]: line" with ssh and with pdsh."""
-    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
-        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
+    skip_without_pdsh(launcher)
     hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=4", "10.213.0.2 slots=4"])
     env_file = tmp_path / "env"
     env_file.write_text("FROM_ENV_FILE=100%% sure, it's here\n")
@@ -237,8 +236,7 @@ def test_hostfile_launch_places_ranks_by_include_and_forwards_the_env_file(clust
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
 def test_hostfile_launch_a_rank_dying_on_host_2_stops_every_rank_on_both_hosts(cluster, ssh_config, tmp_path, launcher):
-    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
-        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
+    skip_without_pdsh(launcher)
     hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=2", "10.213.0.2 slots=2"])
     start = time.monotonic()
     proc = launch_on_hosts(ssh_config, hostfile, ["-c", DYING], launcher=launcher, timeout_s=30)
@@ -265,8 +263,7 @@ def test_hostfile_launch_with_max_restarts_restarts_both_hosts_and_resumes_from_
     checkpoint every step, checkpoint.auto_resume) with --max-restarts 1: both hosts' launchers start
     again (over ssh, or pdsh), the job resumes from step 3's checkpoint and ends with the losses of
     an uninterrupted 4-rank run (here, on loopback), exactly."""
-    if launcher == "pdsh" and subprocess.run(["sh", "-c", "command -v pdsh"], capture_output=True).returncode != 0:
-        pytest.skip("pdsh is not installed (scripts/setup.sh installs it)")
+    skip_without_pdsh(launcher)
     from test_restarts import STEPS, WORKER, losses
     reference = launch(4, [WORKER, str(tmp_path / "reference"), str(STEPS)])
     assert reference.returncode == 0, reference.stderr[-3000:]
