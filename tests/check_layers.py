@@ -4,7 +4,7 @@
 The layers, bottom up (docs/architecture.md):
 
     csrc -> parallel -> optim -> offload -> zero -> engine/config -> engine (launch, estimator, the Engine)
-         -> engine/cli -> python/csrc
+         -> engine/planner -> engine/cli -> python/csrc
 
 A file may include headers of its own part and of parts strictly below it; parts on the same level
 (engine/launch, engine/estimator and the Engine itself) do not include each other. The CMake
@@ -29,8 +29,9 @@ PARTS = [
     ("engine/launch/", 6, "engine/launch"),
     ("engine/estimator/", 6, "engine/estimator"),
     ("engine/", 6, "engine"),
-    ("engine/cli/", 7, "engine/cli"),
-    ("python/csrc/", 8, "python"),
+    ("engine/planner/", 7, "engine/planner"),
+    ("engine/cli/", 8, "engine/cli"),
+    ("python/csrc/", 9, "python"),
 ]
 OUTSIDE = ("examples/", "tests/", "bench/")  # programs built on the library
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   tessera::register_launch_command(app, exit_code, program);
   tessera::register_plot_command(app, exit_code);
   tessera::register_estimate_command(app, exit_code);
+  tessera::register_plan_command(app, exit_code);
   tessera::register_checkpoint_command(app, exit_code);
   tessera::register_report_command(app, exit_code);
   try {

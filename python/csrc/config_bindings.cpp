@@ -5,6 +5,7 @@
 #include "handles.h"
 
 #include "engine/estimator/estimator.h"
+#include "engine/planner/planner.h"
 
 namespace py = pybind11;
 
@@ -45,6 +46,15 @@ void bind_config(py::module& m) {
       "estimate_json",
       [](const std::string& request) { return estimate_json(nlohmann::json::parse(request)).dump(); },
       py::arg("request"), "Memory estimate for a JSON request with `tessera estimate`'s flags as keys.");
+
+  // The layout planner (engine/planner/planner.h): the same kind of request, with global_batch; tessera.plan() wraps it.
+  m.def(
+      "plan_json",
+      [](const std::string& request, int top) {
+        py::gil_scoped_release release;  // the CPU probe times matrix products
+        return planner::plan_json(nlohmann::json::parse(request), top).dump();
+      },
+      py::arg("request"), py::arg("top") = 5, "Layouts ranked by predicted step time for a JSON request with `tessera plan`'s flags as keys.");
 }
 
 }  // namespace tessera

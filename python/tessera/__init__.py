@@ -68,6 +68,20 @@ def estimate(**request):
     return json.loads(_C.estimate_json(json.dumps(request)))
 
 
+def plan(top=5, **request):
+    """The layouts that fit, ranked by predicted step time, like `tessera plan --json`.
+
+    Keys are the CLI's flags with underscores: tessera.plan(preset="gpt2-medium", global_batch=64,
+    gpus_per_node=8, bf16=True). A layout key (zero, tp, pp, cp, micro_batch, offload_optimizer,
+    offload_param, activation_checkpointing) fixes that choice. Returns a dict: "ranked" (each with
+    its layout, predicted step time, terms and, for the first `top`, its config), "rejected" with
+    reasons, "calibration" with where each rate came from, and "best" (the first config).
+    """
+    import json
+
+    return json.loads(_C.plan_json(json.dumps(request), top))
+
+
 # Names of DeepSpeed's top-level module that scripts use and tessera does not have: reading one says
 # so (a module-level __getattr__ only runs for names the module lacks).
 _DEEPSPEED_MODULE_NAMES = frozenset({

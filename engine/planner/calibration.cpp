@@ -1,0 +1,242 @@
+#include "engine/planner/calibration.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace tessera::planner {
+
+using nlohmann::json;
+
+namespace {
+
+std::string now_text() {
+  char text[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  return text;
+}
+
+at::ScalarType dtype_of(const std::string& precision) {
+  return precision == "bf16" ? at::kBFloat16 : precision == "fp16" ? at::kHalf : at::kFloat;
+}
+
+json read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return json::object();
+  try {
+    json j = json::parse(in);
+    return j.is_object() ? j : json::object();
+  } catch (...) {
+    return json::object();  // a damaged cache is measured again
+  }
+}
+
+}  // namespace
+
+std::string default_calibration_cache() {
+  const char* dir = std::getenv("TESSERA_CACHE_DIR");
+  if (dir && *dir) return std::string(dir) + "/calibration.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/tessera/calibration.json";
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "unknown";
+}
+
+int online_cores() {
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? int(n) : 1;
+}
+
+double Calibration::core_share() const {
+  if (device != "cpu" || cores_per_node <= 0 || ranks_per_node <= cores_per_node) return 1.0;
+  return double(cores_per_node) / double(ranks_per_node);
+}
+
+double Calibration::roofline_seconds(double flops, double bytes) const {
+  return std::max(flops / (tflops.value * 1e12), bytes / (device_memory_gbps.value * 1e9));
+}
+
+std::optional<double> Calibration::layer_seconds(const LayerShape& shape) const {
+  if (!probe_) return std::nullopt;
+  const std::string key = shape.key();
+  auto it = layers_.find(key);
+  if (it == layers_.end()) {
+    it = layers_.emplace(key, time_layer(shape, dtype_of(precision))).first;
+    ++timed_now_;
+  }
+  return it->second / core_share();
+}
+
+double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
+  if (rows <= 0 || k <= 0 || n <= 0) return 0.0;
+  if (probe_) {
+    const std::string key = std::to_string(rows) + "," + std::to_string(k) + "," + std::to_string(n);
+    auto it = linears_.find(key);
+    if (it == linears_.end()) {
+      it = linears_.emplace(key, time_linear(rows, k, n, dtype_of(precision))).first;
+      ++timed_now_;
+    }
+    return it->second / core_share();
+  }
+  const double r = double(rows), K = double(k), N = double(n), c = precision == "fp32" ? 4.0 : 2.0;
+  return 3 * roofline_seconds(2 * r * K * N, (r * K + K * N + r * N) * c);
+}
+
+json Calibration::to_json() const {
+  json j = {{"device", device}, {"ranks_per_node", ranks_per_node}, {"precision", precision}, {"probe", probe_}};
+  if (probe_) j["shapes_timed"] = layers_.size() + linears_.size(), j["shapes_timed_now"] = timed_now_;
+  if (cores_per_node > 0) j["cores_per_node"] = cores_per_node, j["core_share_per_rank"] = core_share();
+  auto put = [&](const char* key, const Rate& r) { j[key] = {{"value", r.value}, {"source", r.source}}; };
+  put("tflops", tflops);
+  put("intra_node_gbps", intra_node_gbps);
+  put("inter_node_gbps", inter_node_gbps);
+  put("host_memory_gbps", host_memory_gbps);
+  put("device_memory_gbps", device_memory_gbps);
+  put("pcie_gbps", pcie_gbps);
+  put("nvme_gbps", nvme_gbps);
+  put("collective_latency_us", collective_latency_us);
+  return j;
+}
+
+std::string Calibration::describe() const {
+  std::ostringstream out;
+  auto line = [&](const char* what, const Rate& r, const char* unit) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%.4g", r.value);
+    out << "  " << what << ": " << value << " " << unit << " (" << r.source << ")\n";
+  };
+  line("compute per rank", tflops, "TFLOP/s");
+  if (probe_)
+    out << "    layers and linear layers timed forward + backward at each layout's shapes: "
+        << layers_.size() + linears_.size() << " shapes, " << timed_now_ << " timed now, the rest " << layer_source_ << "\n";
+  if (core_share() < 1)
+    out << "    " << ranks_per_node << " ranks share " << cores_per_node << " cores: each runs at " << core_share()
+        << " of a core\n";
+  line("links inside a node", intra_node_gbps, "GB/s");
+  line("links between nodes", inter_node_gbps, "GB/s");
+  line("collective latency", collective_latency_us, "us");
+  line("optimizer step memory bandwidth per rank", device_memory_gbps, "GB/s");
+  line("host memory per node", host_memory_gbps, "GB/s");
+  line("host <-> device", pcie_gbps, "GB/s");
+  line("NVMe per node", nvme_gbps, "GB/s");
+  return out.str();
+}
+
+void Calibration::save() const {
+  if (!probe_ || cache_path_.empty() || timed_now_ == 0) return;
+  json cache = read_cache(cache_path_);
+  json& entry = cache[cache_key_];
+  if (!entry.is_object()) entry = json::object();
+  for (const auto& [k, v] : layers_) entry["layers"][k] = v;
+  for (const auto& [k, v] : linears_) entry["linears"][k] = v;
+  std::error_code ignored;
+  std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ignored);
+  const std::string partial = cache_path_ + ".partial." + std::to_string(getpid());
+  {
+    std::ofstream out(partial);
+    out << cache.dump(2) << "\n";
+    if (!out) return;  // a cache that cannot be written is measured again next time
+  }
+  std::filesystem::rename(partial, cache_path_, ignored);
+}
+
+Calibration Calibration::from(const Hardware& hw, const std::string& precision, const json& request, bool measure,
+                              const std::string& cache_path) {
+  Calibration c;
+  c.device = hw.device;
+  c.precision = precision;
+  c.ranks_per_node = hw.gpus_per_node;
+  const bool cpu = hw.device == "cpu";
+  auto given = [&](const char* key) { return request.contains(key) && !request[key].is_null(); };
+  if (cpu) c.cores_per_node = given("cores_per_node") ? request["cores_per_node"].get<int>() : online_cores();
+  auto rate = [&](Rate& r, const char* key, double value, const std::string& fallback) {
+    r.value = value;
+    r.source = given(key) ? "given" : "default (" + fallback + ")";
+  };
+  const std::string what = cpu ? "a CPU rank over Gloo" : "an A100-80GB-class node";
+  rate(c.tflops, "gpu_tflops", hw.gpu_tflops, what);
+  rate(c.intra_node_gbps, "intra_node_bw", hw.intra_node_gbps, what);
+  rate(c.inter_node_gbps, "inter_node_bw", hw.inter_node_gbps, what);
+  rate(c.host_memory_gbps, "host_mem_bw", hw.host_memory_gbps, what);
+  rate(c.pcie_gbps, "pcie_bw", hw.pcie_gbps, what);
+  rate(c.nvme_gbps, "nvme_bw", hw.nvme_gbps, "one NVMe drive");
+  // GPU: an A100's HBM (2 TB/s peak, ~1.5 reached by a fused Adam); CPU ranks: the node's memory
+  // bandwidth, shared by its ranks when they step together.
+  rate(c.device_memory_gbps, "device_memory_bw",
+       given("device_memory_bw") ? request["device_memory_bw"].get<double>() : cpu ? hw.host_memory_gbps / hw.gpus_per_node : 1500,
+       cpu ? "the host's bandwidth over its ranks" : "an A100's HBM");
+  rate(c.collective_latency_us, "collective_latency_us",
+       given("collective_latency_us") ? request["collective_latency_us"].get<double>() : cpu ? 100 : 20,
+       cpu ? "Gloo on one host" : "NCCL inside a node");
+  if (!cpu) return c;
+
+  // CPU ranks: the probe, now or cached.
+  c.cache_path_ = cache_path;
+  c.cache_key_ = cpu_model_name() + " / " + precision;
+  const json cache = read_cache(cache_path);
+  const std::string links = std::to_string(c.ranks_per_node) + " ranks";
+  double one_thread_tflops = 0, memory_gbps = 0;
+  std::optional<LinkProbe> link;
+  std::string source;
+  if (measure) {
+    source = "measured now";
+    one_thread_tflops = 6.0 * 1024 * 1024 * 1024 / time_linear(1024, 1024, 1024, dtype_of(precision)) / 1e12;
+    memory_gbps = time_copy_gbps();
+    if (c.ranks_per_node > 1) link = time_gloo(c.ranks_per_node, int64_t(32) << 20);
+    json entry = cache.contains(c.cache_key_) ? cache[c.cache_key_] : json::object();
+    entry["date"] = now_text();
+    entry["tflops_one_thread"] = one_thread_tflops;
+    entry["host_memory_gbps"] = memory_gbps;
+    if (link) entry["links"][links] = {{"bus_gbps", link->bus_gbps}, {"latency_us", link->latency_us}};
+    entry.erase("layers"), entry.erase("linears");  // timed again, now
+    json updated = cache;
+    updated[c.cache_key_] = entry;
+    std::error_code ignored;
+    std::filesystem::create_directories(std::filesystem::path(cache_path).parent_path(), ignored);
+    std::ofstream(cache_path) << updated.dump(2) << "\n";
+  } else if (cache.contains(c.cache_key_)) {
+    const json& e = cache[c.cache_key_];
+    source = "cached (" + cache_path + ", " + e.value("date", "") + ")";
+    one_thread_tflops = e.value("tflops_one_thread", 0.0);
+    memory_gbps = e.value("host_memory_gbps", 0.0);
+    if (e.contains("links") && e["links"].contains(links))
+      link = LinkProbe{e["links"][links].value("bus_gbps", 0.0), e["links"][links].value("latency_us", 0.0)};
+    if (e.contains("layers")) c.layers_ = e["layers"].get<std::map<std::string, double>>();
+    if (e.contains("linears")) c.linears_ = e["linears"].get<std::map<std::string, double>>();
+  } else {
+    return c;  // the defaults; --measure probes
+  }
+  if (!(one_thread_tflops > 0) || !(memory_gbps > 0)) return c;
+  c.probe_ = !given("gpu_tflops");
+  c.layer_source_ = source;
+  if (!given("gpu_tflops"))
+    c.tflops = {one_thread_tflops * c.core_share(), source + ": a 1024^3 " + precision + " linear layer, one thread"};
+  if (!given("host_mem_bw")) c.host_memory_gbps = {memory_gbps, source + ": a 256 MiB copy"};
+  if (link && !given("intra_node_bw"))
+    c.intra_node_gbps = {link->bus_gbps, source + ": Gloo reduce-scatter + all-gather of 32 MiB among " + links};
+  if (link && !given("collective_latency_us"))
+    c.collective_latency_us = {link->latency_us, source + ": Gloo allreduce of one element among " + links};
+  if (!given("device_memory_bw"))
+    c.device_memory_gbps = {c.host_memory_gbps.value / c.ranks_per_node,
+                            "the host's bandwidth over its " + std::to_string(c.ranks_per_node) + " ranks"};
+  if (!given("pcie_bw")) c.pcie_gbps = {c.host_memory_gbps.value, "host memory (CPU ranks copy within it)"};
+  return c;
+}
+
+}  // namespace tessera::planner

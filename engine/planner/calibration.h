@@ -1,0 +1,86 @@
+// The rates the planner's step-cost model runs on, and where each came from: given (a flag or a
+// request key), measured now by a short probe on this machine (engine/planner/probe.h), cached
+// from an earlier probe of this CPU (~/.cache/tessera/calibration.json), or the estimator's
+// default for the device.
+//
+// The probe is for CPU ranks (a GPU's rates are given, or the defaults; --trials measures them):
+// each transformer layer shape a layout gives a rank is timed forward and backward on one thread
+// (the launcher runs a rank on one), shared between the ranks a node has more of than cores;
+// Gloo's reduce-scatter + all-gather and a one-element allreduce among the node's ranks; one large
+// copy for the memory bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "engine/estimator/estimator.h"
+#include "engine/planner/probe.h"
+
+namespace tessera::planner {
+
+struct Rate {
+  double value = 0;
+  std::string source;  // "given", "measured now (...)", "cached (<file>, <date>)", "default (<what>)"
+};
+
+class Calibration {
+ public:
+  Rate tflops;               // per rank, the compute dtype, large matrix products
+  Rate intra_node_gbps;      // collective bus bandwidth inside a node, GB/s
+  Rate inter_node_gbps;      // ... per rank when a group spans nodes
+  Rate host_memory_gbps;     // per node
+  Rate device_memory_gbps;   // per rank: the optimizer step's bandwidth (GPU HBM; CPU ranks: the host's share)
+  Rate pcie_gbps;            // host <-> device per rank (offload)
+  Rate nvme_gbps;            // per node
+  Rate collective_latency_us;  // per collective call
+  std::string device = "gpu";
+  int ranks_per_node = 1;
+  int cores_per_node = 0;    // CPU ranks: the cores they share
+  std::string precision = "fp32";
+
+  // One layer's forward + backward on one rank at `shape`, timed by the probe (once per shape,
+  // then remembered and cached); nullopt when the probe is off (the FLOP model is used).
+  std::optional<double> layer_seconds(const LayerShape& shape) const;
+  // A linear layer's forward + backward ([rows × k]·[k × n] and its two gradient products): timed
+  // when the probe is on, else the roofline: each product the larger of 2·rows·k·n / tflops and
+  // its operands' and result's bytes / device_memory_gbps (Williams et al. 2009).
+  double linear_seconds(int64_t rows, int64_t k, int64_t n) const;
+  // Roofline seconds of `flops` arithmetic moving `bytes` (no probe).
+  double roofline_seconds(double flops, double bytes) const;
+  bool probes() const { return probe_; }
+  // The share of a core one CPU rank gets (1 on GPUs and when the node has a core per rank).
+  double core_share() const;
+
+  nlohmann::json to_json() const;
+  std::string describe() const;  // one line per rate: value and source
+  // Writes what the probe timed to the cache (the planner calls it after planning).
+  void save() const;
+
+  // From the estimator's resolved hardware (its rates, defaults filled in) and the request (which
+  // rates it gave; cores_per_node, collective_latency_us, device_memory_bw). CPU ranks: `measure`
+  // runs the probe now (and caches it); otherwise a cached probe of this CPU and precision is used
+  // when there is one, and shapes it lacks are timed now.
+  static Calibration from(const Hardware& resolved, const std::string& precision, const nlohmann::json& request,
+                          bool measure, const std::string& cache_path);
+
+ private:
+  bool probe_ = false;
+  std::string cache_path_, cache_key_;
+  std::string layer_source_;  // "measured now" or "cached (...)"
+  mutable std::map<std::string, double> layers_;          // LayerShape::key() -> seconds
+  mutable std::map<std::string, double> linears_;         // "rows,k,n" -> seconds
+  mutable int timed_now_ = 0;
+};
+
+// ~/.cache/tessera/calibration.json ($TESSERA_CACHE_DIR overrides the folder).
+std::string default_calibration_cache();
+
+// The CPU's model name (/proc/cpuinfo), "unknown" elsewhere: a cached probe is for one CPU.
+std::string cpu_model_name();
+int online_cores();
+
+}  // namespace tessera::planner

@@ -1,0 +1,341 @@
+#include "engine/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/config/config_io.h"
+#include "engine/config/config_support.h"
+
+namespace tessera::planner {
+
+using nlohmann::json;
+
+namespace {
+
+std::string fmt(const char* format, double x) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, x);
+  return text;
+}
+
+// The first error of a report, "<path>: <message>".
+std::string first_error(const ConfigReport& report) {
+  for (const auto& issue : report.issues)
+    if (issue.severity == ConfigIssue::Severity::Error) return issue.path_and_message();
+  return "";
+}
+
+// Whether the engine runs `layout`: its config passes `tessera config check` (the config's own
+// rules, then the keys the engine does not act on yet). Empty: it does; else the first error.
+std::string engine_rule(const json& config, int world) {
+  ConfigReport report;
+  Config parsed = parse_and_resolve_config(config, world, report);
+  if (report.ok()) add_engine_support_issues(parsed, report);
+  return first_error(report);
+}
+
+// The machine's memory, for CPU ranks planned without --cpu-mem.
+int64_t machine_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    std::string unit;
+    in >> unit;
+  }
+  return 0;
+}
+
+}  // namespace
+
+PlanResult plan(const PlanInputs& in) {
+  if (in.global_batch < 1) throw std::invalid_argument("global_batch: the samples per optimizer step, >= 1");
+  PlanResult out;
+  const Hardware& hw = in.base.hardware;
+  out.world = hw.gpus_per_node * hw.nodes;
+  out.global_batch = in.global_batch;
+  out.calibration = in.calibration;
+  // The model as the estimator resolves it (a preset or a shape).
+  EstimateInputs probe = in.base;
+  probe.search = false;
+  const EstimateResult base = estimate(probe);
+  if (!base.shape) throw std::invalid_argument("the planner times a transformer: give a preset or its shape (layers, hidden, heads, vocab, seq_len)");
+  out.model = base.model_name;
+  const TransformerShape shape = *base.shape;
+
+  std::vector<Layout> layouts = enumerate_layouts(out.world, hw.gpus_per_node, in.global_batch, shape, in.limits,
+                                                  &out.rejected);
+  out.considered = int(layouts.size() + out.rejected.size());
+  for (const Layout& l : layouts) {
+    json config = as_config(l, in.base_config, shape.layers, in.nvme_path);
+    const std::string unsupported = engine_rule(config, out.world);
+    if (!unsupported.empty()) {
+      out.rejected.push_back({l, unsupported, "unsupported"});
+      continue;
+    }
+    EstimateInputs one = in.base;
+    one.search = false;
+    one.setup = apply(l, in.base.setup);
+    EstimateResult memory;
+    try {
+      memory = estimate(one);
+    } catch (const std::invalid_argument& e) {
+      out.rejected.push_back({l, e.what(), "unsupported"});
+      continue;
+    }
+    if (!memory.fits) {
+      out.rejected.push_back({l, memory.shortfalls.empty() ? "does not fit" : memory.shortfalls.front(), "memory"});
+      continue;
+    }
+    Candidate c;
+    c.layout = l;
+    c.cost = predict_step(l, memory, in.calibration);
+    c.per_rank_bytes = memory.per_gpu.total;
+    c.per_node_cpu_bytes = memory.per_node_cpu.total;
+    c.samples_per_second = double(in.global_batch) / c.cost.total();
+    c.config = std::move(config);
+    out.ranked.push_back(std::move(c));
+  }
+  out.calibration = in.calibration;  // with the shapes the probe timed
+  in.calibration.save();
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const Candidate& a, const Candidate& b) {
+    const double ta = a.cost.total(), tb = b.cost.total();
+    if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
+    return a.per_rank_bytes < b.per_rank_bytes;
+  });
+  if (in.calibration.device == "cpu" && in.calibration.core_share() < 1)
+    out.notes.push_back(std::to_string(in.calibration.ranks_per_node) + " ranks share " +
+                        std::to_string(in.calibration.cores_per_node) + " cores: compute is timed at " +
+                        fmt("%.2f", in.calibration.core_share()) + " of a core per rank");
+  out.notes.push_back("terms add without overlap; the pipeline runs 1F1B; times are predictions (docs/planner.md)");
+  return out;
+}
+
+// ---- reports -------------------------------------------------------------------------------------
+
+namespace {
+
+// Why a fitting layout lost to the best: the term it spends the most more on.
+std::string why_slower(const StepCost& c, const StepCost& best) {
+  const std::pair<const char*, double> extra[] = {
+      {"compute", c.compute - best.compute}, {"recomputation", c.recompute - best.recompute},
+      {"tensor-parallel communication", c.tensor - best.tensor}, {"context-parallel communication", c.context - best.context},
+      {"pipeline bubble", c.bubble - best.bubble}, {"pipeline sends", c.p2p - best.p2p},
+      {"data-parallel communication", c.data - best.data}, {"optimizer step", c.optimizer - best.optimizer},
+      {"offload traffic", c.offload - best.offload}};
+  const char* name = "compute";
+  double most = -1e300;
+  for (const auto& [n, v] : extra)
+    if (v > most) most = v, name = n;
+  return name;
+}
+
+std::map<std::string, int> counts_by_kind(const PlanResult& r) {
+  std::map<std::string, int> counts;
+  for (const auto& x : r.rejected) counts[x.kind]++;
+  return counts;
+}
+
+}  // namespace
+
+json plan_to_json(const PlanResult& r, int top) {
+  json j;
+  j["model"] = r.model;
+  j["world"] = r.world;
+  j["global_batch"] = r.global_batch;
+  j["considered"] = r.considered;
+  j["feasible"] = r.ranked.size();
+  j["calibration"] = r.calibration.to_json();
+  j["notes"] = r.notes;
+  json ranked = json::array();
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    const Candidate& c = r.ranked[i];
+    json x = {{"rank", i + 1},
+              {"layout", to_json(c.layout)},
+              {"step_seconds", c.cost.total()},
+              {"samples_per_second", c.samples_per_second},
+              {"per_rank_bytes", c.per_rank_bytes},
+              {"per_node_cpu_bytes", c.per_node_cpu_bytes},
+              {"terms", c.cost.to_json()}};
+    if (i > 0) x["slower_by"] = why_slower(c.cost, r.ranked.front().cost);
+    if (int(i) < top) x["config"] = c.config;
+    ranked.push_back(std::move(x));
+  }
+  j["ranked"] = std::move(ranked);
+  json rejected = json::array();
+  for (const auto& x : r.rejected) rejected.push_back({{"layout", to_json(x.layout)}, {"kind", x.kind}, {"reason", x.reason}});
+  j["rejected"] = std::move(rejected);
+  j["rejected_by_kind"] = counts_by_kind(r);
+  if (!r.ranked.empty()) j["best"] = r.ranked.front().config;
+  return j;
+}
+
+std::string format_plan(const PlanResult& r, int top) {
+  std::ostringstream out;
+  out << "tessera plan: " << r.model << " on " << r.world << (r.calibration.device == "cpu" ? " CPU rank" : " GPU")
+      << (r.world == 1 ? "" : "s") << ", global batch " << r.global_batch << "\n";
+  out << "calibration:\n" << r.calibration.describe();
+  out << r.considered << " layouts considered, " << r.ranked.size() << " fit and run\n\n";
+  if (r.ranked.empty()) {
+    out << "nothing fits\n";
+  } else {
+    const StepCost& best = r.ranked.front().cost;
+    char line[256];
+    std::snprintf(line, sizeof line, "%-4s %-58s %10s %10s %10s  %s\n", "#", "layout", "step (s)", "samples/s", "memory",
+                  "largest term after compute");
+    out << line;
+    for (int i = 0; i < std::min<int>(top, int(r.ranked.size())); ++i) {
+      const Candidate& c = r.ranked[i];
+      std::snprintf(line, sizeof line, "%-4d %-58s %10.4f %10.2f %10s  %s\n", i + 1, c.layout.label().c_str(),
+                    c.cost.total(), c.samples_per_second, format_gib(c.per_rank_bytes).c_str(), c.cost.bound().c_str());
+      out << line;
+    }
+    out << "\nwhy the rest lost:\n";
+    std::map<std::string, int> slower;
+    for (size_t i = 1; i < r.ranked.size(); ++i) slower[why_slower(r.ranked[i].cost, best)]++;
+    for (const auto& [why, n] : slower) out << "  " << n << " slower, most of it " << why << "\n";
+  }
+  std::map<std::string, const Rejection*> example;
+  for (const auto& x : r.rejected)
+    if (!example.count(x.kind)) example[x.kind] = &x;
+  const std::map<std::string, std::string> words = {{"shape", "the model's shape rules them out"},
+                                                    {"batch", "the global batch does not divide"},
+                                                    {"unsupported", "the engine does not run them"},
+                                                    {"memory", "do not fit"}};
+  for (const auto& [kind, n] : counts_by_kind(r)) {
+    const Rejection& x = *example[kind];
+    out << "  " << n << " " << (words.count(kind) ? words.at(kind) : kind) << ", e.g. " << x.layout.label() << ": "
+        << x.reason << "\n";
+  }
+  for (const auto& n : r.notes) out << "note: " << n << "\n";
+  if (!r.ranked.empty()) out << "\nbest config:\n" << r.ranked.front().config.dump(2) << "\n";
+  return out.str();
+}
+
+// ---- requests ------------------------------------------------------------------------------------
+
+PlanInputs plan_inputs_from_json(const json& request) {
+  if (!request.is_object()) throw std::invalid_argument("the plan request must be a JSON object");
+  json req = request;
+  PlanInputs in;
+  auto take = [&](const char* key) -> std::optional<json> {
+    if (!req.contains(key) || req[key].is_null()) {
+      req.erase(key);
+      return std::nullopt;
+    }
+    json v = req[key];
+    req.erase(key);
+    return v;
+  };
+  auto integer = [](const json& v, const char* key) {
+    if (!v.is_number_integer()) throw std::invalid_argument(std::string(key) + ": an integer, found " + v.dump());
+    return v.get<int64_t>();
+  };
+  auto string = [](const json& v, const char* key) {
+    if (!v.is_string()) throw std::invalid_argument(std::string(key) + ": a string, found " + v.dump());
+    return v.get<std::string>();
+  };
+  auto boolean = [](const json& v, const char* key) {
+    if (!v.is_boolean()) throw std::invalid_argument(std::string(key) + ": true or false, found " + v.dump());
+    return v.get<bool>();
+  };
+  // The planner's own keys.
+  const auto batch = take("global_batch");
+  if (!batch) throw std::invalid_argument("global_batch: the samples per optimizer step (train_batch_size) is required");
+  in.global_batch = integer(*batch, "global_batch");
+  if (in.global_batch < 1) throw std::invalid_argument("global_batch: must be >= 1");
+  const bool measure = take("measure").value_or(false).get<bool>();
+  const std::string cache = take("calibration_cache").value_or(json(default_calibration_cache())).get<std::string>();
+  json calibration_keys = json::object();
+  for (const char* key : {"cores_per_node", "collective_latency_us", "device_memory_bw"})
+    if (auto v = take(key)) {
+      if (!v->is_number() || !(v->get<double>() > 0)) throw std::invalid_argument(std::string(key) + ": a number > 0");
+      calibration_keys[key] = *v;
+    }
+  if (auto v = take("max_tp")) in.limits.max_tp = int(integer(*v, "max_tp"));
+  if (auto v = take("offload")) in.limits.offload = boolean(*v, "offload");
+  if (auto v = take("cp_search")) in.limits.context_parallel = boolean(*v, "cp_search");
+  if (auto v = take("nvme_path")) in.nvme_path = string(*v, "nvme_path");
+  // The layout's keys fix that choice.
+  if (req.contains("gas") || req.contains("pipeline_micro_batches"))
+    throw std::invalid_argument("gas: derived by the planner (global_batch / (micro_batch x dp)); fix micro_batch instead");
+  if (auto v = take("zero")) in.limits.zero_stage = int(integer(*v, "zero"));
+  if (auto v = take("tp")) in.limits.tp = int(integer(*v, "tp"));
+  if (auto v = take("pp")) in.limits.pp = int(integer(*v, "pp"));
+  if (auto v = take("cp")) in.limits.cp = int(integer(*v, "cp"));
+  if (auto v = take("micro_batch")) in.limits.micro_batch = integer(*v, "micro_batch");
+  if (auto v = take("offload_optimizer")) in.limits.offload_optimizer = string(*v, "offload_optimizer");
+  if (auto v = take("offload_param")) in.limits.offload_param = string(*v, "offload_param");
+  if (auto v = take("activation_checkpointing"))
+    in.limits.activation_checkpointing = v->is_boolean() ? (v->get<bool>() ? "full" : "none") : string(*v, "activation_checkpointing");
+  if (req.contains("cp_method") && req["cp_method"].is_string()) in.limits.context_method = req["cp_method"];
+
+  // The base config: the request's, its layout keys left to the planner.
+  json config = json::object();
+  if (auto c = take("config")) {
+    if (c->is_object()) config = *c;
+    else if (c->is_string()) {
+      const std::string text = c->get<std::string>();
+      const ConfigSource source = config_source(text);
+      ConfigReport report;
+      auto parsed = parse_json_text(source.inline_json ? text : read_text_file(text), source.name, report);
+      if (!parsed) throw std::invalid_argument("invalid config " + source.name + ":\n" + report.errors());
+      config = *parsed;
+    } else {
+      throw std::invalid_argument("config: a path, JSON text or an object");
+    }
+  }
+  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                          "tensor_parallel", "context_parallel", "sequence_parallel_size", "activation_checkpointing"})
+    config.erase(key);
+  if (config.contains("zero_optimization") && config["zero_optimization"].is_object())
+    for (const char* key : {"stage", "offload_optimizer", "offload_param"}) {
+      if (std::string(key) != "stage" && config["zero_optimization"].contains(key) &&
+          config["zero_optimization"][key].is_object() && config["zero_optimization"][key].contains("nvme_path") &&
+          !request.contains("nvme_path"))
+        in.nvme_path = config["zero_optimization"][key]["nvme_path"];
+      config["zero_optimization"].erase(key);
+    }
+  if (config.contains("pipeline") && config["pipeline"].is_object())
+    for (const char* key : {"stages", "micro_batches", "activation_checkpoint_interval"}) config["pipeline"].erase(key);
+  // The precision and optimizer flags, as the estimator reads them, into the config too.
+  const std::string precision = req.value("bf16", false) ? "bf16" : req.value("fp16", false) ? "fp16" : req.value("precision", "");
+  if (!precision.empty()) {
+    config["bf16"] = {{"enabled", precision == "bf16"}};
+    json fp16 = config.contains("fp16") && config["fp16"].is_object() ? config["fp16"] : json::object();
+    fp16["enabled"] = precision == "fp16";
+    config["fp16"] = fp16;
+  }
+  if (req.contains("optimizer") && req["optimizer"].is_string()) config["optimizer"] = {{"type", req["optimizer"]}};
+  if (!config.contains("optimizer")) config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}};
+  in.base_config = config;
+
+  // The model and the hardware, as `tessera estimate` reads them.
+  json estimate_request = req;
+  estimate_request.erase("bf16"), estimate_request.erase("fp16"), estimate_request.erase("precision"),
+      estimate_request.erase("optimizer");
+  estimate_request["config"] = config;
+  estimate_request["search"] = false;
+  if (estimate_request.value("device", "gpu") == "cpu" && !estimate_request.contains("cpu_mem")) {
+    const int64_t memory = machine_memory();
+    if (memory > 0) estimate_request["cpu_mem"] = format_gib(memory);
+  }
+  in.base = estimate_inputs_from_json(estimate_request);
+  in.limits.nvme = in.base.hardware.nvme_capacity > 0;  // NVMe offload only with a drive
+  EstimateInputs probe = in.base;
+  probe.search = false;
+  const EstimateResult resolved = estimate(probe);
+  in.calibration = Calibration::from(resolved.hardware, in.base.setup.precision, request,
+                                     measure, cache);
+  return in;
+}
+
+json plan_json(const json& request, int top) { return plan_to_json(plan(plan_inputs_from_json(request)), top); }
+
+}  // namespace tessera::planner

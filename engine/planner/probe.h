@@ -1,0 +1,49 @@
+// What the planner's calibration times on this machine (CPU ranks): a transformer layer's forward
+// and backward at the shapes a layout gives one rank, matrix products, the memory bandwidth, and
+// Gloo's collectives among as many ranks as the node runs. Each probe is short (a warm-up, then
+// the best of a few) and runs on one thread per rank, as the launcher runs ranks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace tessera::planner {
+
+// One rank's share of one transformer layer (GPT-2's or Llama's block) for one micro-batch.
+struct LayerShape {
+  int64_t micro = 1;
+  int64_t tokens = 0;   // this rank's positions of each sequence (seq_len / cp)
+  int64_t seq_len = 0;  // the keys each query attends to (the whole sequence)
+  int64_t hidden = 0;
+  int64_t heads = 0;    // attention heads this rank computes (heads / (tp · cp))
+  int64_t kv_heads = 0; // key/value heads among them
+  int64_t ffn = 0;      // this rank's columns of the MLP (ffn / tp)
+  int64_t linear_in = 0;   // this rank's q, k, v columns ((h + 2·kv) / tp)
+  int64_t linear_out = 0;  // this rank's rows of the output projection (h / tp)
+  bool swiglu = false;
+  bool rmsnorm = false;
+  std::string key() const;  // for the cache
+};
+
+// Seconds for the layer's forward and backward on one thread (autograd through ATen's layer_norm,
+// matrix products, scaled_dot_product_attention and the MLP's activation); collectives excluded.
+double time_layer(const LayerShape& shape, at::ScalarType dtype);
+
+// Seconds for [rows × k]·[k × n] and the two products of its backward (input and weight gradients).
+double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype);
+
+// The best of three 256 MiB copies, read and written: GB/s.
+double time_copy_gbps();
+
+// Gloo among `ranks` ranks (threads of this process over a shared store, TCP on loopback, as
+// ranks on one host talk): bus bandwidth of a reduce-scatter plus an all-gather of `bytes`
+// (ZeRO's pair, ring-equivalent bytes 2(n−1)/n), and the latency of a one-element allreduce.
+struct LinkProbe {
+  double bus_gbps = 0;
+  double latency_us = 0;
+};
+LinkProbe time_gloo(int ranks, int64_t bytes);
+
+}  // namespace tessera::planner

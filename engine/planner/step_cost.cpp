@@ -1,0 +1,180 @@
+#include "engine/planner/step_cost.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulator.h"
+
+namespace tessera::planner {
+
+using nlohmann::json;
+
+std::string StepCost::bound() const {
+  const std::pair<const char*, double> terms[] = {{"recompute", recompute}, {"tensor", tensor},   {"context", context},
+                                                  {"bubble", bubble},       {"p2p", p2p},         {"data", data},
+                                                  {"optimizer", optimizer}, {"offload", offload}};
+  const char* name = "compute";
+  double most = 0;
+  for (const auto& [n, v] : terms)
+    if (v > most) most = v, name = n;
+  return name;
+}
+
+json StepCost::to_json() const {
+  return {{"total", total()}, {"compute", compute}, {"recompute", recompute}, {"tensor", tensor},
+          {"context", context}, {"bubble", bubble}, {"p2p", p2p}, {"data", data},
+          {"optimizer", optimizer}, {"offload", offload}, {"bound", bound()}};
+}
+
+double one_f_one_b_bubble(int p, int m) { return double(p - 1) / double(m + p - 1); }
+
+namespace {
+
+// One micro-batch through one stage: forward and backward seconds, split into their terms.
+struct StageTimes {
+  double compute = 0, recompute = 0, tensor = 0, context = 0;  // forward + backward
+  double forward = 0, backward = 0;                            // what the simulator runs
+};
+
+StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t layers, bool head, const Calibration& cal,
+                       int compute_bytes, const std::string& context_method) {
+  const int64_t h = sh.hidden, kv = sh.kv_dim(), f = sh.ffn_dim(), tp = l.tp;
+  const int64_t tokens = l.micro_batch * sh.seq_len / l.cp;  // rows of every matrix product on this rank
+  // One layer's forward + backward: timed by the probe at this rank's shape, or its column-parallel
+  // QKV and MLP-in, row-parallel output and MLP-out products and attention's core (4·s·h FLOPs
+  // per token forward, 3x that with the backward) at the calibrated rates.
+  LayerShape shape;
+  shape.micro = l.micro_batch;
+  shape.tokens = sh.seq_len / l.cp;
+  shape.seq_len = sh.seq_len;
+  shape.hidden = h;
+  shape.heads = sh.heads / (tp * l.cp);
+  shape.linear_in = (h + 2 * kv) / tp;
+  shape.linear_out = h / tp;
+  // Key/value heads after Ulysses's all-to-all; too few to split (grouped-query attention with
+  // fewer of them than tp · cp ranks): timed as full heads, a little more than the rank computes.
+  const int64_t kv_heads = kv / (h / sh.heads);
+  if (kv_heads % (tp * l.cp) == 0) {
+    shape.kv_heads = kv_heads / (tp * l.cp);
+  } else {
+    shape.kv_heads = shape.heads;
+    shape.linear_in = 3 * h / tp;
+  }
+  shape.ffn = f / tp;
+  shape.swiglu = sh.mlp == "swiglu";
+  shape.rmsnorm = sh.norm == "rmsnorm";
+  double layer;  // forward + backward
+  if (auto timed = cal.layer_seconds(shape)) {
+    layer = *timed;
+  } else {
+    layer = cal.linear_seconds(tokens, h, (h + 2 * kv) / tp) + cal.linear_seconds(tokens, h / tp, h) +
+            (sh.mlp == "swiglu" ? 2 : 1) * cal.linear_seconds(tokens, h, f / tp) + cal.linear_seconds(tokens, f / tp, h);
+    const double attention = 4.0 * double(tokens) * double(sh.seq_len) * double(h) / double(tp);
+    layer += 3 * cal.roofline_seconds(attention, 4.0 * double(tokens) * double(h) / tp * compute_bytes);
+  }
+  double work = double(layers) * layer;
+  if (head) work += cal.linear_seconds(tokens, h, sh.vocab / tp);
+  StageTimes t;
+  t.compute = work;  // the backward computes the gradients of inputs and weights: twice the forward
+  if (l.activation_checkpointing == "full") t.recompute = double(layers) * layer / 3;
+  const double latency = cal.collective_latency_us.value * 1e-6, bw = cal.intra_node_gbps.value * 1e9;
+  const double activation = double(tokens) * double(h) * compute_bytes;
+  if (l.tp > 1) {
+    const double allreduce = latency + 2.0 * (tp - 1) / tp * activation / bw;
+    t.tensor = 4.0 * double(layers) * allreduce;  // 2 forward, 2 backward per layer
+  }
+  if (l.cp > 1) {
+    const double n = l.cp;
+    if (context_method == "ring") {
+      // cp − 1 passes of this rank's keys and values in the forward; keys, values and their
+      // gradients in the backward.
+      const double block = double(tokens) * double(2 * kv) / tp * compute_bytes;
+      t.context = double(layers) * 3 * (n - 1) * (latency + block / bw);
+    } else {
+      // Ulysses: q, k, v to head-split and the output back (4 all-to-alls), again in the backward.
+      const double qkv = double(tokens) * double(h + 2 * kv) / tp * compute_bytes, out = activation / tp;
+      t.context = double(layers) * 2 * (4 * latency + (n - 1) / n * (qkv + out) / bw);
+    }
+  }
+  const double comm = t.tensor + t.context;
+  t.forward = work / 3 + comm / 2;
+  t.backward = 2 * work / 3 + t.recompute + comm / 2;
+  return t;
+}
+
+}  // namespace
+
+StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calibration& cal) {
+  if (!memory.shape) throw std::invalid_argument("the planner times a transformer: give a preset or a shape");
+  const TransformerShape& sh = *memory.shape;
+  const int c = memory.setup.precision == "fp32" ? 4 : 2;
+  const int64_t m = l.gradient_accumulation;
+  // The busiest stage: layers split evenly, the first stages taking the remainder; the head on the last.
+  StageTimes busiest;
+  for (int s = 0; s < l.pp; ++s) {
+    const int64_t layers = sh.layers / l.pp + (s < sh.layers % l.pp ? 1 : 0);
+    const StageTimes t = stage_times(l, sh, layers, s == l.pp - 1, cal, c, memory.setup.context_method);
+    if (t.forward + t.backward > busiest.forward + busiest.backward) busiest = t;
+  }
+  StepCost cost;
+  const double md = double(m);
+  cost.compute = md * busiest.compute;
+  cost.recompute = md * busiest.recompute;
+  cost.tensor = md * busiest.tensor;
+  cost.context = md * busiest.context;
+  const double latency = cal.collective_latency_us.value * 1e-6;
+  if (l.pp > 1) {
+    // 1F1B timed by the simulator; what it adds beyond the stage's own work is bubble and sends.
+    const double send = latency + double(l.micro_batch * sh.seq_len / l.cp) * double(sh.hidden) * c /
+                                      (cal.intra_node_gbps.value * 1e9);
+    pipeline::Costs costs;
+    costs.forward = busiest.forward;
+    costs.backward = busiest.backward;
+    costs.send = send;
+    const pipeline::Simulation sim = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs);
+    const double work = md * (busiest.forward + busiest.backward);
+    costs.send = 0;
+    const double without_sends = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs).makespan;
+    cost.bubble = std::max(0.0, without_sends - work);
+    cost.p2p = std::max(0.0, sim.makespan - without_sends);
+  }
+  // ZeRO's collectives over dp × cp (the ranks that hold the same parameters).
+  const double n = double(l.dp) * l.cp, P = double(memory.params_per_gpu);
+  if (n > 1) {
+    const bool spans = int64_t(l.tp) * l.cp * l.dp > memory.hardware.gpus_per_node;
+    const double bw = (spans ? cal.inter_node_gbps.value : cal.intra_node_gbps.value) * 1e9;
+    auto ring = [&](double bytes) { return latency + (n - 1) / n * bytes / bw; };  // reduce-scatter or allgather
+    const int g = memory.setup.communication_dtype == "bf16" || memory.setup.communication_dtype == "fp16" ? 2 : 4;
+    switch (l.zero_stage) {
+      case 0: cost.data = 2 * ring(g * P); break;
+      case 1: cost.data = ring(g * P) + ring(c * P); break;
+      case 2: cost.data = md * ring(g * P) + ring(c * P); break;
+      default: cost.data = md * (ring(g * P) + 2 * ring(c * P)); break;
+    }
+  }
+  // The optimizer step over this rank's shard (stage 0: every parameter), memory-bound.
+  const double shard = l.zero_stage == 0 ? P : P / n;
+  const double k = memory.setup.optimizer == "SGD" ? (memory.setup.momentum > 0 ? 4 : 0) : 8;
+  const double per_param = 12 + 2 * k + (c == 2 ? c : 0);
+  if (l.offload_optimizer == "none") {
+    cost.optimizer = shard * per_param / (cal.device_memory_gbps.value * 1e9);
+  } else {
+    // The gradient shard to the host (stage 1 once a step, later stages every micro-step), the
+    // parameters back, the host step over the node's shards; NVMe: states read and written.
+    const double pcie = cal.pcie_gbps.value * 1e9, ranks = cal.ranks_per_node;
+    cost.offload += (l.zero_stage == 1 ? 1 : md) * 4 * shard / pcie + c * shard / pcie;
+    cost.offload += ranks * shard * per_param / (cal.host_memory_gbps.value * 1e9);
+    if (l.offload_optimizer == "nvme") cost.offload += ranks * shard * (16 + 2 * k) / (cal.nvme_gbps.value * 1e9);
+  }
+  if (l.offload_param != "none") {
+    const double pcie = cal.pcie_gbps.value * 1e9;
+    cost.offload += md * 2 * c * shard / pcie;
+    if (l.offload_param == "nvme") cost.offload += md * 2 * cal.ranks_per_node * c * shard / (cal.nvme_gbps.value * 1e9);
+  }
+  return cost;
+}
+
+}  // namespace tessera::planner
