@@ -32,6 +32,7 @@
 
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
+#include "engine/planner/auto_layout.h"
 #include "engine/progress.h"  // peak_rss_bytes
 #include "examples/data/fortunes_corpus.h"
 #include "examples/models/gpt.h"
@@ -100,7 +101,28 @@ int run(int argc, char** argv) {
   const RendezvousInfo info = rendezvous_info_from_environment();
   ResolvedLayout layout;
   std::vector<std::string> warnings;
-  Config config = load_config(args.config, info.world_size, &layout, &warnings);
+  GptConfig sizes;
+  if (args.n_layer) sizes.n_layer = args.n_layer;
+  if (args.n_head) sizes.n_head = args.n_head;
+  if (args.n_embd) sizes.n_embd = args.n_embd;
+  if (args.seq_len) sizes.block_size = args.seq_len;
+  // "auto" layout keys: the planner chooses them for this world and this model (every rank alike).
+  std::string config_text = args.config;
+  std::string auto_line;
+  {
+    ConfigReport report;
+    const ConfigSource source = config_source(args.config);
+    auto parsed = parse_json_text(source.inline_json ? args.config : read_text_file(args.config), source.name, report);
+    if (parsed && planner::has_auto_layout(*parsed)) {
+      const nlohmann::json model = {{"layers", sizes.n_layer}, {"hidden", sizes.n_embd}, {"heads", sizes.n_head},
+                                    {"vocab", sizes.vocab}, {"seq_len", sizes.block_size},
+                                    {"max_positions", sizes.block_size}, {"device", "cpu"}};
+      const planner::AutoLayout resolved = planner::resolve_auto_layout(*parsed, info.world_size, model);
+      config_text = resolved.config.dump();
+      auto_line = resolved.line;
+    }
+  }
+  Config config = load_config(config_text, info.world_size, &layout, &warnings);
   ParallelOptions options;
   options.tensor = layout.tensor;
   options.pipe = layout.pipe;
@@ -109,6 +131,7 @@ int run(int argc, char** argv) {
   const bool leader = ctx->rank() == 0;
   if (leader)
     for (const auto& w : warnings) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
+  if (leader && !auto_line.empty()) std::printf("%s\n", auto_line.c_str());
 
   const int64_t micro = config.train_micro_batch_size_per_gpu.value_or(1);
   const int64_t accumulation = config.gradient_accumulation_steps.value_or(1);
@@ -123,11 +146,6 @@ int run(int argc, char** argv) {
   // tensor_parallel.tp_size > 1: the model is built split over the tensor group (each rank its slices).
   GptTensorParallel tp;
   if (ctx->tensor().size() > 1) tp = {&ctx->tensor(), config.tensor_parallel.sequence_parallel};
-  GptConfig sizes;
-  if (args.n_layer) sizes.n_layer = args.n_layer;
-  if (args.n_head) sizes.n_head = args.n_head;
-  if (args.n_embd) sizes.n_embd = args.n_embd;
-  if (args.seq_len) sizes.block_size = args.seq_len;
   // context_parallel.size > 1: each rank holds a part of every sequence, attention across the group.
   GptContextParallel cp;
   if (ctx->context().size() > 1) cp = {&ctx->context(), config.context_parallel.method};

@@ -21,8 +21,9 @@ void register_plot_command(CLI::App& app, int& exit_code);
 // `tessera estimate [OPTIONS]`: memory per GPU/CPU/NVMe, the verdict, the cheapest layouts (engine/cli/estimate_command.cpp).
 void register_estimate_command(CLI::App& app, int& exit_code);
 
-// `tessera plan [OPTIONS]`: every layout that fits, ranked by predicted step time (engine/cli/plan_command.cpp).
-void register_plan_command(CLI::App& app, int& exit_code);
+// `tessera plan [OPTIONS] [-- PROGRAM ARGS]`: every layout that fits, ranked by predicted step time;
+// with --trials K the top K run as `program` under the launcher (engine/cli/plan_command.cpp).
+void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std::string>& program);
 
 // `tessera checkpoint export|inspect|import-deepspeed` (engine/cli/checkpoint_command.cpp).
 void register_checkpoint_command(CLI::App& app, int& exit_code);

@@ -10,11 +10,11 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera: a training engine for large models (DeepSpeed-compatible configs)"};
   app.require_subcommand(1);
   int exit_code = 0;
-  // `tessera launch ... -- PROGRAM ARGS`: the program's arguments are handed over untouched, not
+  // `tessera launch ... -- PROGRAM ARGS` (and `tessera plan --trials K -- PROGRAM ARGS`): the program's arguments are handed over untouched, not
   // parsed (CLI11 would split an argument like '[1,2]' into a list).
   int cli_argc = argc;
   std::vector<std::string> program;
-  if (argc > 1 && std::string(argv[1]) == "launch")
+  if (argc > 1 && (std::string(argv[1]) == "launch" || std::string(argv[1]) == "plan"))
     for (int i = 2; i < argc; ++i)
       if (std::string(argv[i]) == "--") {
         cli_argc = i;
@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   tessera::register_launch_command(app, exit_code, program);
   tessera::register_plot_command(app, exit_code);
   tessera::register_estimate_command(app, exit_code);
-  tessera::register_plan_command(app, exit_code);
+  tessera::register_plan_command(app, exit_code, program);
   tessera::register_checkpoint_command(app, exit_code);
   tessera::register_report_command(app, exit_code);
   try {

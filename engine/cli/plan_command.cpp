@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/cli/commands.h"
+#include "engine/cli/plan_trials.h"
 #include "engine/planner/planner.h"
 
 namespace tessera {
@@ -24,7 +25,9 @@ struct PlanFlags {
   std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw, latency;
   bool bf16 = false, fp16 = false, json = false, measure = false, no_offload = false, no_cp = false;
   int top = 5;
-  std::string write_config;
+  int trials = 0;
+  std::string write_config, hostfile;
+  int master_port = 29650;
 };
 
 nlohmann::json request_from(const PlanFlags& f) {
@@ -53,7 +56,7 @@ nlohmann::json request_from(const PlanFlags& f) {
   return j;
 }
 
-int run_plan(const PlanFlags& f) {
+int run_plan(const PlanFlags& f, const std::vector<std::string>& program) {
   planner::PlanResult result;
   try {
     result = planner::plan(planner::plan_inputs_from_json(request_from(f)));
@@ -62,11 +65,32 @@ int run_plan(const PlanFlags& f) {
     if (std::string(e.what()).back() != '\n') std::cerr << "\n";
     return 2;
   }
-  if (f.json) std::cout << planner::plan_to_json(result, f.top).dump(2) << std::endl;
-  else std::cout << planner::format_plan(result, f.top);
+  std::vector<Trial> trials;
+  if (f.trials > 0 && !result.ranked.empty()) {
+    TrialOptions options;
+    options.program = program;
+    options.hostfile = f.hostfile;
+    options.master_port = f.master_port;
+    try {
+      trials = run_trials(result, f.trials, options);
+    } catch (const std::exception& e) {
+      std::cerr << "tessera plan: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  const Trial* chosen = fastest(trials);
+  if (f.json) {
+    nlohmann::json j = planner::plan_to_json(result, f.top);
+    if (!trials.empty()) j["trials"] = trials_to_json(trials);
+    if (chosen) j["chosen"] = chosen->config;
+    std::cout << j.dump(2) << std::endl;
+  } else {
+    std::cout << planner::format_plan(result, f.top);
+    if (!trials.empty()) std::cout << format_trials(trials);
+  }
   if (!f.write_config.empty() && !result.ranked.empty()) {
     std::ofstream out(f.write_config);
-    out << result.ranked.front().config.dump(2) << "\n";
+    out << (chosen ? chosen->config : result.ranked.front().config).dump(2) << "\n";
     if (!out) {
       std::cerr << "tessera plan: could not write " << f.write_config << "\n";
       return 2;
@@ -78,7 +102,7 @@ int run_plan(const PlanFlags& f) {
 
 }  // namespace
 
-void register_plan_command(CLI::App& app, int& exit_code) {
+void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std::string>& program) {
   auto f = std::make_shared<PlanFlags>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Choose the data, tensor, pipeline and context degrees, ZeRO stage, offload, micro-batch and "
@@ -137,8 +161,13 @@ void register_plan_command(CLI::App& app, int& exit_code) {
   sub->add_option("--collective-latency-us", f->latency, "Seconds x 1e6 a collective costs beyond its bytes")->group("Calibration");
   sub->add_option("--top", f->top, "How many layouts to print (5)")->group("Output");
   sub->add_flag("--json", f->json, "Machine-readable output: every layout, ranked and rejected")->group("Output");
-  sub->add_option("--write-config", f->write_config, "Write the best layout's config here")->group("Output");
-  sub->callback([f, &exit_code] { exit_code = run_plan(*f); });
+  sub->add_option("--write-config", f->write_config, "Write the best layout's config here (with --trials: the fastest measured)")
+      ->group("Output");
+  sub->add_option("--trials", f->trials, "Run the top K layouts a few steps each: tessera plan ... --trials 3 -- PROGRAM ARGS "
+                                         "(each gets --config FILE, or its {config} argument replaced)")->group("Trials");
+  sub->add_option("--hostfile", f->hostfile, "Trials across the hosts of this hostfile (tessera launch --hostfile)")->group("Trials");
+  sub->add_option("--master-port", f->master_port, "The first trial's rendezvous port (29650; then +1 each)")->group("Trials");
+  sub->callback([f, &exit_code, &program] { exit_code = run_plan(*f, program); });
 }
 
 }  // namespace tessera

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -231,6 +232,8 @@ std::string format_estimate(const EstimateResult& result);
 // "bf16", "micro_batch", "tp", "gpus_per_node", "gpu_mem" in GiB, ..., "config": a path or an
 // object); unknown keys are errors. For bindings: tessera.estimate(**kwargs).
 EstimateInputs estimate_inputs_from_json(const nlohmann::json& request);
+// The keys such a request may have (the planner's requests add their own).
+const std::set<std::string>& estimate_request_keys();
 nlohmann::json estimate_json(const nlohmann::json& request);
 
 // "80", "80GiB", "80GB" (read as GiB, as DeepSpeed's estimator prints), "512MiB", "2TiB", "1.5T"

@@ -127,8 +127,7 @@ int64_t memory_of(const json& v, const std::string& key) {
 
 }  // namespace
 
-EstimateInputs estimate_inputs_from_json(const json& req) {
-  if (!req.is_object()) throw std::invalid_argument("the estimate request must be a JSON object");
+const std::set<std::string>& estimate_request_keys() {
   static const std::set<std::string> known = {
       "params", "largest_layer_params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
       "max_positions", "mlp", "norm", "biases", "tied_embeddings", "dropout", "flash_attention", "preset", "config",
@@ -138,6 +137,12 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
       "fragmentation", "device_overhead", "host_overhead", "max_micro_batch", "search", "attention", "gpu_tflops",
       "intra_node_bw", "inter_node_bw", "pcie_bw", "host_mem_bw", "nvme_bw", "moe_experts", "moe_every", "moe_k", "ep",
       "moe_capacity_factor", "moe_drop_tokens", "cp", "cp_method"};
+  return known;
+}
+
+EstimateInputs estimate_inputs_from_json(const json& req) {
+  if (!req.is_object()) throw std::invalid_argument("the estimate request must be a JSON object");
+  const std::set<std::string>& known = estimate_request_keys();
   for (const auto& [k, v] : req.items()) {
     if (known.count(k)) continue;
     std::string best;

@@ -28,6 +28,7 @@ at::ScalarType dtype_of(const std::string& precision) {
 }
 
 json read_cache(const std::string& path) {
+  if (path.empty()) return json::object();  // no cache: the defaults or the given rates
   std::ifstream in(path);
   if (!in) return json::object();
   try {
@@ -80,7 +81,7 @@ std::optional<double> Calibration::layer_seconds(const LayerShape& shape) const 
     it = layers_.emplace(key, time_layer(shape, dtype_of(precision))).first;
     ++timed_now_;
   }
-  return it->second / core_share();
+  return it->second;
 }
 
 double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
@@ -92,7 +93,7 @@ double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
       it = linears_.emplace(key, time_linear(rows, k, n, dtype_of(precision))).first;
       ++timed_now_;
     }
-    return it->second / core_share();
+    return it->second;
   }
   const double r = double(rows), K = double(k), N = double(n), c = precision == "fp32" ? 4.0 : 2.0;
   return 3 * roofline_seconds(2 * r * K * N, (r * K + K * N + r * N) * c);
@@ -121,13 +122,13 @@ std::string Calibration::describe() const {
     std::snprintf(value, sizeof value, "%.4g", r.value);
     out << "  " << what << ": " << value << " " << unit << " (" << r.source << ")\n";
   };
-  line("compute per rank", tflops, "TFLOP/s");
+  line(device == "cpu" ? "compute per core" : "compute per GPU", tflops, "TFLOP/s");
   if (probe_)
     out << "    layers and linear layers timed forward + backward at each layout's shapes: "
         << layers_.size() + linears_.size() << " shapes, " << timed_now_ << " timed now, the rest " << layer_source_ << "\n";
   if (core_share() < 1)
-    out << "    " << ranks_per_node << " ranks share " << cores_per_node << " cores: each runs at " << core_share()
-        << " of a core\n";
+    out << "    " << ranks_per_node << " ranks share " << cores_per_node << " cores: a rank's work takes 1/" << core_share()
+        << " as long, but one idle in a pipeline bubble leaves its core to the others\n";
   line("links inside a node", intra_node_gbps, "GB/s");
   line("links between nodes", inter_node_gbps, "GB/s");
   line("collective latency", collective_latency_us, "us");
@@ -139,7 +140,7 @@ std::string Calibration::describe() const {
 }
 
 void Calibration::save() const {
-  if (!probe_ || cache_path_.empty() || timed_now_ == 0) return;
+  if (!probe_ || cache_path_.empty() || timed_now_ == 0) return;  // nothing new, or no cache
   json cache = read_cache(cache_path_);
   json& entry = cache[cache_key_];
   if (!entry.is_object()) entry = json::object();
@@ -226,7 +227,7 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   c.probe_ = !given("gpu_tflops");
   c.layer_source_ = source;
   if (!given("gpu_tflops"))
-    c.tflops = {one_thread_tflops * c.core_share(), source + ": a 1024^3 " + precision + " linear layer, one thread"};
+    c.tflops = {one_thread_tflops, source + ": a 1024^3 " + precision + " linear layer, one thread"};
   if (!given("host_mem_bw")) c.host_memory_gbps = {memory_gbps, source + ": a 256 MiB copy"};
   if (link && !given("intra_node_bw"))
     c.intra_node_gbps = {link->bus_gbps, source + ": Gloo reduce-scatter + all-gather of 32 MiB among " + links};

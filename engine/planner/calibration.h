@@ -29,7 +29,7 @@ struct Rate {
 
 class Calibration {
  public:
-  Rate tflops;               // per rank, the compute dtype, large matrix products
+  Rate tflops;               // per GPU, or per core for CPU ranks; the compute dtype, large matrix products
   Rate intra_node_gbps;      // collective bus bandwidth inside a node, GB/s
   Rate inter_node_gbps;      // ... per rank when a group spans nodes
   Rate host_memory_gbps;     // per node
@@ -42,8 +42,9 @@ class Calibration {
   int cores_per_node = 0;    // CPU ranks: the cores they share
   std::string precision = "fp32";
 
-  // One layer's forward + backward on one rank at `shape`, timed by the probe (once per shape,
-  // then remembered and cached); nullopt when the probe is off (the FLOP model is used).
+  // One layer's forward + backward on one rank at `shape` with a core (GPU) to itself, timed by the
+  // probe (once per shape, then remembered and cached); nullopt when the probe is off (the FLOP
+  // model is used). Sharing cores is the step-cost model's (step_cost.cpp).
   std::optional<double> layer_seconds(const LayerShape& shape) const;
   // A linear layer's forward + backward ([rows × k]·[k × n] and its two gradient products): timed
   // when the probe is on, else the roofline: each product the larger of 2·rows·k·n / tflops and

@@ -107,6 +107,9 @@ PlanResult plan(const PlanInputs& in) {
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const Candidate& a, const Candidate& b) {
     const double ta = a.cost.total(), tb = b.cost.total();
     if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
+    // Equal predictions: the larger micro-batch (fewer micro-steps, each with its fixed costs
+    // the model leaves out), then less memory.
+    if (a.layout.micro_batch != b.layout.micro_batch) return a.layout.micro_batch > b.layout.micro_batch;
     return a.per_rank_bytes < b.per_rank_bytes;
   });
   if (in.calibration.device == "cpu" && in.calibration.core_share() < 1)
@@ -222,6 +225,23 @@ std::string format_plan(const PlanResult& r, int top) {
 
 PlanInputs plan_inputs_from_json(const json& request) {
   if (!request.is_object()) throw std::invalid_argument("the plan request must be a JSON object");
+  // Unknown keys first, with the nearest known one.
+  static const std::set<std::string> own = {"global_batch", "measure", "calibration_cache", "cores_per_node",
+                                            "collective_latency_us", "device_memory_bw", "max_tp", "offload",
+                                            "cp_search", "nvme_path"};
+  for (const auto& [key, value] : request.items()) {
+    if (own.count(key) || (estimate_request_keys().count(key) && key != "gas" && key != "pipeline_micro_batches" &&
+                           key != "search" && key != "max_micro_batch"))
+      continue;
+    if (key == "gas" || key == "pipeline_micro_batches")
+      throw std::invalid_argument(key + ": derived by the planner (global_batch / (micro_batch x dp)); fix micro_batch instead");
+    std::string best;
+    size_t distance = 4;
+    for (const auto* keys : {&own, &estimate_request_keys()})
+      for (const auto& candidate : *keys)
+        if (edit_distance(key, candidate) < distance) distance = edit_distance(key, candidate), best = candidate;
+    throw std::invalid_argument("unknown plan option \"" + key + "\"" + (best.empty() ? "" : "; did you mean \"" + best + "\"?"));
+  }
   json req = request;
   PlanInputs in;
   auto take = [&](const char* key) -> std::optional<json> {
@@ -263,8 +283,6 @@ PlanInputs plan_inputs_from_json(const json& request) {
   if (auto v = take("cp_search")) in.limits.context_parallel = boolean(*v, "cp_search");
   if (auto v = take("nvme_path")) in.nvme_path = string(*v, "nvme_path");
   // The layout's keys fix that choice.
-  if (req.contains("gas") || req.contains("pipeline_micro_batches"))
-    throw std::invalid_argument("gas: derived by the planner (global_batch / (micro_batch x dp)); fix micro_batch instead");
   if (auto v = take("zero")) in.limits.zero_stage = int(integer(*v, "zero"));
   if (auto v = take("tp")) in.limits.tp = int(integer(*v, "tp"));
   if (auto v = take("pp")) in.limits.pp = int(integer(*v, "pp"));
@@ -307,10 +325,12 @@ PlanInputs plan_inputs_from_json(const json& request) {
   // The precision and optimizer flags, as the estimator reads them, into the config too.
   const std::string precision = req.value("bf16", false) ? "bf16" : req.value("fp16", false) ? "fp16" : req.value("precision", "");
   if (!precision.empty()) {
-    config["bf16"] = {{"enabled", precision == "bf16"}};
-    json fp16 = config.contains("fp16") && config["fp16"].is_object() ? config["fp16"] : json::object();
-    fp16["enabled"] = precision == "fp16";
-    config["fp16"] = fp16;
+    for (const char* section : {"bf16", "fp16"}) {
+      const bool on = precision == section;
+      if (!on && !config.contains(section)) continue;  // off by default: not written
+      if (!config[section].is_object()) config[section] = json::object();
+      config[section]["enabled"] = on;
+    }
   }
   if (req.contains("optimizer") && req["optimizer"].is_string()) config["optimizer"] = {{"type", req["optimizer"]}};
   if (!config.contains("optimizer")) config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}};

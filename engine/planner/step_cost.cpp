@@ -119,12 +119,18 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
     const StageTimes t = stage_times(l, sh, layers, s == l.pp - 1, cal, c, memory.setup.context_method);
     if (t.forward + t.backward > busiest.forward + busiest.backward) busiest = t;
   }
+  // Ranks that outnumber the node's cores share them: a rank's own work takes 1/share as long
+  // when every rank is busy, but a rank idle in a pipeline bubble leaves its core to the others. So
+  // the pipeline runs at full speed (the simulator, below) and the node's work at its share:
+  // the step takes the longer of the two.
+  const double share = cal.core_share();
   StepCost cost;
   const double md = double(m);
-  cost.compute = md * busiest.compute;
-  cost.recompute = md * busiest.recompute;
+  cost.compute = md * busiest.compute / share;
+  cost.recompute = md * busiest.recompute / share;
   cost.tensor = md * busiest.tensor;
   cost.context = md * busiest.context;
+  const double busy = cost.compute + cost.recompute + cost.tensor + cost.context;
   const double latency = cal.collective_latency_us.value * 1e-6;
   if (l.pp > 1) {
     // 1F1B timed by the simulator; what it adds beyond the stage's own work is bubble and sends.
@@ -133,13 +139,11 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
     pipeline::Costs costs;
     costs.forward = busiest.forward;
     costs.backward = busiest.backward;
-    costs.send = send;
-    const pipeline::Simulation sim = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs);
-    const double work = md * (busiest.forward + busiest.backward);
-    costs.send = 0;
     const double without_sends = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs).makespan;
-    cost.bubble = std::max(0.0, without_sends - work);
-    cost.p2p = std::max(0.0, sim.makespan - without_sends);
+    costs.send = send;
+    const double with_sends = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs).makespan;
+    cost.bubble = std::max(0.0, without_sends - busy);
+    cost.p2p = std::max(0.0, with_sends - without_sends);
   }
   // ZeRO's collectives over dp × cp (the ranks that hold the same parameters).
   const double n = double(l.dp) * l.cp, P = double(memory.params_per_gpu);
@@ -152,7 +156,9 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
       case 0: cost.data = 2 * ring(g * P); break;
       case 1: cost.data = ring(g * P) + ring(c * P); break;
       case 2: cost.data = md * ring(g * P) + ring(c * P); break;
-      default: cost.data = md * (ring(g * P) + 2 * ring(c * P)); break;
+      // ZeRO-3: gathered for the forward and again for the backward of every micro-batch; under a
+      // pipeline once a step (pipeline.zero3_gather "step", kept whole while the stage runs).
+      default: cost.data = md * ring(g * P) + (l.pp > 1 ? 1.0 : 2 * md) * ring(c * P); break;
     }
   }
   // The optimizer step over this rank's shard (stage 0: every parameter), memory-bound.

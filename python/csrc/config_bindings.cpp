@@ -4,7 +4,9 @@
 #include "bindings.h"
 #include "handles.h"
 
+#include "engine/config/config_io.h"
 #include "engine/estimator/estimator.h"
+#include "engine/planner/auto_layout.h"
 #include "engine/planner/planner.h"
 
 namespace py = pybind11;
@@ -46,6 +48,22 @@ void bind_config(py::module& m) {
       "estimate_json",
       [](const std::string& request) { return estimate_json(nlohmann::json::parse(request)).dump(); },
       py::arg("request"), "Memory estimate for a JSON request with `tessera estimate`'s flags as keys.");
+
+  // "auto" layout keys (engine/planner/auto_layout.h): the config text (a path or JSON text) with
+  // them chosen, and the line that says what and why; text without them comes back unchanged.
+  m.def(
+      "resolve_auto_layout",
+      [](const std::string& path_or_json, int world_size, const std::string& plan_request) {
+        const ConfigSource source = config_source(path_or_json);
+        ConfigReport report;
+        const std::string text = source.inline_json ? path_or_json : read_text_file(path_or_json);
+        auto parsed = parse_json_text(text, source.name, report);
+        if (!parsed || !planner::has_auto_layout(*parsed)) return std::make_tuple(path_or_json, std::string());
+        const planner::AutoLayout resolved =
+            planner::resolve_auto_layout(*parsed, world_size, nlohmann::json::parse(plan_request));
+        return std::make_tuple(resolved.config.dump(), resolved.line);
+      },
+      py::arg("path_or_json"), py::arg("world_size"), py::arg("plan_request") = "{}");
 
   // The layout planner (engine/planner/planner.h): the same kind of request, with global_batch; tessera.plan() wraps it.
   m.def(

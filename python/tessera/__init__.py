@@ -39,7 +39,7 @@ from . import tensor_parallel  # noqa: E402
 from . import checkpointing  # noqa: E402
 from . import nn  # noqa: E402
 from .engine import Engine  # noqa: E402
-from .initialization import initialize  # noqa: E402
+from .initialization import initialize, resolve_auto_layout  # noqa: E402
 from .comm import init_distributed  # noqa: E402  (DeepSpeed's deepspeed.init_distributed)
 
 

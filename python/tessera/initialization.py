@@ -221,9 +221,20 @@ def _units(model, unit_names, trainable):
     return modules, spec
 
 
+def resolve_auto_layout(config, world_size, plan=None):
+    """The config (a path, JSON text or a dict) with its "auto" layout keys chosen by the planner for
+    `world_size` ranks (engine/planner/auto_layout.h), as JSON text; rank 0 prints the one line
+    that says what was chosen and why. A config without them comes back as it was (as text)."""
+    text = _config_text(config)
+    resolved, line = _C.resolve_auto_layout(text, world_size, json.dumps(plan or {}))
+    if line and comm.get_rank() == 0:
+        print(line, flush=True)
+    return resolved
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None, config=None,
-               config_params=None, units=None):
+               config_params=None, units=None, plan=None):
     """Builds the engine that trains `model` as `config` says; returns the Engine.
 
     model:            a torch.nn.Module. Its parameters become views into the engine's flat buffers
@@ -249,6 +260,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                       by the engine after each applied step; a scheduler in the config wins over it.
     training_data:    a torch.utils.data.Dataset: a DataLoader over the data-parallel ranks
                       (train_micro_batch_size_per_gpu per batch, `collate_fn`).
+    plan:             "auto" layout keys in the config (zero_optimization.stage, tensor_parallel.tp_size,
+                      pipeline.stages, the offload devices, the micro-batch): the model and hardware
+                      for the layout planner, a dict of `tessera plan`'s keys ({"preset": "gpt2-small"}
+                      or the shape, "device", "gpu_mem", rates; docs/planner.md). Every rank resolves
+                      it alike; rank 0 prints what was chosen and why.
 
     Returns (engine, optimizer, training_dataloader, lr_scheduler) as deepspeed.initialize does:
     the optimizer is a torch.optim.Optimizer whose param groups' "lr" the engine reads every step;
@@ -286,6 +302,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             model_parameters = runner.model_parameters()
     text = _config_text(config)
     world_size = comm.get_world_size()
+    text = resolve_auto_layout(text, world_size, plan)
     cfg, warnings = _C.load_config(text, world_size, (runner.type_name, runner.base_lr()) if runner else None)
     effective = json.loads(cfg.to_json())  # every default filled in; optional sections only when given
     if runner is not None and effective["zero_optimization"]["stage"] > 0:

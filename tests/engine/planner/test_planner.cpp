@@ -4,14 +4,17 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <set>
 #include <string>
 
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
+#include "engine/planner/auto_layout.h"
 #include "engine/planner/planner.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
+#include "tests/example_runs.h"
 #include "tests/subprocess.h"
 
 using namespace tessera;
@@ -231,4 +234,125 @@ TEST_CASE("tessera plan: the ranked layouts - --json - --write-config - invalid 
   auto gas = tessera::testing::run({TESSERA_CLI_PATH, "plan", "--preset", "nope", "--global-batch", "8"}, {}, 60);
   CHECK(gas.status == 2);
   CHECK(contains(gas.output, "unknown preset"));
+}
+
+TEST_CASE("tessera plan --trials: the top layouts run with the real engine - measured against predicted - the fastest written") {
+  tessera::testing::TempDir dir;
+  // The example GPT's default shape is the tessera-gpt preset (4 layers x 128, 4 heads, vocab 256, block 128).
+  auto r = tessera::testing::run({TESSERA_CLI_PATH, "plan", "--preset", "tessera-gpt", "--device", "cpu",
+                                  "--gpus-per-node", "2", "--cpu-mem", "16", "--global-batch", "4", "--no-offload",
+                                  "--no-cp", "--activation-checkpointing", "none", "--zero", "1", "--tp", "1",
+                                  "--pp", "1", "--trials", "2", "--json", "--write-config", dir.file("chosen.json"),
+                                  "--master-port", std::to_string(tessera::testing::free_port()), "--",
+                                  TESSERA_TRAIN_GPT_PATH, "--steps", "3"},
+                                 {}, 240);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const json answer = json::parse(r.output.substr(r.output.find("\n{") + 1));
+  REQUIRE(answer["trials"].size() == 2);
+  double best = 1e30;
+  json chosen_layout;
+  for (const auto& t : answer["trials"]) {
+    REQUIRE(t.contains("measured_seconds"));
+    CHECK(t["measured_seconds"].get<double>() > 0);
+    CHECK(t["measured_over_predicted"].get<double>() > 0);
+    if (t["measured_seconds"].get<double>() < best) best = t["measured_seconds"], chosen_layout = t["layout"];
+  }
+  CHECK(answer["trials"][0]["layout"] == answer["ranked"][0]["layout"]);
+  const json written = json::parse(tessera::testing::run({"cat", dir.file("chosen.json")}).output);
+  CHECK(written == answer["chosen"]);
+  CHECK(written["train_micro_batch_size_per_gpu"] == chosen_layout["micro_batch"]);
+  // Without a program there is nothing to try.
+  auto none = tessera::testing::run({TESSERA_CLI_PATH, "plan", "--preset", "tessera-gpt", "--global-batch", "4",
+                                     "--trials", "1"}, {}, 60);
+  CHECK(none.status == 2);
+  CHECK(contains(none.output, "--trials needs the training program after --"));
+}
+
+namespace {
+
+// The example GPT's default shape on CPU ranks; ZeRO stage, micro-batch and tp left to the planner.
+json auto_config() {
+  return json::parse(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto",
+                         "zero_optimization": {"stage": "auto"}, "tensor_parallel": {"tp_size": "auto"},
+                         "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "steps_per_print": 1})");
+}
+const json kGptModel = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"cpu_mem", 16}};
+
+}  // namespace
+
+TEST_CASE("auto layout: the \"auto\" keys are searched - the rest fixed - the planner's first choice written in - one line says why") {
+  const AutoLayout resolved = resolve_auto_layout(auto_config(), 4, kGptModel);
+  INFO(resolved.config.dump(2) << "\n" << resolved.line);
+  CHECK(contains(resolved.line, "tessera: auto layout for 4 ranks: "));
+  CHECK(contains(resolved.line, "searched zero_optimization.stage, tensor_parallel.tp_size, train_micro_batch_size_per_gpu"));
+  CHECK(contains(resolved.line, "rates: default"));  // every rank alike: no probe at start
+  CHECK_FALSE(has_auto_layout(resolved.config));
+  // The same as tessera plan with the other keys fixed, on the defaults.
+  json request = kGptModel;
+  request.update({{"global_batch", 8}, {"gpus_per_node", 4}, {"pp", 1}, {"cp", 1}, {"offload_optimizer", "none"},
+                  {"offload_param", "none"}, {"activation_checkpointing", "none"}, {"calibration_cache", ""}});
+  json base = auto_config();
+  base.erase("train_micro_batch_size_per_gpu");
+  request["config"] = base;
+  const PlanResult plan = planner::plan(plan_inputs_from_json(request));
+  REQUIRE_FALSE(plan.ranked.empty());
+  CHECK(resolved.config == plan.ranked.front().config);
+  CHECK(resolved.config["optimizer"]["params"]["lr"] == 0.001);  // the config's other keys kept
+  CHECK(resolved.config["steps_per_print"] == 1);
+  ConfigReport report;
+  ResolvedLayout layout;
+  parse_and_resolve_config(resolved.config, 4, report, &layout);
+  CHECK(report.ok());
+  CHECK(layout.pipe == 1);  // fixed: not "auto"
+  // Nothing "auto" (or only Hugging Face's micro-batch placeholder): unchanged, no line.
+  json plain = auto_config();
+  plain["zero_optimization"]["stage"] = 1, plain["tensor_parallel"]["tp_size"] = 1;
+  const AutoLayout untouched = resolve_auto_layout(plain, 4, kGptModel);
+  CHECK(untouched.config == plain);
+  CHECK(untouched.line.empty());
+  // What cannot be planned says which key.
+  json no_batch = auto_config();
+  no_batch.erase("train_batch_size");
+  CHECK_THROWS_WITH(resolve_auto_layout(no_batch, 4, kGptModel), Catch::Contains("train_batch_size: the layout planner keeps"));
+  json accumulation = auto_config();
+  accumulation["gradient_accumulation_steps"] = 2;
+  CHECK_THROWS_WITH(resolve_auto_layout(accumulation, 4, kGptModel), Catch::Contains("gradient_accumulation_steps: leave it out"));
+  json measured = kGptModel;
+  measured["measure"] = true;
+  CHECK_THROWS_WITH(resolve_auto_layout(auto_config(), 4, measured), Catch::Contains("measure: not at start"));
+  CHECK_THROWS_WITH(resolve_auto_layout(auto_config(), 4, json::object()), Catch::Contains("no model"));
+}
+
+TEST_CASE("auto layout: tessera config check --plan resolves it as C++ does - train_gpt trains the same as with the values written out") {
+  tessera::testing::TempDir dir;
+  const std::string auto_path = dir.file("auto.json"), explicit_path = dir.file("explicit.json");
+  std::ofstream(auto_path) << auto_config().dump(2);
+  const AutoLayout resolved = resolve_auto_layout(auto_config(), 2, kGptModel);
+  std::ofstream(explicit_path) << resolved.config.dump(2);
+  auto check = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", auto_path, "--world-size", "2", "--plan",
+                                      kGptModel.dump()}, {}, 60);
+  INFO(check.output);
+  REQUIRE(check.status == 0);
+  CHECK(contains(check.output, resolved.line));
+  const json effective = json::parse(check.output.substr(check.output.find("\n{") + 1));
+  CHECK(effective["zero_optimization"]["stage"] == resolved.config["zero_optimization"]["stage"]);
+  CHECK(effective["train_micro_batch_size_per_gpu"] == resolved.config["train_micro_batch_size_per_gpu"]);
+  auto without_model = tessera::testing::run({TESSERA_CLI_PATH, "config", "check", auto_path, "--world-size", "2"}, {}, 60);
+  CHECK(without_model.status == 1);
+  CHECK(contains(without_model.output, "--plan gives the planner the model and hardware"));
+  // train_gpt resolves it from its own shape, the same way; then trains exactly as with the values.
+  namespace ex = tessera::testing::examples;
+  auto with_auto = ex::run_example(TESSERA_TRAIN_GPT_PATH, 2, auto_path, 3, tessera::testing::free_port(),
+                                   {"--save-parameters", dir.file("auto.bin")});
+  INFO(with_auto.output);
+  REQUIRE(with_auto.status == 0);
+  CHECK(contains(with_auto.output, resolved.line));
+  auto written = ex::run_example(TESSERA_TRAIN_GPT_PATH, 2, explicit_path, 3, tessera::testing::free_port(),
+                                 {"--save-parameters", dir.file("explicit.bin")});
+  INFO(written.output);
+  REQUIRE(written.status == 0);
+  CHECK(ex::final_loss(with_auto.output) == ex::final_loss(written.output));
+  CHECK(ex::grad_norms(with_auto.output) == ex::grad_norms(written.output));
+  CHECK(ex::max_difference(ex::read_parameters(dir.file("auto.bin")), ex::read_parameters(dir.file("explicit.bin"))) == 0.0);
 }

@@ -258,6 +258,50 @@ def test_estimate_from_python_matches_the_engine_accounting():
         tessera.estimate(params=1000, zero=7)
 
 
+def test_plan_from_python_is_the_cli_answer():
+    import subprocess
+
+    from conftest import CLI
+
+    request = dict(preset="gpt2-medium", gpus_per_node=8, gpu_mem=6, bf16=True, global_batch=32)
+    answer = tessera.plan(top=2, **request)
+    cli = json.loads(subprocess.run([CLI, "plan", "--preset", "gpt2-medium", "--gpus-per-node", "8", "--gpu-mem", "6",
+                                     "--bf16", "--global-batch", "32", "--top", "2", "--json"],
+                                    check=True, capture_output=True, text=True).stdout)
+    assert [r["layout"] for r in answer["ranked"]] == [r["layout"] for r in cli["ranked"]]
+    assert answer["best"] == cli["best"] == answer["ranked"][0]["config"]
+    assert "config" in answer["ranked"][1] and "config" not in answer["ranked"][2]  # top=2
+    assert answer["rejected_by_kind"]["memory"] > 0
+    with pytest.raises(ValueError, match="global_batch"):
+        tessera.plan(preset="gpt2-medium")
+    with pytest.raises(ValueError, match='unknown plan option "global_bach"; did you mean "global_batch"'):
+        tessera.plan(preset="gpt2-medium", global_bach=8)
+
+
+def test_auto_layout_from_python_is_tessera_config_checks(tmp_path):
+    import subprocess
+
+    from conftest import CLI
+
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": "auto"},
+              "tensor_parallel": {"tp_size": "auto"}, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}}
+    plan = {"preset": "tessera-gpt", "device": "cpu", "cpu_mem": 16}
+    resolved = json.loads(tessera.resolve_auto_layout(config, 2, plan))
+    path = tmp_path / "auto.json"
+    path.write_text(json.dumps(config))
+    check = subprocess.run([CLI, "config", "check", str(path), "--world-size", "2", "--plan", json.dumps(plan)],
+                           check=True, capture_output=True, text=True)
+    effective = json.loads(check.stdout)
+    assert "tessera: auto layout for 2 ranks" in check.stderr
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        assert resolved[key] == effective[key]
+    assert resolved["zero_optimization"]["stage"] == effective["zero_optimization"]["stage"]
+    assert resolved.get("tensor_parallel", {}).get("tp_size", 1) == effective["tessera_layout"]["tensor_parallel_size"]
+    assert json.loads(tessera.resolve_auto_layout(resolved, 2, plan)) == resolved  # nothing left to choose
+    with pytest.raises(ValueError, match="train_batch_size"):
+        tessera.resolve_auto_layout({"zero_optimization": {"stage": "auto"}}, 2, plan)
+
+
 # --- units --------------------------------------------------------------------------------------
 
 class TiedLm(nn.Module):
