@@ -106,14 +106,21 @@ def main():
     args.ranks_per_node = args.ranks_per_node or args.ranks
     answer = plan(args)
     rows = []
-    with tempfile.TemporaryDirectory() as workdir:
+    # Under the checkout, not /tmp: the emulated hosts' ranks (ssh) do not see this machine's /tmp.
+    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build"), prefix="planner-sweep-") as workdir:
         for i, cand in enumerate(answer["ranked"]):
             label = cand["layout"]["label"]
             print("[%d/%d] %s" % (i + 1, len(answer["ranked"]), label), file=sys.stderr, flush=True)
             seconds, error = measure(cand["config"], args, workdir, i)
             rows.append({"rank": cand["rank"], "label": label, "predicted": cand["step_seconds"],
                          "measured": seconds, "error": error, "terms": cand["terms"]})
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
     ok = [r for r in rows if r["measured"] is not None]
+    if not ok:
+        sys.exit("no layout ran; the first error:\n" + rows[0]["error"])
     best = min(ok, key=lambda r: r["measured"])
     first = next(r for r in rows if r["measured"] is not None)
     top3 = [r for r in rows[:3] if r["measured"] is not None]

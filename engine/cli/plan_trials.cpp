@@ -78,7 +78,9 @@ std::string tail(const std::string& text, size_t n) { return text.size() <= n ? 
 std::vector<Trial> run_trials(const planner::PlanResult& plan, int k, const TrialOptions& options) {
   if (options.program.empty()) throw std::invalid_argument("--trials needs the training program after --: tessera plan ... --trials 3 -- PROGRAM ARGS");
   std::vector<Trial> trials;
-  char dir_template[] = "/tmp/tessera-trials-XXXXXX";
+  // In the working directory, not /tmp: ranks on other hosts (or in other mount namespaces) see
+  // the job's working directory, not this machine's /tmp.
+  char dir_template[] = "tessera-trials-XXXXXX";
   const char* dir = mkdtemp(dir_template);
   if (!dir) throw std::runtime_error("--trials: could not make a folder for the trial configs");
   const std::regex step_line(R"(^step (\d+) \|.*\| step ([0-9.]+) ms)");
@@ -91,7 +93,9 @@ std::vector<Trial> run_trials(const planner::PlanResult& plan, int k, const Tria
     t.config = c.config;
     json config = c.config;
     config["steps_per_print"] = 1;  // a progress line, with its step time, every step
-    const std::string path = std::string(dir) + "/trial" + std::to_string(i + 1) + ".json";
+    char cwd[4096];
+    const std::string folder = (getcwd(cwd, sizeof cwd) ? std::string(cwd) + "/" : std::string()) + dir;
+    const std::string path = folder + "/trial" + std::to_string(i + 1) + ".json";
     std::ofstream(path) << config.dump(2) << "\n";
     std::vector<std::string> argv = {self_executable(), "launch", "--master-port", std::to_string(options.master_port + i)};
     if (options.hostfile.empty()) argv.insert(argv.end(), {"--nproc-per-node", std::to_string(plan.world)});
@@ -120,8 +124,10 @@ std::vector<Trial> run_trials(const planner::PlanResult& plan, int k, const Tria
       const size_t n = timed.size();
       t.measured = n % 2 ? timed[n / 2] : (timed[n / 2 - 1] + timed[n / 2]) / 2;
     }
+    std::remove(path.c_str());
     trials.push_back(std::move(t));
   }
+  rmdir(dir);
   return trials;
 }
 
