@@ -232,6 +232,9 @@ std::string format_estimate(const EstimateResult& result);
 // "bf16", "micro_batch", "tp", "gpus_per_node", "gpu_mem" in GiB, ..., "config": a path or an
 // object); unknown keys are errors. For bindings: tessera.estimate(**kwargs).
 EstimateInputs estimate_inputs_from_json(const nlohmann::json& request);
+// A request's "config" value, a path, JSON text or an object, as JSON (std::invalid_argument
+// naming what is wrong). The planner's requests read theirs the same way.
+nlohmann::json config_json_of(const nlohmann::json& value);
 // The keys such a request may have (the planner's requests add their own).
 const std::set<std::string>& estimate_request_keys();
 nlohmann::json estimate_json(const nlohmann::json& request);

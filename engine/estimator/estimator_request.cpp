@@ -127,6 +127,21 @@ int64_t memory_of(const json& v, const std::string& key) {
 
 }  // namespace
 
+json config_json_of(const json& value) {
+  if (value.is_object()) return value;
+  if (!value.is_string()) throw std::invalid_argument("config: a path, JSON text or an object");
+  const std::string& text = value.get_ref<const std::string&>();
+  const ConfigSource source = config_source(text);
+  try {
+    ConfigReport report;
+    auto parsed = parse_json_text(source.inline_json ? text : read_text_file(text), source.name, report);
+    if (!parsed) throw std::invalid_argument("invalid config " + source.name + ":\n" + report.errors());
+    return *parsed;
+  } catch (const ConfigError& e) {
+    throw std::invalid_argument(e.what());
+  }
+}
+
 const std::set<std::string>& estimate_request_keys() {
   static const std::set<std::string> known = {
       "params", "largest_layer_params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
@@ -267,24 +282,7 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
   // before parsing, so a flag gets the same checks as its key (as `tessera launch` does).
   json cfg = json::object();
   ConfigReport report;
-  if (const json* c = get("config")) {
-    if (c->is_object()) cfg = *c;
-    else if (c->is_string()) {
-      const std::string& text = c->get_ref<const std::string&>();
-      const size_t first = text.find_first_not_of(" \t\r\n");
-      const bool inline_json = first != std::string::npos && text[first] == '{';
-      std::string source = inline_json ? "the config text" : "'" + text + "'";
-      try {
-        auto parsed = parse_json_text(inline_json ? text : read_text_file(text), source, report);
-        if (!parsed) throw std::invalid_argument("invalid config " + source + ":\n" + report.errors());
-        cfg = *parsed;
-      } catch (const ConfigError& e) {
-        throw std::invalid_argument(e.what());
-      }
-    } else {
-      throw std::invalid_argument("config: a path, JSON text or an object");
-    }
-  }
+  if (const json* c = get("config")) cfg = config_json_of(*c);
   auto& z = cfg["zero_optimization"];
   if (!z.is_object()) z = json::object();
   if (auto v = int_of("zero")) z["stage"] = *v;

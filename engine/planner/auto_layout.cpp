@@ -1,5 +1,6 @@
 #include "engine/planner/auto_layout.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
@@ -12,18 +13,11 @@ using nlohmann::json;
 
 namespace {
 
-const json* at(const json& config, const std::string& path) {
-  const json* node = &config;
-  size_t begin = 0;
-  while (begin <= path.size()) {
-    const size_t dot = path.find('.', begin);
-    const std::string key = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
-    if (!node->is_object() || !node->contains(key)) return nullptr;
-    node = &(*node)[key];
-    if (dot == std::string::npos) break;
-    begin = dot + 1;
-  }
-  return node;
+// The value at a dotted config path ("zero_optimization.stage"), or null when absent.
+const json* at(const json& config, std::string path) {
+  std::replace(path.begin(), path.end(), '.', '/');
+  const json::json_pointer pointer("/" + path);
+  return config.contains(pointer) ? &config.at(pointer) : nullptr;
 }
 
 bool is_auto(const json* v) { return v && v->is_string() && v->get<std::string>() == "auto"; }

@@ -223,18 +223,20 @@ std::string format_plan(const PlanResult& r, int top) {
 
 // ---- requests ------------------------------------------------------------------------------------
 
-PlanInputs plan_inputs_from_json(const json& request) {
-  if (!request.is_object()) throw std::invalid_argument("the plan request must be a JSON object");
-  // Unknown keys first, with the nearest known one.
+namespace {
+
+// Every key of a plan request is the planner's own or an estimate request's; the accumulation
+// steps are derived, not given. Unknown keys name the nearest known one.
+void check_plan_keys(const json& request) {
   static const std::set<std::string> own = {"global_batch", "measure", "calibration_cache", "cores_per_node",
                                             "collective_latency_us", "device_memory_bw", "max_tp", "offload",
                                             "cp_search", "nvme_path"};
+  static const std::set<std::string> derived = {"gas", "pipeline_micro_batches"};
+  static const std::set<std::string> not_planned = {"search", "max_micro_batch"};  // the estimator's search
   for (const auto& [key, value] : request.items()) {
-    if (own.count(key) || (estimate_request_keys().count(key) && key != "gas" && key != "pipeline_micro_batches" &&
-                           key != "search" && key != "max_micro_batch"))
-      continue;
-    if (key == "gas" || key == "pipeline_micro_batches")
+    if (derived.count(key))
       throw std::invalid_argument(key + ": derived by the planner (global_batch / (micro_batch x dp)); fix micro_batch instead");
+    if (own.count(key) || (estimate_request_keys().count(key) && !not_planned.count(key))) continue;
     std::string best;
     size_t distance = 4;
     for (const auto* keys : {&own, &estimate_request_keys()})
@@ -242,6 +244,44 @@ PlanInputs plan_inputs_from_json(const json& request) {
         if (edit_distance(key, candidate) < distance) distance = edit_distance(key, candidate), best = candidate;
     throw std::invalid_argument("unknown plan option \"" + key + "\"" + (best.empty() ? "" : "; did you mean \"" + best + "\"?"));
   }
+}
+
+// The config a plan's layouts are written into: the request's (path, text or object) without the
+// keys the planner decides, with its precision and optimizer flags; an offload nvme_path it has
+// goes to `nvme_path` unless the request gives one.
+json base_config_of(const json& request, std::string* nvme_path) {
+  json config = request.contains("config") && !request["config"].is_null() ? config_json_of(request["config"]) : json::object();
+  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                          "tensor_parallel", "context_parallel", "sequence_parallel_size", "activation_checkpointing"})
+    config.erase(key);
+  if (config.contains("zero_optimization") && config["zero_optimization"].is_object()) {
+    json& z = config["zero_optimization"];
+    for (const char* key : {"offload_optimizer", "offload_param"})
+      if (z.contains(key) && z[key].is_object() && z[key].contains("nvme_path") && !request.contains("nvme_path"))
+        *nvme_path = z[key]["nvme_path"];
+    for (const char* key : {"stage", "offload_optimizer", "offload_param"}) z.erase(key);
+  }
+  if (config.contains("pipeline") && config["pipeline"].is_object())
+    for (const char* key : {"stages", "micro_batches", "activation_checkpoint_interval"}) config["pipeline"].erase(key);
+  const std::string precision = request.value("bf16", false) ? "bf16" : request.value("fp16", false) ? "fp16"
+                                                                                                    : request.value("precision", "");
+  if (!precision.empty())
+    for (const char* section : {"bf16", "fp16"}) {
+      const bool on = precision == section;
+      if (!on && !config.contains(section)) continue;  // off by default: not written
+      if (!config[section].is_object()) config[section] = json::object();
+      config[section]["enabled"] = on;
+    }
+  if (request.contains("optimizer") && request["optimizer"].is_string()) config["optimizer"] = {{"type", request["optimizer"]}};
+  if (!config.contains("optimizer")) config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}};
+  return config;
+}
+
+}  // namespace
+
+PlanInputs plan_inputs_from_json(const json& request) {
+  if (!request.is_object()) throw std::invalid_argument("the plan request must be a JSON object");
+  check_plan_keys(request);
   json req = request;
   PlanInputs in;
   auto take = [&](const char* key) -> std::optional<json> {
@@ -272,12 +312,9 @@ PlanInputs plan_inputs_from_json(const json& request) {
   if (in.global_batch < 1) throw std::invalid_argument("global_batch: must be >= 1");
   const bool measure = take("measure").value_or(false).get<bool>();
   const std::string cache = take("calibration_cache").value_or(json(default_calibration_cache())).get<std::string>();
-  json calibration_keys = json::object();
-  for (const char* key : {"cores_per_node", "collective_latency_us", "device_memory_bw"})
-    if (auto v = take(key)) {
-      if (!v->is_number() || !(v->get<double>() > 0)) throw std::invalid_argument(std::string(key) + ": a number > 0");
-      calibration_keys[key] = *v;
-    }
+  for (const char* key : {"cores_per_node", "collective_latency_us", "device_memory_bw"})  // Calibration::from reads them
+    if (auto v = take(key); v && (!v->is_number() || !(v->get<double>() > 0)))
+      throw std::invalid_argument(std::string(key) + ": a number > 0");
   if (auto v = take("max_tp")) in.limits.max_tp = int(integer(*v, "max_tp"));
   if (auto v = take("offload")) in.limits.offload = boolean(*v, "offload");
   if (auto v = take("cp_search")) in.limits.context_parallel = boolean(*v, "cp_search");
@@ -295,52 +332,14 @@ PlanInputs plan_inputs_from_json(const json& request) {
   if (req.contains("cp_method") && req["cp_method"].is_string()) in.limits.context_method = req["cp_method"];
 
   // The base config: the request's, its layout keys left to the planner.
-  json config = json::object();
-  if (auto c = take("config")) {
-    if (c->is_object()) config = *c;
-    else if (c->is_string()) {
-      const std::string text = c->get<std::string>();
-      const ConfigSource source = config_source(text);
-      ConfigReport report;
-      auto parsed = parse_json_text(source.inline_json ? text : read_text_file(text), source.name, report);
-      if (!parsed) throw std::invalid_argument("invalid config " + source.name + ":\n" + report.errors());
-      config = *parsed;
-    } else {
-      throw std::invalid_argument("config: a path, JSON text or an object");
-    }
-  }
-  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                          "tensor_parallel", "context_parallel", "sequence_parallel_size", "activation_checkpointing"})
-    config.erase(key);
-  if (config.contains("zero_optimization") && config["zero_optimization"].is_object())
-    for (const char* key : {"stage", "offload_optimizer", "offload_param"}) {
-      if (std::string(key) != "stage" && config["zero_optimization"].contains(key) &&
-          config["zero_optimization"][key].is_object() && config["zero_optimization"][key].contains("nvme_path") &&
-          !request.contains("nvme_path"))
-        in.nvme_path = config["zero_optimization"][key]["nvme_path"];
-      config["zero_optimization"].erase(key);
-    }
-  if (config.contains("pipeline") && config["pipeline"].is_object())
-    for (const char* key : {"stages", "micro_batches", "activation_checkpoint_interval"}) config["pipeline"].erase(key);
-  // The precision and optimizer flags, as the estimator reads them, into the config too.
-  const std::string precision = req.value("bf16", false) ? "bf16" : req.value("fp16", false) ? "fp16" : req.value("precision", "");
-  if (!precision.empty()) {
-    for (const char* section : {"bf16", "fp16"}) {
-      const bool on = precision == section;
-      if (!on && !config.contains(section)) continue;  // off by default: not written
-      if (!config[section].is_object()) config[section] = json::object();
-      config[section]["enabled"] = on;
-    }
-  }
-  if (req.contains("optimizer") && req["optimizer"].is_string()) config["optimizer"] = {{"type", req["optimizer"]}};
-  if (!config.contains("optimizer")) config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}};
-  in.base_config = config;
+  in.base_config = base_config_of(request, &in.nvme_path);
+  req.erase("config");
 
   // The model and the hardware, as `tessera estimate` reads them.
   json estimate_request = req;
   estimate_request.erase("bf16"), estimate_request.erase("fp16"), estimate_request.erase("precision"),
       estimate_request.erase("optimizer");
-  estimate_request["config"] = config;
+  estimate_request["config"] = in.base_config;
   estimate_request["search"] = false;
   if (estimate_request.value("device", "gpu") == "cpu" && !estimate_request.contains("cpu_mem")) {
     const int64_t memory = machine_memory();
