@@ -13,6 +13,13 @@ correlation between predicted and measured step times. Prints one JSON line and 
 
 Each layout's step time is the median of its progress lines' "step X ms" after the first step
 (warm-up). --hostfile runs every layout across emulated hosts (scripts/cluster.sh) instead of one.
+
+Ranks sharing cores make one sweep noisy (on the 2-core VM two sweeps of the same 44 layouts
+agreed to a rank correlation of 0.74, a median 9% apart), so earlier sweeps' rows can join this
+one: --measured FILE (repeatable; this script's --out of the same layouts) averages each layout's
+time over the sweeps and reports the sweeps' rank correlation with each other, the ceiling any
+prediction can reach; with --no-run nothing is run again (the planner's present model against
+the stored measurements).
 """
 import argparse
 import json
@@ -26,7 +33,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = os.path.join(ROOT, "build", "bin", "tessera")
 TRAIN_GPT = os.path.join(ROOT, "build", "bin", "train_gpt")
-STEP = re.compile(r"^step (\d+) \|.*\| step ([0-9.]+) ms")
+# Across hosts the launcher prefixes each line with its host and rank ("10.213.0.1: [rank0]: step 2 | ...").
+STEP = re.compile(r"(?:^|: )step (\d+) \|.*\| step ([0-9.]+) ms")
 
 
 def ranks_of(values):
@@ -78,7 +86,7 @@ def measure(layout_config, args, workdir, index):
     cmd = launch + ["--", TRAIN_GPT, "--config", path, "--steps", str(args.steps), "--n-layer", str(args.layers),
                     "--n-head", str(args.heads), "--n-embd", str(args.hidden), "--seq-len", str(args.seq_len)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    steps = [float(m.group(2)) for line in run.stdout.splitlines() if (m := STEP.match(line))]
+    steps = [float(m.group(2)) for line in run.stdout.splitlines() if (m := STEP.search(line))]
     if run.returncode != 0 or len(steps) < 2:
         return None, (run.stderr or run.stdout)[-600:]
     return statistics.median(steps[1:]) / 1000.0, ""
@@ -102,22 +110,40 @@ def main():
     p.add_argument("--port", type=int, default=31500)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default="", help="write every layout's row here (JSON)")
+    p.add_argument("--measured", action="append", default=[], help="an earlier sweep's --out of the same layouts: "
+                   "averaged in (repeatable)")
+    p.add_argument("--no-run", action="store_true", help="with --measured: run nothing, compare the present "
+                   "predictions with those sweeps")
     args = p.parse_args()
+    if args.no_run and not args.measured:
+        sys.exit("--no-run compares with earlier sweeps: give --measured FILE")
     args.ranks_per_node = args.ranks_per_node or args.ranks
     answer = plan(args)
     rows = []
     # Under the checkout, not /tmp: the emulated hosts' ranks (ssh) do not see this machine's /tmp.
     os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    earlier = []
+    for path in args.measured:
+        with open(path) as f:
+            earlier.append({r["label"]: r["measured"] for r in json.load(f)["rows"]})
     with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build"), prefix="planner-sweep-") as workdir:
         for i, cand in enumerate(answer["ranked"]):
             label = cand["layout"]["label"]
-            print("[%d/%d] %s" % (i + 1, len(answer["ranked"]), label), file=sys.stderr, flush=True)
-            seconds, error = measure(cand["config"], args, workdir, i)
+            seconds, error = None, "not run (--no-run)"
+            if not args.no_run:
+                print("[%d/%d] %s" % (i + 1, len(answer["ranked"]), label), file=sys.stderr, flush=True)
+                seconds, error = measure(cand["config"], args, workdir, i)
+                print("    %s" % ("%.3f s" % seconds if seconds is not None else "failed"), file=sys.stderr, flush=True)
             rows.append({"rank": cand["rank"], "label": label, "predicted": cand["step_seconds"],
                          "measured": seconds, "error": error, "terms": cand["terms"]})
-    if args.out:
+    if args.out and not args.no_run:
         with open(args.out, "w") as f:
             json.dump({"rows": rows}, f, indent=1)
+    # Every sweep's time of each layout (this one's first), and their mean.
+    rounds = ([] if args.no_run else [{r["label"]: r["measured"] for r in rows}]) + earlier
+    for r in rows:
+        times = [sweep.get(r["label"]) for sweep in rounds]
+        r["measured"] = statistics.mean(times) if times and None not in times else None
     ok = [r for r in rows if r["measured"] is not None]
     if not ok:
         sys.exit("no layout ran; the first error:\n" + rows[0]["error"])
@@ -133,6 +159,12 @@ def main():
         "spearman": spearman([r["predicted"] for r in ok], [r["measured"] for r in ok]),
         "calibration": answer["calibration"],
     }
+    if len(rounds) > 1:
+        both = [r["label"] for r in ok]
+        summary["sweeps"] = len(rounds)
+        summary["spearman_between_sweeps"] = [
+            spearman([rounds[a][k] for k in both], [rounds[b][k] for k in both])
+            for a in range(len(rounds)) for b in range(a + 1, len(rounds))]
     if first is not rows[0]:
         summary["note"] = "the first choice failed to run"
     print(json.dumps(summary))

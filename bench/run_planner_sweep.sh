@@ -2,9 +2,9 @@
 # The layout planner against the measured sweep (issue 50, docs/planner.md): the 85M GPT
 # (12 layers x 768, 12 heads, block 128) on 4 CPU ranks, a global batch of 8, every layout
 # `tessera plan` considers feasible (data/tensor/pipeline degrees, ZeRO 0-3, micro-batch) run for
-# 4 steps each with build/bin/train_gpt; then the same on 2 emulated hosts x 2 ranks with a 1 Gbit/s
-# link between them (scripts/cluster.sh; root), the planner told the link's rate and that each emulated
-# host has one of the 2 cores.
+# 5 steps each with build/bin/train_gpt; then the same (4 steps) on 2 emulated hosts x 2 ranks with
+# a 1 Gbit/s link between them (scripts/cluster.sh; root), the planner told the link's rate and that
+# the hosts are emulated on this machine (--emulated-hosts: all 4 ranks share its cores).
 #
 #   bench/run_planner_sweep.sh [local|hosts|both]     (default both; about 20 minutes each)
 #
@@ -21,17 +21,17 @@ model=(--layers 12 --hidden 768 --heads 12 --seq-len 128)
 if [ "$what" = local ] || [ "$what" = both ]; then
   build/bin/tessera plan --device cpu --gpus-per-node 4 --global-batch 8 --layers 12 --hidden 768 --heads 12 \
     --vocab 256 --seq-len 128 --max-positions 128 --no-offload --no-cp --activation-checkpointing none --measure >/dev/null
-  python3 bench/planner_sweep.py --ranks 4 --global-batch 8 "${model[@]}" --out "$out/local.json"
+  python3 bench/planner_sweep.py --ranks 4 --global-batch 8 --steps 5 "${model[@]}" --out "$out/local.json"
 fi
 if [ "$what" = hosts ] || [ "$what" = both ]; then
   scripts/cluster.sh up 2 1gbit >/dev/null
   trap 'scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
   ssh_config=$(scripts/cluster.sh ssh-config)
   printf '10.213.0.1 slots=2\n10.213.0.2 slots=2\n' > "$out/hostfile"
-  plan_args="--no-offload --no-cp --activation-checkpointing none --inter-node-bw 0.125 --cores-per-node 1"
+  plan_args="--no-offload --no-cp --activation-checkpointing none --inter-node-bw 0.125 --emulated-hosts"
   build/bin/tessera plan --device cpu --gpus-per-node 2 --nodes 2 --global-batch 8 --layers 12 --hidden 768 \
     --heads 12 --vocab 256 --seq-len 128 --max-positions 128 $plan_args --measure >/dev/null
-  GLOO_SOCKET_IFNAME=eth0 python3 bench/planner_sweep.py --ranks 4 --ranks-per-node 2 --global-batch 8 "${model[@]}" \
+  GLOO_SOCKET_IFNAME=eth0 python3 bench/planner_sweep.py --ranks 4 --ranks-per-node 2 --global-batch 8 --steps 4 "${model[@]}" \
     --hostfile "$out/hostfile" --plan-args "$plan_args" \
     --launch-args "[\"--launcher\", \"ssh\", \"--config\", \"{\\\"hosts\\\": {\\\"ssh_args\\\": [\\\"-F\\\", \\\"$ssh_config\\\"]}}\"]" \
     --out "$out/hosts.json"

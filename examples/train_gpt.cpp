@@ -32,6 +32,7 @@
 
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
+#include "engine/estimator/estimator.h"  // setup_from_config: does the config checkpoint
 #include "engine/planner/auto_layout.h"
 #include "engine/progress.h"  // peak_rss_bytes
 #include "examples/data/fortunes_corpus.h"
@@ -94,7 +95,7 @@ GptMoe moe_of(const Config& config, ParallelContext& ctx) {
 }
 
 int run(int argc, char** argv) {
-  const TrainArgs args = parse_train_args(argc, argv, kUsage);
+  TrainArgs args = parse_train_args(argc, argv, kUsage);
 
   // The world size comes from the environment before any connection: the config needs it to
   // resolve the parallel degrees and the batch triple.
@@ -150,6 +151,9 @@ int run(int argc, char** argv) {
   GptContextParallel cp;
   if (ctx->context().size() > 1) cp = {&ctx->context(), config.context_parallel.method};
   Gpt model(sizes, args.seed, init ? &*init : nullptr, tp, moe_of(config, *ctx), cp);
+  // --checkpoint-activations, or a config that asks for it (pipeline.activation_checkpoint_interval,
+  // or an activation_checkpointing section: the estimator's rule, so what the planner writes runs).
+  args.checkpoint_activations = args.checkpoint_activations || setup_from_config(config).activation_checkpointing != "none";
   if (args.checkpoint_activations && config.pipeline.stages > 1 && config.pipeline.schedule == "zb_h1")
     throw std::invalid_argument("--checkpoint-activations with pipeline.schedule \"zb_h1\": a recomputed block "
                                 "computes its weights' gradients with its input's, which ZB-H1 splits; use \"1f1b\" "
@@ -174,6 +178,7 @@ int run(int argc, char** argv) {
     std::printf("train_gpt: %lld steps of %lld sequences (%lld per rank x %lld micro-steps x %lld data-parallel ranks)\n",
                 (long long)args.steps, (long long)(micro * accumulation * dp), (long long)micro,
                 (long long)accumulation, (long long)dp);
+    if (args.checkpoint_activations) std::printf("train_gpt: activation checkpointing: every block recomputed in the backward\n");
     std::fflush(stdout);
   }
 

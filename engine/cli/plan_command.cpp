@@ -22,8 +22,8 @@ struct PlanFlags {
   std::optional<std::string> offload_optimizer, offload_param, activation_checkpointing;
   std::optional<int64_t> layers, hidden, heads, kv_heads, ffn, vocab, seq_len, max_positions, global_batch, micro_batch;
   std::optional<int> zero, tp, pp, cp, max_tp, gpus_per_node, nodes, cores_per_node;
-  std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw, latency;
-  bool bf16 = false, fp16 = false, json = false, measure = false, no_offload = false, no_cp = false;
+  std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw, latency, overlap_exposed;
+  bool bf16 = false, fp16 = false, json = false, measure = false, no_offload = false, no_cp = false, emulated_hosts = false;
   int top = 5;
   int trials = 0;
   std::string write_config, hostfile;
@@ -47,7 +47,8 @@ nlohmann::json request_from(const PlanFlags& f) {
   put("gpus_per_node", f.gpus_per_node), put("nodes", f.nodes), put("cores_per_node", f.cores_per_node);
   put("gpu_tflops", f.gpu_tflops), put("intra_node_bw", f.intra_node_bw), put("inter_node_bw", f.inter_node_bw);
   put("pcie_bw", f.pcie_bw), put("host_mem_bw", f.host_mem_bw), put("nvme_bw", f.nvme_bw);
-  put("collective_latency_us", f.latency);
+  put("collective_latency_us", f.latency), put("overlap_exposed", f.overlap_exposed);
+  if (f.emulated_hosts) j["emulated_hosts"] = true;
   if (f.bf16) j["bf16"] = true;
   if (f.fp16) j["fp16"] = true;
   if (f.measure) j["measure"] = true;
@@ -150,6 +151,9 @@ void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std:
   sub->add_option("--cpu-mem", f->cpu_mem, "CPU memory per node (--device cpu: this machine's)")->group("Hardware");
   sub->add_option("--nvme", f->nvme, "NVMe capacity per node (NVMe offload only when given)")->group("Hardware");
   sub->add_option("--cores-per-node", f->cores_per_node, "--device cpu: the cores the ranks share (this machine's)")->group("Hardware");
+  sub->add_flag("--emulated-hosts", f->emulated_hosts,
+                "--device cpu: the nodes are scripts/cluster.sh's emulated hosts of this machine (every rank shares its cores)")
+      ->group("Hardware");
   sub->add_flag("--measure", f->measure, "--device cpu: time matrix products and memory here now (and cache them)")
       ->group("Calibration");
   sub->add_option("--gpu-tflops", f->gpu_tflops, "Achieved TFLOP/s per rank")->group("Calibration");
@@ -158,6 +162,8 @@ void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std:
   sub->add_option("--pcie-bw", f->pcie_bw, "Host <-> device, GB/s")->group("Calibration");
   sub->add_option("--host-mem-bw", f->host_mem_bw, "Host memory bandwidth per node, GB/s")->group("Calibration");
   sub->add_option("--nvme-bw", f->nvme_bw, "NVMe bandwidth per node, GB/s")->group("Calibration");
+  sub->add_option("--overlap-exposed", f->overlap_exposed,
+                  "Share of an overlapped collective's time still paid, 0-1 (GPU 0, CPU ranks 0.5)")->group("Calibration");
   sub->add_option("--collective-latency-us", f->latency, "Seconds x 1e6 a collective costs beyond its bytes")->group("Calibration");
   sub->add_option("--top", f->top, "How many layouts to print (5)")->group("Output");
   sub->add_flag("--json", f->json, "Machine-readable output: every layout, ranked and rejected")->group("Output");

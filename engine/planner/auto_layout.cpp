@@ -27,7 +27,8 @@ bool is_auto(const json* v) { return v && v->is_string() && v->get<std::string>(
 const std::vector<std::string>& auto_layout_paths() {
   static const std::vector<std::string> paths = {
       "zero_optimization.stage", "train_micro_batch_size_per_gpu", "tensor_parallel.tp_size", "pipeline.stages",
-      "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device"};
+      "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
+      "activation_checkpointing.number_checkpoints", "pipeline.activation_checkpoint_interval"};
   return paths;
 }
 
@@ -73,8 +74,20 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
   fix("zero_optimization.offload_param.device", "offload_param", "none");
   request["cp"] = at(config, "context_parallel.size") ? *at(config, "context_parallel.size")
                   : at(config, "sequence_parallel_size") ? *at(config, "sequence_parallel_size") : json(1);
+  // Checkpointing: "auto" at either key searches with and without it (the planner writes the one
+  // the layout's pipeline reads); otherwise the estimator's rule: an interval, or the section.
   const json* interval = at(config, "pipeline.activation_checkpoint_interval");
-  request["activation_checkpointing"] = interval && interval->is_number() && interval->get<int>() > 0 ? "full" : "none";
+  const json* section = at(config, "activation_checkpointing");
+  const json* number = at(config, "activation_checkpointing.number_checkpoints");
+  if (is_auto(interval) || is_auto(number)) {
+    searched.push_back(is_auto(number) ? "activation_checkpointing.number_checkpoints" : "pipeline.activation_checkpoint_interval");
+  } else {
+    const bool asks = (interval && interval->is_number() && interval->get<int>() > 0) ||
+                      (section && section->is_object() &&
+                       (section->value("partition_activations", false) || section->value("cpu_checkpointing", false) ||
+                        (number && number->is_number())));
+    request["activation_checkpointing"] = asks ? "full" : "none";
+  }
   const json* micro = at(config, "train_micro_batch_size_per_gpu");
   const json* accumulation = at(config, "gradient_accumulation_steps");
   if (micro && !is_auto(micro)) {

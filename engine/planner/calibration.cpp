@@ -73,15 +73,39 @@ double Calibration::roofline_seconds(double flops, double bytes) const {
   return std::max(flops / (tflops.value * 1e12), bytes / (device_memory_gbps.value * 1e9));
 }
 
+namespace {
+
+// A layer's cache key: its shape and how many ranks on how many cores ran it together.
+std::string layer_key(const LayerShape& shape, int ranks, int cores) {
+  return shape.key() + " x" + std::to_string(ranks) + "/" + std::to_string(cores) + "cores";
+}
+
+}  // namespace
+
+void Calibration::time_layers(const std::vector<LayerShape>& shapes) const {
+  if (!probe_) return;
+  // Timed with as many threads as the node has ranks (they contend for its cores, caches and
+  // memory), then counted back to a core of its own (× the core share): the step-cost model
+  // shares the cores itself (shared_cores.h).
+  const int together = std::max(1, ranks_per_node);
+  std::vector<LayerShape> missing;
+  std::vector<std::string> keys;
+  for (const LayerShape& shape : shapes) {
+    const std::string key = layer_key(shape, together, cores_per_node);
+    if (layers_.count(key) || std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    missing.push_back(shape);
+    keys.push_back(key);
+  }
+  if (missing.empty()) return;
+  const std::vector<double> seconds = planner::time_layers(missing, dtype_of(precision), together, cores_per_node);
+  for (size_t i = 0; i < missing.size(); ++i) layers_[keys[i]] = seconds[i] * core_share();
+  timed_now_ += int(missing.size());
+}
+
 std::optional<double> Calibration::layer_seconds(const LayerShape& shape) const {
   if (!probe_) return std::nullopt;
-  const std::string key = shape.key();
-  auto it = layers_.find(key);
-  if (it == layers_.end()) {
-    it = layers_.emplace(key, time_layer(shape, dtype_of(precision))).first;
-    ++timed_now_;
-  }
-  return it->second;
+  time_layers({shape});
+  return layers_.at(layer_key(shape, std::max(1, ranks_per_node), cores_per_node));
 }
 
 double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
@@ -99,8 +123,17 @@ double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
   return 3 * roofline_seconds(2 * r * K * N, (r * K + K * N + r * N) * c);
 }
 
+double Calibration::collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes) const {
+  if (ranks < 2) return 0.0;
+  const double probed = collective_gbps_[int(kind)];
+  const double gbps = spans_nodes ? inter_node_gbps.value : probed > 0 ? probed : intra_node_gbps.value;
+  const double ring = double(ranks - 1) / ranks * bytes * (kind == Collective::all_reduce ? 2 : 1);
+  return collective_latency_us.value * 1e-6 + ring / (gbps * 1e9);
+}
+
 json Calibration::to_json() const {
   json j = {{"device", device}, {"ranks_per_node", ranks_per_node}, {"precision", precision}, {"probe", probe_}};
+  if (emulated_hosts) j["emulated_hosts"] = true;
   if (probe_) j["shapes_timed"] = layers_.size() + linears_.size(), j["shapes_timed_now"] = timed_now_;
   if (cores_per_node > 0) j["cores_per_node"] = cores_per_node, j["core_share_per_rank"] = core_share();
   auto put = [&](const char* key, const Rate& r) { j[key] = {{"value", r.value}, {"source", r.source}}; };
@@ -112,6 +145,10 @@ json Calibration::to_json() const {
   put("pcie_gbps", pcie_gbps);
   put("nvme_gbps", nvme_gbps);
   put("collective_latency_us", collective_latency_us);
+  put("overlap_exposed", overlap_exposed);
+  if (collective_gbps_[0] > 0)
+    j["intra_node_collectives_gbps"] = {{"reduce_scatter", collective_gbps_[0]}, {"all_gather", collective_gbps_[1]},
+                                        {"all_reduce", collective_gbps_[2]}};
   return j;
 }
 
@@ -126,12 +163,21 @@ std::string Calibration::describe() const {
   if (probe_)
     out << "    layers and linear layers timed forward + backward at each layout's shapes: "
         << layers_.size() + linears_.size() << " shapes, " << timed_now_ << " timed now, the rest " << layer_source_ << "\n";
+  if (emulated_hosts)
+    out << "    the " << ranks_per_node << " ranks' hosts are emulated on this machine: they share its cores, memory and disk\n";
   if (core_share() < 1)
     out << "    " << ranks_per_node << " ranks share " << cores_per_node << " cores: a rank's work takes 1/" << core_share()
         << " as long, but one idle in a pipeline bubble leaves its core to the others\n";
   line("links inside a node", intra_node_gbps, "GB/s");
+  if (collective_gbps_[0] > 0) {
+    char rates[96];
+    std::snprintf(rates, sizeof rates, "reduce-scatter %.3g, all-gather %.3g, allreduce %.3g GB/s", collective_gbps_[0],
+                  collective_gbps_[1], collective_gbps_[2]);
+    out << "    each collective alone (bus bandwidth, same source): " << rates << "\n";
+  }
   line("links between nodes", inter_node_gbps, "GB/s");
   line("collective latency", collective_latency_us, "us");
+  line("share of an overlapped collective still paid", overlap_exposed, "");
   line("optimizer step memory bandwidth per rank", device_memory_gbps, "GB/s");
   line("host memory per node", host_memory_gbps, "GB/s");
   line("host <-> device", pcie_gbps, "GB/s");
@@ -162,7 +208,9 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   Calibration c;
   c.device = hw.device;
   c.precision = precision;
-  c.ranks_per_node = hw.gpus_per_node;
+  c.emulated_hosts = request.contains("emulated_hosts") && request["emulated_hosts"].is_boolean() &&
+                     request["emulated_hosts"].get<bool>();
+  c.ranks_per_node = c.emulated_hosts ? hw.gpus_per_node * hw.nodes : hw.gpus_per_node;
   const bool cpu = hw.device == "cpu";
   auto given = [&](const char* key) { return request.contains(key) && !request[key].is_null(); };
   if (cpu) c.cores_per_node = given("cores_per_node") ? request["cores_per_node"].get<int>() : online_cores();
@@ -182,6 +230,9 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   rate(c.device_memory_gbps, "device_memory_bw",
        given("device_memory_bw") ? request["device_memory_bw"].get<double>() : cpu ? hw.host_memory_gbps / hw.gpus_per_node : 1500,
        cpu ? "the host's bandwidth over its ranks" : "an A100's HBM");
+  rate(c.overlap_exposed, "overlap_exposed", given("overlap_exposed") ? request["overlap_exposed"].get<double>() : cpu ? 0.5 : 0.0,
+       cpu ? "Gloo's copies and sums share the ranks' cores: ZeRO-3 on 4 CPU ranks, docs/benchmarks.md"
+           : "NCCL on its own channels");
   rate(c.collective_latency_us, "collective_latency_us",
        given("collective_latency_us") ? request["collective_latency_us"].get<double>() : cpu ? 100 : 20,
        cpu ? "Gloo on one host" : "NCCL inside a node");
@@ -191,7 +242,7 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   c.cache_path_ = cache_path;
   c.cache_key_ = cpu_model_name() + " / " + precision;
   const json cache = read_cache(cache_path);
-  const std::string links = std::to_string(c.ranks_per_node) + " ranks";
+  const std::string links = std::to_string(c.ranks_per_node) + " ranks on " + std::to_string(c.cores_per_node) + " cores";
   double one_thread_tflops = 0, memory_gbps = 0;
   std::optional<LinkProbe> link;
   std::string source;
@@ -199,12 +250,15 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
     source = "measured now";
     one_thread_tflops = 6.0 * 1024 * 1024 * 1024 / time_linear(1024, 1024, 1024, dtype_of(precision)) / 1e12;
     memory_gbps = time_copy_gbps();
-    if (c.ranks_per_node > 1) link = time_gloo(c.ranks_per_node, int64_t(32) << 20);
+    if (c.ranks_per_node > 1) link = time_gloo(c.ranks_per_node, int64_t(32) << 20, c.cores_per_node);
     json entry = cache.contains(c.cache_key_) ? cache[c.cache_key_] : json::object();
     entry["date"] = now_text();
     entry["tflops_one_thread"] = one_thread_tflops;
     entry["host_memory_gbps"] = memory_gbps;
-    if (link) entry["links"][links] = {{"bus_gbps", link->bus_gbps}, {"latency_us", link->latency_us}};
+    if (link)
+      entry["links"][links] = {{"bus_gbps", link->bus_gbps}, {"latency_us", link->latency_us},
+                               {"reduce_scatter_gbps", link->reduce_scatter_gbps},
+                               {"all_gather_gbps", link->all_gather_gbps}, {"all_reduce_gbps", link->all_reduce_gbps}};
     entry.erase("layers"), entry.erase("linears");  // timed again, now
     json updated = cache;
     updated[c.cache_key_] = entry;
@@ -216,8 +270,11 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
     source = "cached (" + cache_path + ", " + e.value("date", "") + ")";
     one_thread_tflops = e.value("tflops_one_thread", 0.0);
     memory_gbps = e.value("host_memory_gbps", 0.0);
-    if (e.contains("links") && e["links"].contains(links))
-      link = LinkProbe{e["links"][links].value("bus_gbps", 0.0), e["links"][links].value("latency_us", 0.0)};
+    if (e.contains("links") && e["links"].contains(links)) {
+      const json& l = e["links"][links];
+      link = LinkProbe{l.value("bus_gbps", 0.0), l.value("latency_us", 0.0), l.value("reduce_scatter_gbps", 0.0),
+                       l.value("all_gather_gbps", 0.0), l.value("all_reduce_gbps", 0.0)};
+    }
     if (e.contains("layers")) c.layers_ = e["layers"].get<std::map<std::string, double>>();
     if (e.contains("linears")) c.linears_ = e["linears"].get<std::map<std::string, double>>();
   } else {
@@ -229,8 +286,12 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   if (!given("gpu_tflops"))
     c.tflops = {one_thread_tflops, source + ": a 1024^3 " + precision + " linear layer, one thread"};
   if (!given("host_mem_bw")) c.host_memory_gbps = {memory_gbps, source + ": a 256 MiB copy"};
-  if (link && !given("intra_node_bw"))
+  if (link && !given("intra_node_bw")) {
     c.intra_node_gbps = {link->bus_gbps, source + ": Gloo reduce-scatter + all-gather of 32 MiB among " + links};
+    c.collective_gbps_[0] = link->reduce_scatter_gbps;
+    c.collective_gbps_[1] = link->all_gather_gbps;
+    c.collective_gbps_[2] = link->all_reduce_gbps;
+  }
   if (link && !given("collective_latency_us"))
     c.collective_latency_us = {link->latency_us, source + ": Gloo allreduce of one element among " + links};
   if (!given("device_memory_bw"))

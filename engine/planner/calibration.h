@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "engine/estimator/estimator.h"
 #include "engine/planner/probe.h"
@@ -37,8 +38,15 @@ class Calibration {
   Rate pcie_gbps;            // host <-> device per rank (offload)
   Rate nvme_gbps;            // per node
   Rate collective_latency_us;  // per collective call
+  // The share of an overlapped collective's time the step still pays beyond the compute it hides
+  // behind (ZeRO-3's prefetched gathers and its reduce-scatters in the backward): 0 on GPUs (NCCL
+  // runs on its own channels); CPU ranks: Gloo's copies and sums run on the cores the ranks share.
+  Rate overlap_exposed;
   std::string device = "gpu";
-  int ranks_per_node = 1;
+  int ranks_per_node = 1;    // the ranks sharing a node's cores, memory and disk
+  // The nodes are emulated hosts of this one machine (scripts/cluster.sh: a host is a network
+  // stack): ranks_per_node counts every rank, as they all share its cores, memory and disk.
+  bool emulated_hosts = false;
   int cores_per_node = 0;    // CPU ranks: the cores they share
   std::string precision = "fp32";
 
@@ -46,6 +54,9 @@ class Calibration {
   // probe (once per shape, then remembered and cached); nullopt when the probe is off (the FLOP
   // model is used). Sharing cores is the step-cost model's (step_cost.cpp).
   std::optional<double> layer_seconds(const LayerShape& shape) const;
+  // Times the shapes the probe has not timed yet, all together in interleaved passes (probe.h's
+  // time_layers), so layer_seconds finds them; nothing when the probe is off.
+  void time_layers(const std::vector<LayerShape>& shapes) const;
   // A linear layer's forward + backward ([rows × k]·[k × n] and its two gradient products): timed
   // when the probe is on, else the roofline: each product the larger of 2·rows·k·n / tflops and
   // its operands' and result's bytes / device_memory_gbps (Williams et al. 2009).
@@ -53,6 +64,13 @@ class Calibration {
   // Roofline seconds of `flops` arithmetic moving `bytes` (no probe).
   double roofline_seconds(double flops, double bytes) const;
   bool probes() const { return probe_; }
+
+  enum class Collective { reduce_scatter, all_gather, all_reduce };
+  // Seconds for one `kind` over `ranks` ranks of a `bytes` buffer (the full one: the reduce-
+  // scatter's input, the all-gather's output): the latency plus the ring's bytes ((n−1)/n of the
+  // buffer, twice for the allreduce) over the bus bandwidth: inter_node_gbps when the group spans
+  // nodes; inside a node the probe's rate for that collective when it timed one, else intra_node_gbps.
+  double collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes) const;
   // The share of a core one CPU rank gets (1 on GPUs and when the node has a core per rank).
   double core_share() const;
 
@@ -72,6 +90,7 @@ class Calibration {
   bool probe_ = false;
   std::string cache_path_, cache_key_;
   std::string layer_source_;  // "measured now" or "cached (...)"
+  double collective_gbps_[3] = {0, 0, 0};                  // by Collective; 0: intra_node_gbps
   mutable std::map<std::string, double> layers_;          // LayerShape::key() -> seconds
   mutable std::map<std::string, double> linears_;         // "rows,k,n" -> seconds
   mutable int timed_now_ = 0;

@@ -72,6 +72,12 @@ PlanResult plan(const PlanInputs& in) {
   std::vector<Layout> layouts = enumerate_layouts(out.world, hw.gpus_per_node, in.global_batch, shape, in.limits,
                                                   &out.rejected);
   out.considered = int(layouts.size() + out.rejected.size());
+  struct Fitting {
+    Layout layout;
+    json config;
+    EstimateResult memory;
+  };
+  std::vector<Fitting> fitting;  // the engine runs them and they fit: timed next
   for (const Layout& l : layouts) {
     json config = as_config(l, in.base_config, shape.layers, in.nvme_path);
     const std::string unsupported = engine_rule(config, out.world);
@@ -93,13 +99,20 @@ PlanResult plan(const PlanInputs& in) {
       out.rejected.push_back({l, memory.shortfalls.empty() ? "does not fit" : memory.shortfalls.front(), "memory"});
       continue;
     }
+    fitting.push_back({l, std::move(config), std::move(memory)});
+  }
+  // The probe times every layer shape these layouts give a rank, together (calibration.h).
+  std::vector<LayerShape> shapes;
+  for (const Fitting& f : fitting) shapes.push_back(layer_shape(f.layout, shape));
+  in.calibration.time_layers(shapes);
+  for (Fitting& f : fitting) {
     Candidate c;
-    c.layout = l;
-    c.cost = predict_step(l, memory, in.calibration);
-    c.per_rank_bytes = memory.per_gpu.total;
-    c.per_node_cpu_bytes = memory.per_node_cpu.total;
+    c.layout = f.layout;
+    c.cost = predict_step(f.layout, f.memory, in.calibration);
+    c.per_rank_bytes = f.memory.per_gpu.total;
+    c.per_node_cpu_bytes = f.memory.per_node_cpu.total;
     c.samples_per_second = double(in.global_batch) / c.cost.total();
-    c.config = std::move(config);
+    c.config = std::move(f.config);
     out.ranked.push_back(std::move(c));
   }
   out.calibration = in.calibration;  // with the shapes the probe timed
@@ -115,8 +128,9 @@ PlanResult plan(const PlanInputs& in) {
   if (in.calibration.device == "cpu" && in.calibration.core_share() < 1)
     out.notes.push_back(std::to_string(in.calibration.ranks_per_node) + " ranks share " +
                         std::to_string(in.calibration.cores_per_node) + " cores: compute is timed at " +
-                        fmt("%.2f", in.calibration.core_share()) + " of a core per rank");
-  out.notes.push_back("terms add without overlap; the pipeline runs 1F1B; times are predictions (docs/planner.md)");
+                        fmt("%.2f", in.calibration.core_share()) + " of a core per rank, the pipeline with the cores shared among its busy ranks");
+  out.notes.push_back("the data term counts what the compute cannot hide of the collectives the engine overlaps; the pipeline "
+                      "runs 1F1B; times are predictions (docs/planner.md)");
   return out;
 }
 
@@ -229,7 +243,7 @@ namespace {
 // steps are derived, not given. Unknown keys name the nearest known one.
 void check_plan_keys(const json& request) {
   static const std::set<std::string> own = {"global_batch", "measure", "calibration_cache", "cores_per_node",
-                                            "collective_latency_us", "device_memory_bw", "max_tp", "offload",
+                                            "collective_latency_us", "device_memory_bw", "overlap_exposed", "emulated_hosts", "max_tp", "offload",
                                             "cp_search", "nvme_path"};
   static const std::set<std::string> derived = {"gas", "pipeline_micro_batches"};
   static const std::set<std::string> not_planned = {"search", "max_micro_batch"};  // the estimator's search
@@ -315,6 +329,10 @@ PlanInputs plan_inputs_from_json(const json& request) {
   for (const char* key : {"cores_per_node", "collective_latency_us", "device_memory_bw"})  // Calibration::from reads them
     if (auto v = take(key); v && (!v->is_number() || !(v->get<double>() > 0)))
       throw std::invalid_argument(std::string(key) + ": a number > 0");
+  if (auto v = take("emulated_hosts"); v && !v->is_boolean())
+    throw std::invalid_argument("emulated_hosts: true or false (the nodes are scripts/cluster.sh's hosts of this machine)");
+  if (auto v = take("overlap_exposed"); v && (!v->is_number() || v->get<double>() < 0 || v->get<double>() > 1))
+    throw std::invalid_argument("overlap_exposed: a number from 0 (overlapped collectives hidden) to 1 (paid in full)");
   if (auto v = take("max_tp")) in.limits.max_tp = int(integer(*v, "max_tp"));
   if (auto v = take("offload")) in.limits.offload = boolean(*v, "offload");
   if (auto v = take("cp_search")) in.limits.context_parallel = boolean(*v, "cp_search");

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessera::planner {
 
@@ -29,7 +30,16 @@ struct LayerShape {
 
 // Seconds for the layer's forward and backward on one thread (autograd through ATen's layer_norm,
 // matrix products, scaled_dot_product_attention and the MLP's activation); collectives excluded.
-double time_layer(const LayerShape& shape, at::ScalarType dtype);
+// `together` > 1: that many threads time it at once (a node's ranks running together contend for
+// its cores, caches and memory: on the 2-core VM 4 ranks took 1.9x to 2.8x a rank alone, by shape),
+// the mean of their times; on the first `cores` of this machine's cores when it has more (a node
+// smaller than this machine, e.g. an emulated host of scripts/cluster.sh).
+// The median of five rounds (below).
+double time_layer(const LayerShape& shape, at::ScalarType dtype, int together = 1, int cores = 0);
+// Each shape's seconds as time_layer's, timed in five interleaved passes over all of them (a
+// machine whose speed drifts moves them alike): what the planner asks for all its layouts at once.
+std::vector<double> time_layers(const std::vector<LayerShape>& shapes, at::ScalarType dtype, int together = 1,
+                                int cores = 0);
 
 // Seconds for [rows × k]·[k × n] and the two products of its backward (input and weight gradients).
 double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype);
@@ -38,12 +48,16 @@ double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype);
 double time_copy_gbps();
 
 // Gloo among `ranks` ranks (threads of this process over a shared store, TCP on loopback, as
-// ranks on one host talk): bus bandwidth of a reduce-scatter plus an all-gather of `bytes`
-// (ZeRO's pair, ring-equivalent bytes 2(n−1)/n), and the latency of a one-element allreduce.
+// ranks on one host talk): the bus bandwidth of a reduce-scatter plus an all-gather of `bytes`
+// (ZeRO's pair, ring-equivalent bytes 2(n−1)/n), of each of the three alone (NCCL's convention:
+// (n−1)/n of the buffer for the first two, 2(n−1)/n for the allreduce; Gloo's three are not one
+// ring at one speed: its allreduce took about the reduce-scatter's time on this project's VM), and
+// the latency of a one-element allreduce.
 struct LinkProbe {
   double bus_gbps = 0;
   double latency_us = 0;
+  double reduce_scatter_gbps = 0, all_gather_gbps = 0, all_reduce_gbps = 0;  // 0: not timed (an old cache)
 };
-LinkProbe time_gloo(int ranks, int64_t bytes);
+LinkProbe time_gloo(int ranks, int64_t bytes, int cores = 0);  // cores: as time_layer's
 
 }  // namespace tessera::planner

@@ -1,12 +1,13 @@
 #include "engine/planner/step_cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
+#include "engine/planner/shared_cores.h"
 #include "parallel/pipeline/schedule.h"
-#include "parallel/pipeline/simulator.h"
 
 namespace tessera::planner {
 
@@ -15,7 +16,7 @@ using nlohmann::json;
 std::string StepCost::bound() const {
   const std::pair<const char*, double> terms[] = {{"recompute", recompute}, {"tensor", tensor},   {"context", context},
                                                   {"bubble", bubble},       {"p2p", p2p},         {"data", data},
-                                                  {"optimizer", optimizer}, {"offload", offload}};
+                                                  {"accumulate", accumulate}, {"optimizer", optimizer}, {"offload", offload}};
   const char* name = "compute";
   double most = 0;
   for (const auto& [n, v] : terms)
@@ -26,26 +27,13 @@ std::string StepCost::bound() const {
 json StepCost::to_json() const {
   return {{"total", total()}, {"compute", compute}, {"recompute", recompute}, {"tensor", tensor},
           {"context", context}, {"bubble", bubble}, {"p2p", p2p}, {"data", data},
-          {"optimizer", optimizer}, {"offload", offload}, {"bound", bound()}};
+          {"accumulate", accumulate}, {"optimizer", optimizer}, {"offload", offload}, {"bound", bound()}};
 }
 
 double one_f_one_b_bubble(int p, int m) { return double(p - 1) / double(m + p - 1); }
 
-namespace {
-
-// One micro-batch through one stage: forward and backward seconds, split into their terms.
-struct StageTimes {
-  double compute = 0, recompute = 0, tensor = 0, context = 0;  // forward + backward
-  double forward = 0, backward = 0;                            // what the simulator runs
-};
-
-StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t layers, bool head, const Calibration& cal,
-                       int compute_bytes, const std::string& context_method) {
+LayerShape layer_shape(const Layout& l, const TransformerShape& sh) {
   const int64_t h = sh.hidden, kv = sh.kv_dim(), f = sh.ffn_dim(), tp = l.tp;
-  const int64_t tokens = l.micro_batch * sh.seq_len / l.cp;  // rows of every matrix product on this rank
-  // One layer's forward + backward: timed by the probe at this rank's shape, or its column-parallel
-  // QKV and MLP-in, row-parallel output and MLP-out products and attention's core (4·s·h FLOPs
-  // per token forward, 3x that with the backward) at the calibrated rates.
   LayerShape shape;
   shape.micro = l.micro_batch;
   shape.tokens = sh.seq_len / l.cp;
@@ -66,6 +54,25 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
   shape.ffn = f / tp;
   shape.swiglu = sh.mlp == "swiglu";
   shape.rmsnorm = sh.norm == "rmsnorm";
+  return shape;
+}
+
+namespace {
+
+// One micro-batch through one stage: forward and backward seconds, split into their terms.
+struct StageTimes {
+  double compute = 0, recompute = 0, tensor = 0, context = 0;  // forward + backward
+  StageOpCost forward, backward;                               // what the pipeline runs: work at a core's speed, waits
+};
+
+StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t layers, bool head, const Calibration& cal,
+                       int compute_bytes, const std::string& context_method) {
+  const int64_t h = sh.hidden, kv = sh.kv_dim(), f = sh.ffn_dim(), tp = l.tp;
+  const int64_t tokens = l.micro_batch * sh.seq_len / l.cp;  // rows of every matrix product on this rank
+  // One layer's forward + backward: timed by the probe at this rank's shape, or its column-parallel
+  // QKV and MLP-in, row-parallel output and MLP-out products and attention's core (4·s·h FLOPs
+  // per token forward, 3x that with the backward) at the calibrated rates.
+  const LayerShape shape = layer_shape(l, sh);
   double layer;  // forward + backward
   if (auto timed = cal.layer_seconds(shape)) {
     layer = *timed;
@@ -83,7 +90,7 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
   const double latency = cal.collective_latency_us.value * 1e-6, bw = cal.intra_node_gbps.value * 1e9;
   const double activation = double(tokens) * double(h) * compute_bytes;
   if (l.tp > 1) {
-    const double allreduce = latency + 2.0 * (tp - 1) / tp * activation / bw;
+    const double allreduce = cal.collective_seconds(Calibration::Collective::all_reduce, activation, int(tp), false);
     t.tensor = 4.0 * double(layers) * allreduce;  // 2 forward, 2 backward per layer
   }
   if (l.cp > 1) {
@@ -100,8 +107,8 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
     }
   }
   const double comm = t.tensor + t.context;
-  t.forward = work / 3 + comm / 2;
-  t.backward = 2 * work / 3 + t.recompute + comm / 2;
+  t.forward = {work / 3, comm / 2};
+  t.backward = {2 * work / 3 + t.recompute, comm / 2};
   return t;
 }
 
@@ -114,15 +121,15 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   const int64_t m = l.gradient_accumulation;
   // The busiest stage: layers split evenly, the first stages taking the remainder; the head on the last.
   StageTimes busiest;
+  auto total = [](const StageTimes& t) { return t.forward.work + t.forward.wait + t.backward.work + t.backward.wait; };
   for (int s = 0; s < l.pp; ++s) {
     const int64_t layers = sh.layers / l.pp + (s < sh.layers % l.pp ? 1 : 0);
     const StageTimes t = stage_times(l, sh, layers, s == l.pp - 1, cal, c, memory.setup.context_method);
-    if (t.forward + t.backward > busiest.forward + busiest.backward) busiest = t;
+    if (total(t) > total(busiest)) busiest = t;
   }
   // Ranks that outnumber the node's cores share them: a rank's own work takes 1/share as long
-  // when every rank is busy, but a rank idle in a pipeline bubble leaves its core to the others. So
-  // the pipeline runs at full speed (the simulator, below) and the node's work at its share:
-  // the step takes the longer of the two.
+  // when every rank is busy, but a rank idle in a pipeline bubble leaves its core to the others
+  // (the pipeline below is timed with the cores shared among the ranks busy at each moment).
   const double share = cal.core_share();
   StepCost cost;
   const double md = double(m);
@@ -133,32 +140,51 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   const double busy = cost.compute + cost.recompute + cost.tensor + cost.context;
   const double latency = cal.collective_latency_us.value * 1e-6;
   if (l.pp > 1) {
-    // 1F1B timed by the simulator; what it adds beyond the stage's own work is bubble and sends.
+    // 1F1B on the node's shared cores; what it adds beyond the stage's own work is bubble and sends.
     const double send = latency + double(l.micro_batch * sh.seq_len / l.cp) * double(sh.hidden) * c /
                                       (cal.intra_node_gbps.value * 1e9);
-    pipeline::Costs costs;
-    costs.forward = busiest.forward;
-    costs.backward = busiest.backward;
-    const double without_sends = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs).makespan;
-    costs.send = send;
-    const double with_sends = pipeline::simulate(pipeline::one_f_one_b(l.pp, int(m)), costs).makespan;
+    SharedCores cores;
+    cores.ranks_per_stage = l.dp * l.cp * l.tp;
+    cores.ranks_per_node = cal.ranks_per_node;  // all of them on emulated hosts
+    cores.cores_per_node = cal.device == "cpu" ? cal.cores_per_node : 0;
+    const pipeline::Schedule schedule = pipeline::one_f_one_b(l.pp, int(m));
+    const double without_sends = shared_core_makespan(schedule, busiest.forward, busiest.backward, 0.0, cores);
+    const double with_sends = shared_core_makespan(schedule, busiest.forward, busiest.backward, send, cores);
     cost.bubble = std::max(0.0, without_sends - busy);
     cost.p2p = std::max(0.0, with_sends - without_sends);
   }
+  // Folding each micro-batch's gradients into the fp32 buffers (docs/architecture.md): the new
+  // gradient read, the buffer read and written, memory-bound.
+  const double P = double(memory.params_per_gpu);
+  cost.accumulate = md * (c + 8) * P / (cal.device_memory_gbps.value * 1e9);
   // ZeRO's collectives over dp × cp (the ranks that hold the same parameters).
-  const double n = double(l.dp) * l.cp, P = double(memory.params_per_gpu);
+  const int n = l.dp * l.cp;
   if (n > 1) {
+    using Collective = Calibration::Collective;
     const bool spans = int64_t(l.tp) * l.cp * l.dp > memory.hardware.gpus_per_node;
-    const double bw = (spans ? cal.inter_node_gbps.value : cal.intra_node_gbps.value) * 1e9;
-    auto ring = [&](double bytes) { return latency + (n - 1) / n * bytes / bw; };  // reduce-scatter or allgather
     const int g = memory.setup.communication_dtype == "bf16" || memory.setup.communication_dtype == "fp16" ? 2 : 4;
+    auto seconds = [&](Collective kind, double bytes) { return cal.collective_seconds(kind, bytes, n, spans); };
+    // What an overlapped collective still costs: what the compute it runs beside cannot hide, and
+    // at least its exposed share (the cores it shares with the compute on CPU ranks).
+    auto overlapped = [&](double comm, double window) {
+      return std::max(comm - window, comm * cal.overlap_exposed.value);
+    };
+    // Stages 0-2: a bucket is reduced when full, during the backward; the last one after it (all
+    // of them when the model fits one bucket: reduce_bucket_size).
+    const double buckets = std::max(1.0, std::ceil(P / double(std::max<int64_t>(1, memory.setup.reduce_bucket_size))));
+    const double backward = (busiest.backward.work / share + busiest.backward.wait);
+    auto in_backward = [&](double reduction) {
+      return reduction / buckets + overlapped(reduction * (buckets - 1) / buckets, backward);
+    };
+    const double reduce = seconds(Collective::reduce_scatter, g * P), gather = seconds(Collective::all_gather, c * P);
     switch (l.zero_stage) {
-      case 0: cost.data = 2 * ring(g * P); break;
-      case 1: cost.data = ring(g * P) + ring(c * P); break;
-      case 2: cost.data = md * ring(g * P) + ring(c * P); break;
-      // ZeRO-3: gathered for the forward and again for the backward of every micro-batch; under a
-      // pipeline once a step (pipeline.zero3_gather "step", kept whole while the stage runs).
-      default: cost.data = md * ring(g * P) + (l.pp > 1 ? 1.0 : 2 * md) * ring(c * P); break;
+      case 0: cost.data = in_backward(seconds(Collective::all_reduce, g * P)); break;
+      case 1: cost.data = in_backward(reduce) + gather; break;
+      case 2: cost.data = md * in_backward(reduce) + gather; break;
+      // ZeRO-3 (overlap_comm): gathered for the forward and again for the backward of every
+      // micro-batch, prefetched, and reduced in the backward; under a pipeline gathered once a
+      // step (pipeline.zero3_gather "step", kept whole while the stage runs).
+      default: cost.data = overlapped(md * reduce + (l.pp > 1 ? 1.0 : 2 * md) * gather, busy); break;
     }
   }
   // The optimizer step over this rank's shard (stage 0: every parameter), memory-bound.

@@ -11,17 +11,23 @@
 //                backward (Megatron's f and g), per layer and micro-batch
 //   context      context parallelism: Ulysses's 4 all-to-alls forward and 4 backward per layer
 //                (q, k, v and the output), or ring attention's cp − 1 key/value passes (twice in the backward)
-//   bubble       the pipeline's idle time: 1F1B timed by the schedule simulator
-//                (parallel/pipeline/simulator.h) with the micro-batch's forward, backward and
-//                send times: (p − 1)/(m + p − 1) of the makespan with equal stages
+//   bubble       the pipeline's idle time: 1F1B timed with the micro-batch's forward, backward and
+//                send times (shared_cores.h: on CPU nodes with more ranks than cores, the busy
+//                ranks share the cores at each moment); (p − 1)/(m + p − 1) of the makespan with
+//                equal stages and a core (device) per rank
 //   p2p          the activations and gradients sent between stages (inside the simulated makespan)
-//   data         the ZeRO collectives over dp × cp (docs/zero.md): stage 0 allreduce 4Ψ, stage 1
-//                reduce-scatter 4Ψ + allgather cΨ once a step, stage 2 the reduce-scatter every
-//                micro-step, stage 3 also the allgather twice every micro-step
+//   data         the ZeRO collectives over dp × cp (docs/zero.md), each timed at its own probed
+//                rate: stage 0 allreduce 4Ψ, stage 1 reduce-scatter 4Ψ + allgather cΨ once a step,
+//                stage 2 the reduce-scatter every micro-step, stage 3 also the allgather twice every
+//                micro-step. Stages 0-2 reduce a bucket when it fills in the backward: all but the
+//                last overlap it; stage 3 prefetches its gathers and reduces in the backward: all
+//                overlap the step's compute. An overlapped collective costs what the compute
+//                cannot hide, and at least Calibration::overlap_exposed of its time
+//   accumulate   each micro-batch's gradients folded into the fp32 buffers: (c + 8) bytes a
+//                parameter, memory-bound
 //   optimizer    the step over this rank's shard, memory-bound: (12 + 2k (+ c)) bytes a parameter
 //   offload      the shard to the host and back, the host step, NVMe reads and writes
-// The terms add: nothing overlaps (an upper bound where the engine overlaps, e.g. the gradients'
-// reduce-scatter with the backward).
+// The other terms add.
 #pragma once
 
 #include <string>
@@ -33,12 +39,19 @@
 namespace tessera::planner {
 
 struct StepCost {
-  double compute = 0, recompute = 0, tensor = 0, context = 0, bubble = 0, p2p = 0, data = 0, optimizer = 0, offload = 0;
-  double total() const { return compute + recompute + tensor + context + bubble + p2p + data + optimizer + offload; }
+  double compute = 0, recompute = 0, tensor = 0, context = 0, bubble = 0, p2p = 0, data = 0, accumulate = 0,
+         optimizer = 0, offload = 0;
+  double total() const {
+    return compute + recompute + tensor + context + bubble + p2p + data + accumulate + optimizer + offload;
+  }
   // The largest term after the compute, by name ("bubble", "data", ...); "compute" when none is.
   std::string bound() const;
   nlohmann::json to_json() const;
 };
+
+// One rank's share of one layer under `layout` (tp splits its columns and heads, cp its tokens):
+// the shape the probe times (Calibration::layer_seconds).
+LayerShape layer_shape(const Layout& layout, const TransformerShape& shape);
 
 // `memory`: the estimator's answer for this layout (its shape and parameters per rank). Throws
 // std::invalid_argument without a transformer shape (nothing to time).

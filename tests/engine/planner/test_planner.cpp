@@ -3,6 +3,7 @@
 // schedule simulator, the calibration's sources and cache, the configs it writes, and the CLI.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -12,6 +13,7 @@
 #include "engine/config/config_support.h"
 #include "engine/planner/auto_layout.h"
 #include "engine/planner/planner.h"
+#include "engine/planner/shared_cores.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
 #include "tests/example_runs.h"
@@ -164,6 +166,84 @@ TEST_CASE("planner: the pipeline bubble is the simulator's 1F1B idle time - (p-1
   }
 }
 
+TEST_CASE("planner: ranks sharing cores - the pipeline timed with the busy ranks sharing them") {
+  const StageOpCost f{1.0, 0.0}, b{2.0, 0.0};
+  // A core per rank: the schedule simulator's makespan, with and without sends.
+  for (int p : {2, 4})
+    for (int m : {1, 4, 8})
+      for (double send : {0.0, 0.25}) {
+        pipeline::Costs costs;
+        costs.forward = 1, costs.backward = 2, costs.send = send;
+        const double plain = pipeline::simulate(pipeline::one_f_one_b(p, m), costs).makespan;
+        INFO("p " << p << " m " << m << " send " << send);
+        CHECK(shared_core_makespan(pipeline::one_f_one_b(p, m), f, b, send, {1, p, 0}) == Approx(plain));
+        CHECK(shared_core_makespan(pipeline::one_f_one_b(p, m), f, b, send, {1, p, p}) == Approx(plain));
+      }
+  // Two stages on one core: the core never idles, so the step is all the work, 2m(f + b); the
+  // plain simulator's (m + 1)(f + b) would need two cores.
+  for (int m : {1, 4, 8})
+    CHECK(shared_core_makespan(pipeline::one_f_one_b(2, m), f, b, 0.0, {1, 2, 1}) == Approx(2.0 * m * 3));
+  // Four stages on two cores, one micro-batch: one stage busy at a time, at full speed.
+  CHECK(shared_core_makespan(pipeline::one_f_one_b(4, 1), f, b, 0.0, {1, 4, 2}) == Approx(4 * 3.0));
+  // Each stage's 2 ranks alone on a node of one core: every stage at half speed, always.
+  {
+    pipeline::Costs costs;
+    costs.forward = 2, costs.backward = 4;
+    const double plain = pipeline::simulate(pipeline::one_f_one_b(2, 4), costs).makespan;
+    CHECK(shared_core_makespan(pipeline::one_f_one_b(2, 4), f, b, 0.0, {2, 2, 1}) == Approx(plain));
+  }
+  // A wait (a collective on the wire) is not stretched: one micro-batch on one core is the chain.
+  CHECK(shared_core_makespan(pipeline::one_f_one_b(2, 1), {1.0, 0.5}, {2.0, 0.5}, 0.0, {1, 2, 1}) ==
+        Approx(2 * (1.5 + 2.5)));
+  // The planner's bubble for 4 CPU ranks on 2 cores: a stage idle in 1F1B's ramp leaves its core
+  // to the others, so the bubble is less than the core-per-rank one, (p - 1)(f + b) = 3/16 of the
+  // work at half a core per rank, but not nothing (one stage alone cannot use both cores).
+  json request = {{"layers", 8}, {"hidden", 64}, {"heads", 4}, {"vocab", 64}, {"seq_len", 32}, {"gpus_per_node", 4},
+                  {"device", "cpu"}, {"cores_per_node", 2}, {"cpu_mem", 16}, {"global_batch", 8}, {"pp", 4}, {"tp", 1},
+                  {"cp", 1}, {"zero", 0}, {"micro_batch", 1}, {"intra_node_bw", 1e9}, {"collective_latency_us", 1e-9},
+                  {"offload", false}, {"activation_checkpointing", "none"}, {"calibration_cache", ""}};
+  const PlanResult r = plan(plan_inputs_from_json(request));
+  REQUIRE(r.ranked.size() == 1);
+  const StepCost& c = r.ranked[0].cost;
+  CHECK(c.bubble < 3.0 / 16 * c.compute);
+  CHECK(c.bubble > 0);
+}
+
+TEST_CASE("planner: ZeRO's collectives - each at its rate - ZeRO-3's overlapped with the compute - the fold of each micro-batch") {
+  json request = {{"layers", 4}, {"hidden", 256}, {"heads", 4}, {"vocab", 256}, {"seq_len", 64}, {"gpus_per_node", 4},
+                  {"gpu_mem", 80}, {"global_batch", 16}, {"pp", 1}, {"tp", 1}, {"cp", 1}, {"micro_batch", 2},
+                  {"intra_node_bw", 2.0}, {"collective_latency_us", 10}, {"device_memory_bw", 100}, {"offload", false},
+                  {"activation_checkpointing", "none"}};
+  auto cost_at = [&](int zero, double exposed) {
+    json one = request;
+    one["zero"] = zero;
+    one["overlap_exposed"] = exposed;
+    const PlanResult r = plan(plan_inputs_from_json(one));
+    REQUIRE(r.ranked.size() == 1);
+    return std::make_pair(r.ranked[0].cost, r.ranked[0].layout);
+  };
+  const auto [stage0, layout] = cost_at(0, 0.0);
+  const PlanInputs in = plan_inputs_from_json(request);
+  const double P = double(estimate_of(in, layout).params_per_gpu), n = 4, m = double(layout.gradient_accumulation);
+  REQUIRE(m == 2);
+  // The fold: the gradient read, the fp32 buffer read and written, each micro-batch.
+  CHECK(stage0.accumulate == Approx(m * (4 + 8) * P / 100e9));
+  // Stage 0, the model in one bucket: its allreduce after the backward, all of it (ring: 2(n-1)/n).
+  CHECK(stage0.data == Approx(10e-6 + 2 * (n - 1) / n * 4 * P / 2e9));
+  // Stage 1: the reduce-scatter and the allgather, each (n-1)/n of the buffer.
+  CHECK(cost_at(1, 0.0).first.data == Approx(2 * (10e-6 + (n - 1) / n * 4 * P / 2e9)));
+  // Stage 3: m reduce-scatters and 2m gathers, overlapped with the step's compute: what it cannot
+  // hide, and at least the exposed share.
+  const StepCost paid = cost_at(3, 1.0).first;
+  const double comm = 3 * m * (10e-6 + (n - 1) / n * 4 * P / 2e9);
+  CHECK(paid.data == Approx(comm));
+  CHECK(cost_at(3, 0.25).first.data == Approx(std::max(comm - paid.compute, 0.25 * comm)));
+  CHECK(cost_at(3, 0.0).first.data == Approx(std::max(comm - paid.compute, 0.0)));
+  json bad = request;
+  bad["overlap_exposed"] = 2;
+  CHECK_THROWS_WITH(plan_inputs_from_json(bad), Catch::Contains("overlap_exposed: a number from 0"));
+}
+
 TEST_CASE("planner: calibration says where each rate came from - given - default - measured now - cached") {
   tessera::testing::TempDir dir;
   json request = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"gpus_per_node", 2}, {"global_batch", 4},
@@ -189,6 +269,16 @@ TEST_CASE("planner: calibration says where each rate came from - given - default
   const json cache = json::parse(tessera::testing::run({"cat", dir.file("calibration.json")}).output);
   REQUIRE(cache.size() == 1);
   CHECK(cache.begin().value()["layers"].size() > 0);
+  // The probe's rounds: one time per shape, every shape's threads on the node's cores.
+  LayerShape small;
+  small.micro = 1, small.tokens = 16, small.seq_len = 16, small.hidden = 32, small.heads = 2, small.kv_heads = 2;
+  small.ffn = 64, small.linear_in = 96, small.linear_out = 32;
+  LayerShape wider = small;
+  wider.micro = 4;
+  const std::vector<double> rounds = time_layers({small, wider}, at::kFloat, 2, 1);
+  REQUIRE(rounds.size() == 2);
+  CHECK(rounds[0] > 0);
+  CHECK(rounds[1] > 0);
   // Next time: cached, nothing timed again for the same layouts, the same prediction.
   request.erase("measure");
   const PlanInputs cached = plan_inputs_from_json(request);
@@ -355,4 +445,55 @@ TEST_CASE("auto layout: tessera config check --plan resolves it as C++ does - tr
   CHECK(ex::final_loss(with_auto.output) == ex::final_loss(written.output));
   CHECK(ex::grad_norms(with_auto.output) == ex::grad_norms(written.output));
   CHECK(ex::max_difference(ex::read_parameters(dir.file("auto.bin")), ex::read_parameters(dir.file("explicit.bin"))) == 0.0);
+}
+
+TEST_CASE("auto layout: activation checkpointing \"auto\" - chosen when only it fits - written where the model reads it - train_gpt recomputes") {
+  // GPT-2 medium on 8 GPUs of 10 GB at micro-batch 8: its activations fit only recomputed.
+  json model = {{"preset", "gpt2-medium"}, {"bf16", true}, {"gpu_mem", 10}};
+  json config = {{"train_batch_size", 64}, {"train_micro_batch_size_per_gpu", 8}, {"bf16", {{"enabled", true}}},
+                 {"zero_optimization", {{"stage", 3}}}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
+                 {"activation_checkpointing", {{"number_checkpoints", "auto"}}}};
+  const AutoLayout tight = resolve_auto_layout(config, 8, model);
+  INFO(tight.line << "\n" << tight.config.dump(2));
+  CHECK(contains(tight.line, "searched activation_checkpointing.number_checkpoints"));
+  CHECK(tight.config["activation_checkpointing"]["number_checkpoints"] == 24);
+  CHECK_FALSE(has_auto_layout(tight.config));
+  // Room enough: not chosen (the recompute costs a third of the forward and backward).
+  model["gpu_mem"] = 80;
+  const AutoLayout roomy = resolve_auto_layout(config, 8, model);
+  INFO(roomy.line);
+  CHECK_FALSE(roomy.config.contains("activation_checkpointing"));
+  // Under a pipeline it is the pipeline's interval.
+  model["gpu_mem"] = 8;
+  json piped = config;
+  piped.erase("activation_checkpointing");
+  piped["zero_optimization"]["stage"] = 1;
+  piped["pipeline"] = {{"stages", 2}, {"activation_checkpoint_interval", "auto"}};
+  const AutoLayout staged = resolve_auto_layout(piped, 8, model);
+  INFO(staged.line << "\n" << staged.config.dump(2));
+  CHECK(contains(staged.line, "searched pipeline.activation_checkpoint_interval"));
+  CHECK(staged.config["pipeline"]["activation_checkpoint_interval"] == 1);
+  // train_gpt reads what was written: an activation_checkpointing section recomputes every block,
+  // as --checkpoint-activations does, and trains the same as without it.
+  tessera::testing::TempDir dir;
+  const json small = {{"train_batch_size", 2}, {"train_micro_batch_size_per_gpu", 2}, {"steps_per_print", 1},
+                      {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}}};
+  json with_section = small;
+  with_section["activation_checkpointing"] = {{"number_checkpoints", 4}};
+  std::ofstream(dir.file("section.json")) << with_section.dump();
+  std::ofstream(dir.file("plain.json")) << small.dump();
+  namespace ex = tessera::testing::examples;
+  auto from_config = ex::run_example(TESSERA_TRAIN_GPT_PATH, 1, dir.file("section.json"), 2, tessera::testing::free_port());
+  auto from_flag = ex::run_example(TESSERA_TRAIN_GPT_PATH, 1, dir.file("plain.json"), 2, tessera::testing::free_port(),
+                                   {"--checkpoint-activations"});
+  auto without = ex::run_example(TESSERA_TRAIN_GPT_PATH, 1, dir.file("plain.json"), 2, tessera::testing::free_port());
+  INFO(from_config.output);
+  REQUIRE(from_config.status == 0);
+  REQUIRE(from_flag.status == 0);
+  REQUIRE(without.status == 0);
+  CHECK(contains(from_config.output, "activation checkpointing: every block recomputed"));
+  CHECK(contains(from_flag.output, "activation checkpointing: every block recomputed"));
+  CHECK_FALSE(contains(without.output, "activation checkpointing"));
+  CHECK(ex::final_loss(from_config.output) == ex::final_loss(from_flag.output));
+  CHECK(ex::final_loss(from_config.output) == Approx(ex::final_loss(without.output)).epsilon(1e-5));
 }
