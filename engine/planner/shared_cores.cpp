@@ -4,7 +4,6 @@
 #include <limits>
 #include <map>
 #include <stdexcept>
-#include <tuple>
 #include <vector>
 
 #include "parallel/pipeline/simulator.h"
@@ -38,7 +37,7 @@ double shared_core_makespan(const pipeline::Schedule& schedule, StageOpCost forw
     double work = 0, wait = 0;  // what is left of the running instruction
   };
   std::vector<Stage> stage(p);
-  std::map<std::tuple<int, Op, int, int>, double> sent;  // (from stage, op, micro-batch, chunk) -> arrival
+  std::map<pipeline::SendKey, double> sent;  // a send -> when it arrives
   double now = 0;
   const double eps = 1e-12;
 
@@ -61,11 +60,7 @@ double shared_core_makespan(const pipeline::Schedule& schedule, StageOpCost forw
         case Op::SendGrad: sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + send; break;
         case Op::RecvActivation:
         case Op::RecvGrad: {
-          const bool activation = ins.op == Op::RecvActivation;
-          int from = activation ? s - 1 : s + 1, chunk = ins.chunk;
-          if (from < 0) from = p - 1, chunk -= 1;
-          if (from >= p) from = 0, chunk += 1;
-          auto it = sent.find({from, activation ? Op::SendActivation : Op::SendGrad, ins.micro_batch, chunk});
+          auto it = sent.find(pipeline::matching_send(ins, s, p));
           if (it == sent.end()) return std::numeric_limits<double>::infinity();
           if (it->second > now + eps) return it->second;
           sent.erase(it);

@@ -130,6 +130,18 @@ std::vector<std::string> stream_order_errors(const Schedule& schedule) {
   return errors;
 }
 
+bool SendKey::operator<(const SendKey& o) const {
+  return std::tie(stage, op, micro_batch, chunk) < std::tie(o.stage, o.op, o.micro_batch, o.chunk);
+}
+
+SendKey matching_send(const Instruction& receive, int s, int stages) {
+  const bool activation = receive.op == Op::RecvActivation;
+  int from = activation ? s - 1 : s + 1, chunk = receive.chunk;
+  if (from < 0) from = stages - 1, chunk -= 1;
+  if (from >= stages) from = 0, chunk += 1;
+  return {from, activation ? Op::SendActivation : Op::SendGrad, receive.micro_batch, chunk};
+}
+
 Simulation simulate(const Schedule& schedule, const Costs& costs) {
   std::vector<std::string> errors = check(schedule);
   if (errors.empty()) errors = stream_order_errors(schedule);
@@ -147,7 +159,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
   std::vector<size_t> pc(p, 0);
   std::vector<int> held(p, 0);
   // When each message can be received: (from stage, op it answers, micro-batch, chunk) -> time.
-  std::map<std::tuple<int, Op, int, int>, double> sent;
+  std::map<SendKey, double> sent;
   const int v = schedule.chunks;
   // A chunk's share; a split backward's B and W.
   const double forward_cost = costs.forward / v,
@@ -190,13 +202,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         return true;
       case Op::RecvActivation:
       case Op::RecvGrad: {
-        // From the previous (next) stage's same chunk; across the wrap-around between the last stage
-        // and the first, from the previous (next) chunk.
-        const bool activation = ins.op == Op::RecvActivation;
-        int from = activation ? s - 1 : s + 1, chunk = ins.chunk;
-        if (from < 0) from = p - 1, chunk -= 1;
-        if (from >= p) from = 0, chunk += 1;
-        auto it = sent.find({from, activation ? Op::SendActivation : Op::SendGrad, ins.micro_batch, chunk});
+        auto it = sent.find(matching_send(ins, s, p));
         if (it == sent.end()) return false;
         record(s, ins, now, std::max(now, it->second));
         sent.erase(it);
