@@ -189,10 +189,6 @@ std::vector<double> time_layers(const std::vector<LayerShape>& shapes, at::Scala
   return seconds;
 }
 
-double time_layer(const LayerShape& shape, at::ScalarType dtype, int together, int cores) {
-  return time_layers({shape}, dtype, together, cores).front();
-}
-
 double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype) {
   const auto options = at::TensorOptions().dtype(dtype);
   const at::Tensor x = at::randn({rows, k}, options), w = at::randn({k, n}, options), g = at::randn({rows, n}, options);

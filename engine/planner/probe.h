@@ -28,16 +28,14 @@ struct LayerShape {
   std::string key() const;  // for the cache
 };
 
-// Seconds for the layer's forward and backward on one thread (autograd through ATen's layer_norm,
-// matrix products, scaled_dot_product_attention and the MLP's activation); collectives excluded.
-// `together` > 1: that many threads time it at once (a node's ranks running together contend for
-// its cores, caches and memory: on the 2-core VM 4 ranks took 1.9x to 2.8x a rank alone, by shape),
-// the mean of their times; on the first `cores` of this machine's cores when it has more (a node
-// smaller than this machine, e.g. an emulated host of scripts/cluster.sh).
-// The median of five rounds (below).
-double time_layer(const LayerShape& shape, at::ScalarType dtype, int together = 1, int cores = 0);
-// Each shape's seconds as time_layer's, timed in five interleaved passes over all of them (a
-// machine whose speed drifts moves them alike): what the planner asks for all its layouts at once.
+// Seconds for each shape's layer forward and backward on one thread (autograd through ATen's
+// layer_norm, matrix products, scaled_dot_product_attention and the MLP's activation; collectives
+// excluded), run by `together` threads at once (a node's ranks running together contend for its
+// cores, caches and memory: on the 2-core VM 4 ranks took 1.9x to 2.8x a rank alone, by shape), on
+// the first `cores` of this machine's cores when it has more (a node smaller than this machine,
+// e.g. an emulated host of scripts/cluster.sh). A round lasts from the threads' release to the
+// last one done; five passes interleaved over all the shapes (a machine whose speed drifts moves
+// them alike), the median round of each: what the planner asks for all its layouts at once.
 std::vector<double> time_layers(const std::vector<LayerShape>& shapes, at::ScalarType dtype, int together = 1,
                                 int cores = 0);
 
