@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "csrc/process_exit.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "examples/data/fashion_mnist.h"
@@ -142,7 +143,7 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
@@ -150,3 +151,6 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+// Exits without LibTorch's static destructors (csrc/process_exit.h): main_body's objects are gone by then.
+int main(int argc, char** argv) { tessera::exit_skipping_static_destructors(main_body(argc, argv)); }

@@ -30,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "csrc/process_exit.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "engine/estimator/estimator.h"  // setup_from_config: does the config checkpoint
@@ -433,10 +434,11 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
 }  // namespace
 
 int main(int argc, char** argv) {
+  int status = 1;
   try {
-    return run(argc, argv);
+    status = run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
-    return 1;
   }
+  tessera::exit_skipping_static_destructors(status);  // run()'s objects are gone; LibTorch's teardown is not needed
 }

@@ -4,9 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "csrc/process_exit.h"
 #include "engine/cli/commands.h"
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"tessera: a training engine for large models (DeepSpeed-compatible configs)"};
   app.require_subcommand(1);
   int exit_code = 0;
@@ -38,3 +39,6 @@ int main(int argc, char** argv) {
   }
   return exit_code;
 }
+
+// Exits without LibTorch's static destructors (csrc/process_exit.h): main_body's objects are gone by then.
+int main(int argc, char** argv) { tessera::exit_skipping_static_destructors(main_body(argc, argv)); }

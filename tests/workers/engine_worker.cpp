@@ -80,6 +80,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/process_exit.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "engine/progress.h"  // peak_rss_bytes
@@ -475,7 +476,7 @@ int run(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -533,3 +534,6 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+// Exits without LibTorch's static destructors (csrc/process_exit.h): main_body's objects are gone by then.
+int main(int argc, char** argv) { tessera::exit_skipping_static_destructors(main_body(argc, argv)); }

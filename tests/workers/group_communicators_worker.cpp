@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/process_exit.h"
 #include "engine/config/config_io.h"
 #include "engine/engine.h"
 #include "parallel/parallel_context.h"
@@ -235,7 +236,7 @@ int run(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -256,3 +257,6 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+// Exits without LibTorch's static destructors (csrc/process_exit.h): main_body's objects are gone by then.
+int main(int argc, char** argv) { tessera::exit_skipping_static_destructors(main_body(argc, argv)); }

@@ -33,6 +33,7 @@
 #include <sstream>
 #include <string>
 
+#include "csrc/process_exit.h"
 #include "optim/grad_norm.h"
 #include "parallel/parallel_context.h"
 #include "tests/workers/worker_compressed.h"
@@ -258,7 +259,7 @@ int run(const std::string& mode, int tp, int pp, bool force_alltoall, bool nativ
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
   int tp = 1, pp = 1, micro = 4, chunks = 1;
   bool force_alltoall = false, native_only = false, dynamic_shape = false, loss_on_first_stage = false;
@@ -289,3 +290,6 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+// Exits without LibTorch's static destructors (csrc/process_exit.h): main_body's objects are gone by then.
+int main(int argc, char** argv) { tessera::exit_skipping_static_destructors(main_body(argc, argv)); }

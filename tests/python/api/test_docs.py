@@ -21,7 +21,6 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.serial  # README's `make python` block rebuilds the extension the other tests import
 
 DOCUMENTS = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 RUN = {"sh", "python", "json"}
@@ -52,6 +51,14 @@ def blocks(document):
 
 
 CASES = [(doc,) + b for doc in DOCUMENTS for b in blocks(doc) if b[1] != ""]
+# A block that rebuilds or reinstalls the package (README's `make python`) runs alone, after the
+# parallel pass: the other tests import the extension it rewrites. The rest run beside other tests.
+REBUILDS = re.compile(r"^\s*(make\b|pip install|scripts/build\.sh)", re.M)
+
+
+def case_param(case):
+    marks = [pytest.mark.serial] if case[2] in RUN and case[4] != "skip" and REBUILDS.search(case[3]) else []
+    return pytest.param(*case, marks=marks, id="%s:%d" % (case[0], case[1]))
 
 
 def shorten(text):
@@ -72,8 +79,7 @@ def check(result, what):
     return result
 
 
-@pytest.mark.parametrize("document,line,language,text,directive,reason,output", CASES,
-                         ids=["%s:%d" % (c[0], c[1]) for c in CASES])
+@pytest.mark.parametrize("document,line,language,text,directive,reason,output", [case_param(c) for c in CASES])
 def test_documented_block_runs(document, line, language, text, directive, reason, output):
     where = "%s:%d (```%s)" % (document, line, language)
     if directive == "skip":

@@ -21,6 +21,7 @@ import torch
 
 import tessera
 from parity_worker import TinyGpt, TinyNet, global_batch
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 
 def make_model(run):
@@ -145,4 +146,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

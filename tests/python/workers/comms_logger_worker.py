@@ -12,6 +12,7 @@ import sys
 import torch
 
 import tessera
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 
 def main():
@@ -37,4 +38,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import tessera
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 RANKS, WIDTH, MICRO, LR = 4, 8, 2, 0.1
 
@@ -84,4 +85,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -22,6 +22,7 @@ from tessera import sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "python"))
 from models import Gpt  # noqa: E402
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 SEQ, MICRO, STEPS, VOCAB = 32, 2, 3, 64
 LR = {"sgd": 0.5, "adamw": 0.01}
@@ -121,4 +122,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

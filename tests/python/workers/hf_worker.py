@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 4)[0] + "/examples/python")
 from data import FortunesCorpus  # noqa: E402
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 SEQ = 16
 PROBE = [[3, 70, 101, 32, 99, 97, 116, 32, 115, 97, 116, 46, 10, 84, 104, 101]]
@@ -82,4 +83,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import tessera
 from tessera.moe import MoE, split_params_into_different_moe_groups_for_optimizer
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 RANKS, HIDDEN, EXPERTS, MICRO, SEQ, STEPS = 4, 8, 4, 2, 6, 3
 LR = {"sgd": 0.2, "adamw": 0.01}
@@ -183,4 +184,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -20,6 +20,7 @@ import torch
 
 import tessera
 from parity_worker import TinyNet, global_batch
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 MICRO = 4
 
@@ -301,4 +302,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -27,6 +27,7 @@ import tessera
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "python"))
 from models import Gpt  # noqa: E402
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 IN, HIDDEN, OUT = 16, 32, 4
 VOCAB, BLOCK = 64, 16  # case["model"] == "gpt": the example GPT (tied LM head), 2 layers of 32
@@ -230,4 +231,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -24,6 +24,7 @@ VOCAB, DIM, HEADS, SEQ, MICRO, ACCUMULATION, STEPS, SEED = 32, 16, 2, 8, 2, 4, 4
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "python"))
 from models import Block  # noqa: E402  the example GPT's transformer block (attention and MLP)
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 
 class Embeddings(nn.Module):
@@ -203,4 +204,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)

@@ -24,6 +24,7 @@ import torch
 
 import tessera
 from parity_worker import TinyNet, global_batch
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 
 def main():
@@ -78,4 +79,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    worker_exit.run(main)

@@ -41,6 +41,7 @@ import tessera
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "python"))
 from models import Block, Gpt  # noqa: E402
+import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 VOCAB, BLOCK, EMBD = 64, 16, 32
 MICRO = 2
@@ -373,4 +374,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_exit.run(main)
