@@ -33,6 +33,20 @@ std::string with_sections(const std::string& config, const std::string& sections
   return config.substr(0, config.size() - 1) + ", " + sections + "}";
 }
 
+// The model of the runs compared with a reference: the example GPT at width 64 and 64 tokens a
+// sequence (4 blocks, 4 heads, 220,544 parameters) rather than its default 128 x 128. Every layout
+// needs the same of it (heads for tp 4 and Ulysses cp 4, 8 chunks for ring cp 4); each run costs
+// about a quarter less, most of what is left the processes' start.
+const std::vector<std::string> kParityModel = {"--n-embd", "64", "--seq-len", "64"};
+
+// train_gpt on `ranks` ranks with the parity model (flags after it may override it).
+tessera::testing::RunResult run_gpt(int ranks, const std::string& config, int steps, int port,
+                                    const std::vector<std::string>& flags = {}) {
+  std::vector<std::string> all = kParityModel;
+  all.insert(all.end(), flags.begin(), flags.end());
+  return run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, steps, port, all);
+}
+
 // The 1-rank run every multi-rank train_gpt run is compared with (10 steps, global batch 16), run
 // once: its final loss and its final parameters.
 struct Reference {
@@ -48,7 +62,7 @@ const Reference& reference(const std::string& n_layer = "") {
   tessera::testing::TempDir dir;
   std::vector<std::string> flags{"--save-parameters", dir.file("one.bin")};
   if (!n_layer.empty()) flags.insert(flags.end(), {"--n-layer", n_layer});
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 1), 10, tessera::testing::free_port(), flags);
+  auto one = run_gpt(1, gpt_config(16, 1), 10, tessera::testing::free_port(), flags);
   INFO(one.output);
   REQUIRE(one.status == 0);
   CHECK(contains(one.output, "step 10 | loss "));
@@ -74,7 +88,7 @@ std::string check_against_reference(int ranks, const std::string& config, const 
   REQUIRE(!ref.parameters.empty());
   tessera::testing::TempDir dir;
   flags.insert(flags.end(), {"--save-parameters", dir.file("parameters.bin")});
-  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(), flags);
+  auto run = run_gpt(ranks, config, 10, tessera::testing::free_port(), flags);
   INFO(what << "\n" << run.output);
   REQUIRE(run.status == 0);
   CHECK(std::abs(final_loss(run.output) - ref.loss) < 1e-4);
@@ -208,12 +222,12 @@ TEST_CASE("train_gpt: bf16 through the pipeline by every schedule ends where 1F1
     std::string config = with_sections(gpt_config(micro, 1, accumulation), R"("bf16": {"enabled": true})");
     return pipeline.empty() ? config : with_sections(config, "\"pipeline\": " + pipeline);
   };
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, bf16(16, 1, ""), 10, tessera::testing::free_port());
+  auto one = run_gpt(1, bf16(16, 1, ""), 10, tessera::testing::free_port());
   REQUIRE(one.status == 0);
   double one_f_one_b = 0;
   for (const char* pipeline : {R"({"stages": 2})", R"({"stages": 2, "schedule": "gpipe"})", R"({"stages": 2, "schedule": "zb_h1"})",
                                R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2})"}) {
-    auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, bf16(4, 4, pipeline), 10, tessera::testing::free_port());
+    auto run = run_gpt(2, bf16(4, 4, pipeline), 10, tessera::testing::free_port());
     INFO(pipeline << "\n" << run.output);
     REQUIRE(run.status == 0);
     if (one_f_one_b == 0) one_f_one_b = final_loss(run.output);
@@ -253,7 +267,7 @@ TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without in
 }
 
 // Context parallelism (the config's context_parallel section; parallel/context_parallel/): each
-// sequence of 128 tokens split over the context group, attention across it by Ulysses's
+// sequence of 64 tokens split over the context group, attention across it by Ulysses's
 // all-to-alls or ring attention, the loss the whole sequences' mean; gradients averaged and ZeRO
 // partitioning over data x context. Against the same 1-rank run: cp 2 and 4 by each method, cp 2 x
 // dp 2 at ZeRO 2 and 3, cp 2 x tp 2 with sequence parallelism (heads split by tp, then by cp), cp 2
@@ -314,12 +328,12 @@ TEST_CASE("train_gpt --save and --load: resumed runs reach the 1-rank loss and p
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [first, second] = cases[i];
     tessera::testing::TempDir dir;
-    auto a = run_example(TESSERA_TRAIN_GPT_PATH, first.ranks, first.config, 5, tessera::testing::free_port(),
+    auto a = run_gpt(first.ranks, first.config, 5, tessera::testing::free_port(),
                          {"--save", dir.file("ckpt")});
     INFO("case " << i << "\n" << a.output);
     REQUIRE(a.status == 0);
     CHECK(contains(a.output, "train_gpt: saved " + dir.file("ckpt") + "/global_step5"));
-    auto b = run_example(TESSERA_TRAIN_GPT_PATH, second.ranks, second.config, 10, tessera::testing::free_port(),
+    auto b = run_gpt(second.ranks, second.config, 10, tessera::testing::free_port(),
                          {"--load", dir.file("ckpt"), "--save-parameters", dir.file("parameters.bin")});
     INFO(b.output);
     REQUIRE(b.status == 0);
@@ -347,7 +361,7 @@ TEST_CASE("train_gpt --load at another tensor, pipeline and data degree and ZeRO
   tessera::testing::TempDir dir;
   const std::string tp2_pp2_dp2 =
       with_sections(gpt_config(4, 1, 2), R"("tensor_parallel": {"tp_size": 2}, "pipeline": {"stages": 2})");
-  auto saved = run_example(TESSERA_TRAIN_GPT_PATH, 8, tp2_pp2_dp2, 5, tessera::testing::free_port(),
+  auto saved = run_gpt(8, tp2_pp2_dp2, 5, tessera::testing::free_port(),
                            {"--save", dir.file("ckpt"), "--save-parameters", dir.file("saved.bin")});
   INFO(saved.output);
   REQUIRE(saved.status == 0);
@@ -361,7 +375,7 @@ TEST_CASE("train_gpt --load at another tensor, pipeline and data degree and ZeRO
   for (const Layout& l : layouts) {
     INFO(l.what);
     if (l.read_back) {  // no step after the load: what it holds is what was saved
-      auto loaded = run_example(TESSERA_TRAIN_GPT_PATH, l.ranks, l.config, 5, tessera::testing::free_port(),
+      auto loaded = run_gpt(l.ranks, l.config, 5, tessera::testing::free_port(),
                                 {"--load", dir.file("ckpt"), "--save-parameters", dir.file("loaded.bin")});
       INFO(loaded.output);
       REQUIRE(loaded.status == 0);
@@ -369,7 +383,7 @@ TEST_CASE("train_gpt --load at another tensor, pipeline and data degree and ZeRO
     }
     std::vector<std::string> flags{"--load", dir.file("ckpt"), "--save-parameters", dir.file("resumed.bin")};
     if (l.what == "tp 4") flags.insert(flags.end(), {"--save", dir.file("tp4")});
-    auto resumed = run_example(TESSERA_TRAIN_GPT_PATH, l.ranks, l.config, 10, tessera::testing::free_port(), flags);
+    auto resumed = run_gpt(l.ranks, l.config, 10, tessera::testing::free_port(), flags);
     INFO(resumed.output);
     REQUIRE(resumed.status == 0);
     CHECK(contains(resumed.output, "resumed from " + dir.file("ckpt") + "/global_step5 at step 5"));
@@ -377,7 +391,7 @@ TEST_CASE("train_gpt --load at another tensor, pipeline and data degree and ZeRO
     CHECK(max_difference(read_parameters(dir.file("resumed.bin")), ref.parameters) < kParameterTolerance);
     if (l.what == "tp 4") std::rename(dir.file("resumed.bin").c_str(), dir.file("tp4.bin").c_str());
   }
-  auto back = run_example(TESSERA_TRAIN_GPT_PATH, 8, tp2_pp2_dp2, 10, tessera::testing::free_port(),
+  auto back = run_gpt(8, tp2_pp2_dp2, 10, tessera::testing::free_port(),
                           {"--load", dir.file("tp4"), "--save-parameters", dir.file("back.bin")});
   INFO(back.output);
   REQUIRE(back.status == 0);
@@ -399,7 +413,7 @@ TEST_CASE("train_gpt with checkpoint.async_save: saves written while training go
       gpt_config(8, 2), R"("checkpoint": {"save_interval": 2, "async_save": true, "save_dir": ")" + ckpt + R"("})");
   // Each write starts 1.5 s late (the test hook): steps run while a save's copy waits for it.
   ::setenv("TESSERA_CHECKPOINT_WRITE_DELAY_MS", "1500", 1);
-  auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 6, tessera::testing::free_port(),
+  auto run = run_gpt(2, config, 6, tessera::testing::free_port(),
                          {"--save-parameters", dir.file("six.bin")});
   ::unsetenv("TESSERA_CHECKPOINT_WRITE_DELAY_MS");
   INFO(run.output);
@@ -411,13 +425,13 @@ TEST_CASE("train_gpt with checkpoint.async_save: saves written while training go
     return tag;
   };
   REQUIRE(latest() == "global_step6");
-  auto loaded = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 0), 6, tessera::testing::free_port(),
+  auto loaded = run_gpt(1, gpt_config(16, 0), 6, tessera::testing::free_port(),
                             {"--load", ckpt, "--save-parameters", dir.file("loaded.bin")});
   INFO(loaded.output);
   REQUIRE(loaded.status == 0);
   CHECK(read_parameters(dir.file("loaded.bin")) == read_parameters(dir.file("six.bin")));
   std::ofstream(ckpt + "/latest", std::ios::trunc) << "global_step4";
-  auto resumed = run_example(TESSERA_TRAIN_GPT_PATH, 1, gpt_config(16, 0), 10, tessera::testing::free_port(),
+  auto resumed = run_gpt(1, gpt_config(16, 0), 10, tessera::testing::free_port(),
                              {"--load", ckpt, "--save-parameters", dir.file("resumed.bin")});
   INFO(resumed.output);
   REQUIRE(resumed.status == 0);
@@ -434,8 +448,8 @@ TEST_CASE("train_gpt: eval_batch through 2 pipeline stages gives the 1-rank vali
     std::smatch m;
     return std::regex_search(output, m, std::regex("validation loss ([0-9.]+)")) ? std::stod(m[1]) : -1.0;
   };
-  auto a = run_example(TESSERA_TRAIN_GPT_PATH, 1, one, 2, tessera::testing::free_port(), {"--eval-every", "2"});
-  auto b = run_example(TESSERA_TRAIN_GPT_PATH, 2, pp2, 2, tessera::testing::free_port(), {"--eval-every", "2"});
+  auto a = run_gpt(1, one, 2, tessera::testing::free_port(), {"--eval-every", "2"});
+  auto b = run_gpt(2, pp2, 2, tessera::testing::free_port(), {"--eval-every", "2"});
   INFO(a.output << "\n" << b.output);
   REQUIRE(a.status == 0);
   REQUIRE(b.status == 0);
@@ -458,7 +472,7 @@ TEST_CASE("train_gpt --checkpoint-activations: ZeRO 2 on 2 ranks and tp 2 with p
   const std::string tp2 = with_sections(
       gpt_config(16, 1), R"("tensor_parallel": {"tp_size": 2}, "activation_checkpointing": {"partition_activations": true})");
   for (const std::string& config : {dp2, tp2}) {
-    auto run = run_example(TESSERA_TRAIN_GPT_PATH, 2, config, 10, tessera::testing::free_port(),
+    auto run = run_gpt(2, config, 10, tessera::testing::free_port(),
                            {"--checkpoint-activations"});
     INFO(run.output);
     REQUIRE(run.status == 0);
@@ -562,7 +576,7 @@ struct MoeReference {
 
 MoeReference moe_reference(const std::string& more) {
   tessera::testing::TempDir dir;
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, moe_config(4, 4, 1, 1, more), 10, tessera::testing::free_port(),
+  auto one = run_gpt(1, moe_config(4, 4, 1, 1, more), 10, tessera::testing::free_port(),
                          {"--save-parameters", dir.file("one.bin")});
   INFO(one.output);
   REQUIRE(one.status == 0);
@@ -574,7 +588,7 @@ MoeReference moe_reference(const std::string& more) {
 std::string check_moe(const MoeReference& ref, int ranks, const std::string& config, const std::string& what,
                       bool with_aux_in_loss = true) {
   tessera::testing::TempDir dir;
-  auto run = run_example(TESSERA_TRAIN_GPT_PATH, ranks, config, 10, tessera::testing::free_port(),
+  auto run = run_gpt(ranks, config, 10, tessera::testing::free_port(),
                          {"--save-parameters", dir.file("parameters.bin")});
   INFO(what << "\n" << run.output);
   REQUIRE(run.status == 0);
@@ -636,8 +650,8 @@ TEST_CASE("train_gpt: MoE blocks with expert parallelism (dp 4 x ep 2 at ZeRO 0-
   auto bf16_config = [&](int accumulation, int ep) {
     return with_sections(moe_config(4, accumulation, 2, ep, bf16), R"("bf16": {"enabled": true})");
   };
-  auto one = run_example(TESSERA_TRAIN_GPT_PATH, 1, bf16_config(4, 1), 10, tessera::testing::free_port());
-  auto four = run_example(TESSERA_TRAIN_GPT_PATH, 4, bf16_config(1, 2), 10, tessera::testing::free_port());
+  auto one = run_gpt(1, bf16_config(4, 1), 10, tessera::testing::free_port());
+  auto four = run_gpt(4, bf16_config(1, 2), 10, tessera::testing::free_port());
   INFO(one.output << "\n" << four.output);
   REQUIRE(one.status == 0);
   REQUIRE(four.status == 0);
