@@ -16,6 +16,29 @@ slowest() {
   "${python:-python3}" scripts/slowest_tests.py "$timings/ctest.xml" "$timings/pytest.xml" "$timings/pytest-serial.xml" || true
 }
 jobs=${TEST_JOBS:-$(nproc)}
+python_tests=1
+grep -q '^TESSERA_BUILD_PYTHON:BOOL=OFF' "$build/CMakeCache.txt" 2>/dev/null && python_tests=0
+# The peers' venvs for the Python tests (DeepSpeed for the checkpoint import tests, Hivemind for the
+# collaborative ones) are made or checked while ctest runs: on a fresh machine that is minutes of
+# downloads and installs, mostly waiting.
+peers="$timings/peers"
+mkdir -p "$peers"
+if [ "$python_tests" -eq 1 ]; then
+  bench/setup_deepspeed.sh > "$peers/deepspeed.out" 2> "$peers/deepspeed.err" & deepspeed_setup=$!
+  bench/setup_hivemind.sh > "$peers/hivemind.out" 2> "$peers/hivemind.err" & hivemind_setup=$!
+fi
+# Waits for a peer's setup (in this shell: the background job is its child), shows what it logged,
+# and sets peer_python_is to the last line it printed, its venv's python; a failed setup fails the tests.
+peer_python() {
+  local status=0
+  wait "$2" || status=$?
+  cat "$peers/$1.err" >&2
+  if [ "$status" -ne 0 ]; then
+    echo "[test] bench/setup_$1.sh failed with status $status (its output above)" >&2
+    exit 1
+  fi
+  peer_python_is=$(tail -n 1 "$peers/$1.out")
+}
 ctest_status=0
 start=$SECONDS
 ctest --test-dir "$build" -j "$jobs" --output-on-failure --timeout 300 --output-junit "$(cd "$timings" && pwd)/ctest.xml" "$@" ||
@@ -26,7 +49,7 @@ if [ "$ctest_status" -ne 0 ]; then
   exit "$ctest_status"
 fi
 
-if grep -q '^TESSERA_BUILD_PYTHON:BOOL=OFF' "$build/CMakeCache.txt" 2>/dev/null; then
+if [ "$python_tests" -eq 0 ]; then
   echo "[test] Python tests skipped: configured with -DTESSERA_BUILD_PYTHON=OFF"
   slowest
   exit 0
@@ -35,11 +58,11 @@ python=$(cat "$build/.tessera-python" 2>/dev/null || scripts/setup.sh | tail -n 
 echo "[test] pytest tests/python ($python)"
 export TESSERA_BUILD_DIR="$(cd "$build" && pwd)"
 # DeepSpeed from PyPI in its own venv (reusing this torch), for the checkpoint import tests.
-TESSERA_DEEPSPEED_PYTHON=$(bench/setup_deepspeed.sh | tail -n 1)
-export TESSERA_DEEPSPEED_PYTHON
+peer_python deepspeed "$deepspeed_setup"
+export TESSERA_DEEPSPEED_PYTHON=$peer_python_is
 # Hivemind from PyPI in its own venv (reusing this torch and tessera), for the collaborative tests.
-TESSERA_HIVEMIND_PYTHON=$(bench/setup_hivemind.sh | tail -n 1)
-export TESSERA_HIVEMIND_PYTHON
+peer_python hivemind "$hivemind_setup"
+export TESSERA_HIVEMIND_PYTHON=$peer_python_is
 parallel=() how="one at a time"
 if [ "$jobs" -gt 1 ] && "$python" -c 'import xdist' 2>/dev/null; then
   parallel=(-n "$jobs" --dist loadscope)  # a module's tests on one worker: its fixtures run once

@@ -10,42 +10,38 @@ import pytest
 from conftest import check, launch
 
 
-def run(ranks, method, cp, stage, optimizer, *more):
-    argv = [method, str(cp), str(stage), optimizer] + [str(m) for m in more]
+def run(ranks, *cases):
+    """Each case (METHOD, CP, STAGE, OPTIMIZER, more...) in turn, all by one launch of the ranks (the
+    same grid for all: a process's first initialize fixes the process groups' degrees)."""
+    argv = []
+    for case in cases:
+        argv += (["+"] if argv else []) + [str(a) for a in case]
     result = check(launch(ranks, ["tests/python/workers/context_gpt_worker.py"] + argv))
-    assert "ok %s cp %d stage %d %s" % (method, cp, stage, optimizer) in result.stdout, result.stdout + result.stderr
+    for method, cp, stage, optimizer, *more in cases:
+        assert "ok %s cp %d stage %d %s %s" % (method, cp, stage, optimizer, " ".join(map(str, more))) in result.stdout, \
+            result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("method", ["ulysses", "ring"])
-def test_context_parallel_gpt_matches_one_process(method, cp):
-    run(cp, method, cp, 1, "sgd")
+def test_on_2_ranks_cp_2_by_each_method_bf16_checkpointing_and_deepspeeds_key_match_one_process():
+    """Ulysses and ring at cp 2; bf16 within its tolerance; activation checkpointing; DeepSpeed's
+    sequence_parallel_size setting the degree."""
+    run(2, ("ulysses", 2, 1, "sgd"), ("ring", 2, 1, "sgd"), ("ring", 2, 1, "sgd", "bf16"),
+        ("ulysses", 2, 2, "sgd", "checkpointing"), ("ring", 2, 1, "sgd", "deepspeed_key"))
 
 
-@pytest.mark.parametrize("method, stage, optimizer", [("ring", 2, "adamw"), ("ulysses", 3, "sgd"), ("ring", 3, "adamw")])
-def test_context_2_by_data_2_at_zero_2_and_3_matches_one_process(method, stage, optimizer):
-    run(4, method, 2, stage, optimizer)
+# (One launch per grid: the process groups' degrees are fixed by a process's first initialize.)
+def test_cp_4_by_each_method_matches_one_process():
+    run(4, ("ulysses", 4, 1, "sgd"), ("ring", 4, 1, "sgd"))
 
 
-def test_a_model_built_under_zero_init_partitioned_over_data_by_context():
-    run(4, "ring", 2, 3, "sgd", "zero_init")
+def test_context_2_by_data_2_at_zero_2_and_3_and_built_under_zero_init_matches_one_process():
+    """The model built under zero.Init: partitioned over data x context."""
+    run(4, ("ring", 2, 2, "adamw"), ("ulysses", 2, 3, "sgd"), ("ring", 2, 3, "adamw"), ("ring", 2, 3, "sgd", "zero_init"))
 
 
-@pytest.mark.parametrize("method, optimizer", [("ulysses", "adamw"), ("ring", "sgd")])
-def test_context_2_by_tensor_2_matches_one_process(method, optimizer):
-    run(4, method, 2, 1, optimizer, "tp", 2)
-
-
-def test_bf16_within_its_tolerance():
-    run(2, "ring", 2, 1, "sgd", "bf16")
-
-
-def test_with_activation_checkpointing():
-    run(2, "ulysses", 2, 2, "sgd", "checkpointing")
-
-
-def test_deepspeeds_sequence_parallel_size_sets_the_degree():
-    run(2, "ring", 2, 1, "sgd", "deepspeed_key")
+def test_context_2_by_tensor_2_matches_one_process():
+    """Heads split by tp first, then by context."""
+    run(4, ("ulysses", 2, 1, "adamw", "tp", 2), ("ring", 2, 1, "sgd", "tp", 2))
 
 
 def _initialize(code):

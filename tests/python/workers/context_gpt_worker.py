@@ -1,7 +1,10 @@
 """The example GPT (causal, 2 layers) trained with context parallelism against one process training
 the same model on the same sequences (tests/python/context_parallel/test_context_parallel.py).
 
-    context_gpt_worker.py METHOD CP STAGE OPTIMIZER [tp N] [bf16] [checkpointing]
+    context_gpt_worker.py METHOD CP STAGE OPTIMIZER [tp N] [bf16] [checkpointing] [+ METHOD CP ...]
+
+Several cases separated by "+" run one after the other by the same ranks (each with its own model
+and engine: one start of the processes serves them all).
 
 METHOD: ulysses or ring; CP: context_parallel.size; "zero_init": the model built under
 tessera.zero.Init (partitioned over data x context; each rank draws from its own seed, rank 0's win); the world is data x CP (x tensor N with "tp");
@@ -62,8 +65,16 @@ def reference(kind, dp):
 
 
 def main():
-    method, cp, stage, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    more = sys.argv[5:]
+    case = []
+    for arg in sys.argv[1:] + ["+"]:
+        if arg != "+":
+            case.append(arg)
+            continue
+        run_case(case[0], int(case[1]), int(case[2]), case[3], case[4:])
+        case = []
+
+
+def run_case(method, cp, stage, kind, more):
     tp = int(more[more.index("tp") + 1]) if "tp" in more else 1
     bf16 = "bf16" in more
     world = tessera.comm.get_world_size()

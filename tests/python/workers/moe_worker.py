@@ -1,9 +1,10 @@
 """An MoE model on 4 data-parallel ranks with expert parallelism, against one process training the
 same model on the same global batch (tests/python/moe/test_expert_parallel.py).
 
-    moe_worker.py EP STAGE OPTIMIZER DROP [client | tp | save DIR | load DIR]
+    moe_worker.py EP STAGES OPTIMIZER DROP [client | tp | save DIR | load DIR]
 
-EP: ep_size (2 or 4); STAGE: ZeRO 0-3; OPTIMIZER: sgd (no momentum, gradient clipping that clips)
+EP: ep_size (2 or 4); STAGES: ZeRO 0-3, or several comma-separated, run one after the other by
+the same processes (each with its own model and engine: one start of the ranks serves them); OPTIMIZER: sgd (no momentum, gradient clipping that clips)
 or adamw; DROP: dropless or capacity; "client": the optimizer is the script's torch.optim one over
 DeepSpeed's split_params_into_different_moe_groups_for_optimizer groups; "tp": tensor parallelism 2
 (the dense MLP split by a plan, the MoE layer whole on each tensor rank), so dp 2 with EP over it
@@ -114,8 +115,12 @@ SAVED_AT = 2  # save and load: the checkpoint after this many steps
 
 
 def main():
-    ep, stage, kind, drop = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    more = sys.argv[5:]
+    ep, kind, drop, more = int(sys.argv[1]), sys.argv[3], sys.argv[4], sys.argv[5:]
+    for stage in (int(s) for s in sys.argv[2].split(",")):
+        run_case(ep, stage, kind, drop, more)
+
+
+def run_case(ep, stage, kind, drop, more):
     drop_tokens = drop == "capacity"
     rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
     tp = 2 if more == ["tp"] else 1
