@@ -12,29 +12,40 @@ import pytest
 
 from conftest import check, launch
 
-CASES = [(2, 2, "1f1b", 0, "SGD", 0, 1), (2, 2, "gpipe", 1, "AdamW", 0, 1), (4, 2, "1f1b", 2, "AdamW", 0, 1),
-         (4, 4, "1f1b", 1, "SGD", 0, 1), (2, 2, "1f1b", 1, "SGD", 2, 1), (4, 2, "1f1b", 1, "SGD", 0, 2),
-         (8, 2, "1f1b", 2, "AdamW", 0, 2), (2, 2, "1f1b", 1, "bf16", 0, 1),
-         (2, 2, "zb_h1", 0, "SGD", 0, 1), (4, 4, "zb_h1", 1, "AdamW", 0, 1), (4, 2, "zb_h1", 2, "SGD", 0, 2),
-         (2, 2, "interleaved_1f1b", 1, "SGD", 0, 1), (4, 2, "interleaved_1f1b", 2, "AdamW", 0, 1),
-         (4, 2, "interleaved_1f1b", 1, "SGD", 0, 2), (4, 2, "1f1b", 3, "AdamW", 0, 1), (4, 2, "zb_h1", 3, "SGD", 0, 1),
-         (8, 2, "interleaved_1f1b", 3, "SGD", 0, 2)]
+# Each launch runs the cases of one grid (ranks, stages, tp) one after the other (a process's first
+# initialize fixes its process groups' degrees): 5 launches for 17 cases.
+# (stages, schedule, ZeRO stage, optimizer, activation_checkpoint_interval, tp) and what each shows.
+GRIDS = {
+    "pp2": (2, [(2, "1f1b", 0, "SGD", 0, 1, "pp2-1f1b-z0-sgd"), (2, "gpipe", 1, "AdamW", 0, 1, "pp2-gpipe-z1-adamw"),
+                (2, "1f1b", 1, "SGD", 2, 1, "pp2-checkpoint-every-2"), (2, "1f1b", 1, "bf16", 0, 1, "pp2-bf16-sgd"),
+                (2, "zb_h1", 0, "SGD", 0, 1, "pp2-zbh1-z0-sgd"),
+                (2, "interleaved_1f1b", 1, "SGD", 0, 1, "pp2-interleaved-z1-sgd")]),
+    "pp2xdp2": (4, [(2, "1f1b", 2, "AdamW", 0, 1, "pp2xdp2-z2-adamw"),
+                    (2, "interleaved_1f1b", 2, "AdamW", 0, 1, "pp2xdp2-interleaved-z2-adamw"),
+                    (2, "1f1b", 3, "AdamW", 0, 1, "pp2xdp2-z3-adamw"),
+                    (2, "zb_h1", 3, "SGD", 0, 1, "pp2xdp2-zbh1-z3-per-micro-batch-sgd")]),
+    "pp4": (4, [(4, "1f1b", 1, "SGD", 0, 1, "pp4-z1-sgd"), (4, "zb_h1", 1, "AdamW", 0, 1, "pp4-zbh1-z1-adamw")]),
+    "pp2xtp2": (4, [(2, "1f1b", 1, "SGD", 0, 2, "pp2xtp2-z1-sgd"), (2, "zb_h1", 2, "SGD", 0, 2, "pp2xtp2-zbh1-z2-sgd"),
+                    (2, "interleaved_1f1b", 1, "SGD", 0, 2, "pp2xtp2-interleaved-z1-sgd")]),
+    "pp2xdp2xtp2": (8, [(2, "1f1b", 2, "AdamW", 0, 2, "pp2xdp2xtp2-z2-adamw"),
+                        (2, "interleaved_1f1b", 3, "SGD", 0, 2, "pp2xdp2xtp2-interleaved-z3-sgd")]),
+}
 
 
-@pytest.mark.parametrize("ranks,stages,schedule,zero,optimizer,interval,tp", CASES,
-                         ids=["pp2-1f1b-z0-sgd", "pp2-gpipe-z1-adamw", "pp2xdp2-z2-adamw", "pp4-z1-sgd",
-                              "pp2-checkpoint-every-2", "pp2xtp2-z1-sgd", "pp2xdp2xtp2-z2-adamw", "pp2-bf16-sgd",
-                              "pp2-zbh1-z0-sgd", "pp4-zbh1-z1-adamw", "pp2xtp2-zbh1-z2-sgd",
-                              "pp2-interleaved-z1-sgd", "pp2xdp2-interleaved-z2-adamw", "pp2xtp2-interleaved-z1-sgd",
-                              "pp2xdp2-z3-adamw", "pp2xdp2-zbh1-z3-per-micro-batch-sgd", "pp2xdp2xtp2-interleaved-z3-sgd"])
-def test_pipeline_module_matches_plain_pytorch(ranks, stages, schedule, zero, optimizer, interval, tp):
-    """(with activation_checkpoint_interval 2: every 2 layers recomputed in backward, same results;
-    with tp 2: each block's MLP split over the tensor group, parameters gathered for the comparison;
-    bf16: against the fp32 reference within bf16's rounding, 2% of the loss)"""
-    result = check(launch(ranks, ["tests/python/workers/pipeline_worker.py", str(stages), schedule, str(zero), optimizer,
-                                  str(interval), str(tp)]))
-    for rank in range(ranks):
-        assert "pipeline ok on rank %d" % rank in result.stdout, result.stdout
+@pytest.mark.parametrize("grid", list(GRIDS))
+def test_pipeline_module_matches_plain_pytorch(grid):
+    """1F1B, GPipe, ZB-H1 and interleaved 1F1B at ZeRO 0-3 with SGD and AdamW (with
+    activation_checkpoint_interval 2: every 2 layers recomputed in backward, same results; with tp
+    2: each block's MLP split over the tensor group, parameters gathered for the comparison; bf16:
+    against the fp32 reference within bf16's rounding, 2% of the loss)"""
+    ranks, cases = GRIDS[grid]
+    argv = []
+    for stages, schedule, zero, optimizer, interval, tp, _ in cases:
+        argv += (["+"] if argv else []) + [str(stages), schedule, str(zero), optimizer, str(interval), str(tp)]
+    result = check(launch(ranks, ["tests/python/workers/pipeline_worker.py"] + argv))
+    for i, case in enumerate(cases):
+        for rank in range(ranks):
+            assert "pipeline ok on rank %d case %d " % (rank, i) in result.stdout, (case[-1], result.stdout)
 
 
 def test_fp16_overflow_is_decided_for_the_whole_pipeline(monkeypatch, tmp_path):

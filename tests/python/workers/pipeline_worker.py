@@ -2,11 +2,13 @@
 blocks between tied embeddings) as a tessera.pipe.PipelineModule, trained STEPS steps through tessera.initialize / train_batch, against
 the same layers trained in plain PyTorch in this process on the same data (every rank computes the
 reference whole). Checks each step's loss and global gradient norm, and every parameter of this
-rank's stage; prints "pipeline ok on rank R". Exits non-zero with the first difference.
+rank's stage; prints "pipeline ok on rank R case I". Exits non-zero with the first difference.
 
-    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL [TP]]   (OPTIMIZER: SGD or AdamW;
-        TP > 1 splits each block's MLP over a tensor group of TP ranks; SCHEDULE interleaved_1f1b
-        cuts the model into 2 chunks per stage)
+    pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL [TP]] [+ STAGES ...]
+        (OPTIMIZER: SGD, AdamW or bf16 (SGD in bf16); TP > 1 splits each block's MLP over a tensor
+        group of TP ranks; SCHEDULE interleaved_1f1b cuts the model into 2 chunks per stage). Cases
+        separated by "+" run one after the other by the same ranks, each with its own model and
+        engine (one grid: a process's first initialize fixes the degrees of its process groups).
     pipeline_worker.py STAGES SCHEDULE ZERO_STAGE fp16     the loss scaler under a pipeline: an initial
         scale of 2^20 overflows; every stage must skip the same steps and agree on the scale
 """
@@ -136,13 +138,22 @@ def check_fp16(stages, schedule, zero_stage):
 
 
 def main():
-    stages, schedule, zero_stage, optimizer_name = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    if optimizer_name == "fp16":
-        check_fp16(stages, schedule, zero_stage)
-        tessera.comm.barrier()
-        os._exit(0)
-    interval = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    tp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    if sys.argv[4] == "fp16":
+        check_fp16(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    else:
+        cases = [[]]
+        for arg in sys.argv[1:]:
+            if arg == "+":
+                cases.append([])
+            else:
+                cases[-1].append(arg)
+        for i, case in enumerate(cases):
+            run_case(i, int(case[0]), case[1], int(case[2]), case[3], int(case[4]) if len(case) > 4 else 0,
+                     int(case[5]) if len(case) > 5 else 1)
+    tessera.comm.barrier()  # leave together
+
+
+def run_case(case, stages, schedule, zero_stage, optimizer_name, interval, tp):
     world = int(os.environ["WORLD_SIZE"])
     dp = world // (stages * tp)
     virtual = 2 if schedule == "interleaved_1f1b" else 1  # each stage holds 2 model chunks
@@ -196,11 +207,9 @@ def main():
             checked += 1
     assert checked > 0
     whole.__exit__(None, None, None)
-    print("pipeline ok on rank %d (stage %d, %d tensors checked, losses %s; reference %s)"
-          % (tessera.comm.get_rank(), model.stage_id, checked, " ".join("%.5f" % l for l in losses),
+    print("pipeline ok on rank %d case %d (stage %d, %d tensors checked, losses %s; reference %s)"
+          % (tessera.comm.get_rank(), case, model.stage_id, checked, " ".join("%.5f" % l for l in losses),
              " ".join("%.5f" % l for l in ref_losses)), flush=True)
-    tessera.comm.barrier()
-    os._exit(0)  # leave together, without the interpreter's teardown (tensor_parallel_worker.py)
 
 
 if __name__ == "__main__":
