@@ -97,21 +97,34 @@ TempDir::~TempDir() {
   ::rmdir(path.c_str());
 }
 
+// The kernel's ephemeral ports [low, high] (ip_local_port_range), which outgoing connections take.
+static std::pair<int, int> ephemeral_ports() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768, high = 60999;
+  in >> low >> high;
+  return {low, high};
+}
+
+// A port below the ephemeral range: one the kernel hands out (bind to port 0) can be taken as the
+// local end of another test's connection before the job listens on it ("Address already in use"),
+// while ports below the range are only ever taken by a bind. Random, and bindable now.
 int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("free_port: socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;  // the OS picks an unused port
-  socklen_t length = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+  const int below = ephemeral_ports().first;
+  std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pick(10000, std::max(10001, below - 1));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = pick(random);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw std::runtime_error("free_port: socket() failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(uint16_t(port));
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     ::close(fd);
-    throw std::runtime_error("free_port: bind() failed");
+    if (bound) return port;
   }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  throw std::runtime_error("free_port: no port below the ephemeral range could be bound in 200 tries");
 }
 
 }  // namespace tessera::testing

@@ -6,6 +6,7 @@ build/bin/tessera launch (TESSERA_BUILD_DIR or BUILD_DIR overrides build/).
 """
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -30,10 +31,23 @@ def pytest_configure(config):
 
 
 def free_port():
-    """A TCP port nobody listens on now (for MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on now (for MASTER_PORT), below the kernel's ephemeral range: a port
+    the kernel hands out (bind to port 0) can be taken as the local end of another test's connection
+    before the job listens on it ("Address already in use"); ports below the range only by a bind."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            below = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 32768
+    for _ in range(200):
+        port = random.randint(10000, max(10001, below - 1))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("free_port: no port below the ephemeral range could be bound in 200 tries")
 
 
 def child_env(**extra):
