@@ -3,7 +3,6 @@ allgather of the updated parameters is in flight; the next forward waits unit by
 losses match a run without overlap_comm; state_dict() waits, and then every rank holds the same
 parameters. Prints one JSON line on rank 0."""
 import json
-import sys
 import time
 
 import torch

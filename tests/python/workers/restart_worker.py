@@ -17,7 +17,6 @@ steps on 2), so the job goes on at another world size with the same batches."""
 import argparse
 import os
 import signal
-import sys
 import time
 
 import torch

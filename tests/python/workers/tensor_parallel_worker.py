@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 import tessera
 import tessera.tensor_parallel as tp
-import worker_exit  # tests/python/workers/worker_exit.py: ends the rank without the interpreter's teardown
 
 TOL = 1e-6  # relative to the largest expected value, when that is above 1
 
@@ -231,4 +230,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker_exit.run(main)
+    main()  # main ends the process itself, after a barrier
