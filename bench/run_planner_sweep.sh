@@ -6,7 +6,11 @@
 # a 1 Gbit/s link between them (scripts/cluster.sh; root), the planner told the link's rate and that
 # the hosts are emulated on this machine (--emulated-hosts: all 4 ranks share its cores).
 #
-#   bench/run_planner_sweep.sh [local|hosts|both]     (default both; about 20 minutes each)
+#   bench/run_planner_sweep.sh [local|hosts|both|schedules]     (default both; about 20 minutes each)
+#
+# local and hosts time the 1F1B layouts (the sweeps docs/benchmarks.md averages); schedules the
+# pipeline schedules against each other: every layout of tp 1 and ZeRO 0 on 4 ranks of one host
+# (1F1B, ZB-H1 and interleaved 1F1B with 2 chunks a stage; about 12 minutes).
 #
 # The planner's calibration is measured first (tessera plan --measure: this machine's layer
 # shapes, memory and Gloo among the ranks), then cached for the sweep. Prints each sweep's JSON
@@ -21,14 +25,21 @@ model=(--layers 12 --hidden 768 --heads 12 --seq-len 128)
 if [ "$what" = local ] || [ "$what" = both ]; then
   build/bin/tessera plan --device cpu --gpus-per-node 4 --global-batch 8 --layers 12 --hidden 768 --heads 12 \
     --vocab 256 --seq-len 128 --max-positions 128 --no-offload --no-cp --activation-checkpointing none --measure >/dev/null
-  python3 bench/planner_sweep.py --ranks 4 --global-batch 8 --steps 5 "${model[@]}" --out "$out/local.json"
+  python3 bench/planner_sweep.py --ranks 4 --global-batch 8 --steps 5 "${model[@]}" --out "$out/local.json" \
+    --plan-args "--no-offload --no-cp --activation-checkpointing none --schedule 1f1b"
+fi
+if [ "$what" = schedules ]; then
+  build/bin/tessera plan --device cpu --gpus-per-node 4 --global-batch 8 --layers 12 --hidden 768 --heads 12 \
+    --vocab 256 --seq-len 128 --max-positions 128 --no-offload --no-cp --activation-checkpointing none --measure >/dev/null
+  python3 bench/planner_sweep.py --ranks 4 --global-batch 8 --steps 5 "${model[@]}" --out "$out/schedules.json" \
+    --plan-args "--no-offload --no-cp --activation-checkpointing none --tp 1 --zero 0"
 fi
 if [ "$what" = hosts ] || [ "$what" = both ]; then
   scripts/cluster.sh up 2 1gbit >/dev/null
   trap 'scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
   ssh_config=$(scripts/cluster.sh ssh-config)
   printf '10.213.0.1 slots=2\n10.213.0.2 slots=2\n' > "$out/hostfile"
-  plan_args="--no-offload --no-cp --activation-checkpointing none --inter-node-bw 0.125 --emulated-hosts"
+  plan_args="--no-offload --no-cp --activation-checkpointing none --schedule 1f1b --inter-node-bw 0.125 --emulated-hosts"
   build/bin/tessera plan --device cpu --gpus-per-node 2 --nodes 2 --global-batch 8 --layers 12 --hidden 768 \
     --heads 12 --vocab 256 --seq-len 128 --max-positions 128 $plan_args --measure >/dev/null
   GLOO_SOCKET_IFNAME=eth0 python3 bench/planner_sweep.py --ranks 4 --ranks-per-node 2 --global-batch 8 --steps 4 "${model[@]}" \

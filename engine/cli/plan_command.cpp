@@ -19,9 +19,12 @@ namespace {
 
 struct PlanFlags {
   std::optional<std::string> preset, config, mlp, cp_method, optimizer, gpu_mem, cpu_mem, nvme, device, nvme_path;
-  std::optional<std::string> offload_optimizer, offload_param, activation_checkpointing;
+  std::optional<std::string> offload_optimizer, offload_param, activation_checkpointing, schedule;
+  std::optional<int64_t> moe_experts, moe_every, moe_k;
+  std::optional<double> moe_capacity_factor;
+  bool moe_drop_tokens = false;
   std::optional<int64_t> layers, hidden, heads, kv_heads, ffn, vocab, seq_len, max_positions, global_batch, micro_batch;
-  std::optional<int> zero, tp, pp, cp, max_tp, gpus_per_node, nodes, cores_per_node;
+  std::optional<int> zero, tp, pp, cp, ep, virtual_stages, max_tp, gpus_per_node, nodes, cores_per_node;
   std::optional<double> gpu_tflops, intra_node_bw, inter_node_bw, pcie_bw, host_mem_bw, nvme_bw, latency, overlap_exposed;
   bool bf16 = false, fp16 = false, json = false, measure = false, no_offload = false, no_cp = false, emulated_hosts = false;
   int top = 5;
@@ -39,7 +42,11 @@ nlohmann::json request_from(const PlanFlags& f) {
   put("optimizer", f.optimizer), put("gpu_mem", f.gpu_mem), put("cpu_mem", f.cpu_mem), put("nvme", f.nvme);
   put("device", f.device), put("nvme_path", f.nvme_path);
   put("offload_optimizer", f.offload_optimizer), put("offload_param", f.offload_param);
-  put("activation_checkpointing", f.activation_checkpointing);
+  put("activation_checkpointing", f.activation_checkpointing), put("schedule", f.schedule);
+  put("virtual_stages", f.virtual_stages), put("ep", f.ep);
+  put("moe_experts", f.moe_experts), put("moe_every", f.moe_every), put("moe_k", f.moe_k);
+  put("moe_capacity_factor", f.moe_capacity_factor);
+  if (f.moe_drop_tokens) j["moe_drop_tokens"] = true;
   put("layers", f.layers), put("hidden", f.hidden), put("heads", f.heads), put("kv_heads", f.kv_heads);
   put("ffn", f.ffn), put("vocab", f.vocab), put("seq_len", f.seq_len), put("max_positions", f.max_positions);
   put("global_batch", f.global_batch), put("micro_batch", f.micro_batch);
@@ -106,11 +113,11 @@ int run_plan(const PlanFlags& f, const std::vector<std::string>& program) {
 void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std::string>& program) {
   auto f = std::make_shared<PlanFlags>();
   CLI::App* sub = app.add_subcommand(
-      "plan", "Choose the data, tensor, pipeline and context degrees, ZeRO stage, offload, micro-batch and "
-              "checkpointing: every layout that fits, ranked by predicted step time");
+      "plan", "Choose the data, tensor, pipeline, context and expert degrees, pipeline schedule, ZeRO stage, "
+              "offload, micro-batch and checkpointing: every layout that fits, ranked by predicted step time");
   sub->footer(
-      "A layout flag (--zero, --tp, --pp, --cp, --micro-batch, --offload-*, --activation-checkpointing) fixes that\n"
-      "choice; the rest are searched. Sizes: a number is GiB, or 80GiB, 512MiB. Exit status: 0 a layout fits, 1 none\n"
+      "A layout flag (--zero, --tp, --pp, --cp, --ep, --schedule, --micro-batch, --offload-*,\n"
+      "--activation-checkpointing) fixes that choice; the rest are searched. Sizes: a number is GiB, or 80GiB, 512MiB. Exit status: 0 a layout fits, 1 none\n"
       "does, 2 invalid inputs. docs/planner.md has the cost model.");
   sub->add_option("--preset", f->preset, "A named model (tessera estimate --list-presets)")->group("Model");
   sub->add_option("--layers", f->layers, "Transformer layers")->group("Model");
@@ -122,6 +129,11 @@ void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std:
   sub->add_option("--seq-len", f->seq_len, "Training sequence length")->group("Model");
   sub->add_option("--max-positions", f->max_positions, "Learned position embeddings (GPT-2; 0: rotary)")->group("Model");
   sub->add_option("--mlp", f->mlp, "gelu or swiglu")->check(CLI::IsMember({"gelu", "swiglu"}))->group("Model");
+  sub->add_option("--moe-experts", f->moe_experts, "MoE blocks with this many experts (the config's moe.num_experts)")->group("Model");
+  sub->add_option("--moe-every", f->moe_every, "Every how many blocks is an MoE block (2)")->group("Model");
+  sub->add_option("--moe-k", f->moe_k, "Experts per token (2)")->group("Model");
+  sub->add_option("--moe-capacity-factor", f->moe_capacity_factor, "MoE capacity factor (1.0)")->group("Model");
+  sub->add_flag("--moe-drop-tokens", f->moe_drop_tokens, "MoE with a capacity that drops tokens (default: dropless)")->group("Model");
   sub->add_option("--global-batch", f->global_batch, "Samples per optimizer step (train_batch_size)")->required()->group("Training");
   sub->add_option("--config", f->config, "tessera/DeepSpeed config JSON: its optimizer, precision and other keys")->group("Training");
   sub->add_flag("--bf16", f->bf16, "bf16 compute")->group("Training");
@@ -132,6 +144,11 @@ void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std:
   sub->add_option("--pp", f->pp, "Fix the pipeline stages")->group("Layout");
   sub->add_option("--cp", f->cp, "Fix the context-parallel degree")->group("Layout");
   sub->add_option("--cp-method", f->cp_method, "ulysses (default) or ring")->check(CLI::IsMember({"ulysses", "ring"}))->group("Layout");
+  sub->add_option("--ep", f->ep, "Fix the expert-parallel degree (an MoE model)")->group("Layout");
+  sub->add_option("--schedule", f->schedule, "Fix the pipeline schedule: 1f1b, zb_h1, interleaved_1f1b or gpipe")
+      ->check(CLI::IsMember({"1f1b", "zb_h1", "interleaved_1f1b", "gpipe"}))
+      ->group("Layout");
+  sub->add_option("--virtual-stages", f->virtual_stages, "Model chunks a stage for interleaved 1F1B (2)")->group("Layout");
   sub->add_option("--micro-batch", f->micro_batch, "Fix the micro-batch per rank")->group("Layout");
   sub->add_option("--offload-optimizer", f->offload_optimizer, "Fix: none, cpu or nvme")
       ->check(CLI::IsMember({"none", "cpu", "nvme"}))->group("Layout");

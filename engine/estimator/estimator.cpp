@@ -12,6 +12,8 @@
 
 #include "engine/config/config_io.h"
 #include "engine/estimator/estimator_detail.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulator.h"
 #include "zero/flat_layout.h"
 
 namespace tessera {
@@ -62,6 +64,17 @@ struct Resolved {
   Allowance al;
   int world = 1;
 };
+
+// The micro-batches stage `stage` holds at its peak under the setup's schedule (the simulator's
+// count; an interleaved schedule's chunks, each 1/v of the stage, rounded up to whole ones).
+int64_t pipeline_in_flight(const TrainingSetup& s, int stage, int64_t micro_batches) {
+  if (s.pipeline_schedule == "1f1b" || s.pipeline_schedule.empty())
+    return std::max<int64_t>(1, std::min<int64_t>(s.pp - stage, micro_batches));
+  const pipeline::Schedule schedule =
+      pipeline::make_schedule(s.pipeline_schedule, s.pp, int(micro_batches), s.virtual_stages);
+  const int peak = pipeline::simulate(schedule).peak_activations.at(stage);
+  return std::max<int64_t>(1, (peak + schedule.chunks - 1) / schedule.chunks);
+}
 
 std::pair<int64_t, int64_t> stage_layers(int64_t layers, int pp, int stage) {  // first layer, count
   const int64_t base = layers / pp, extra = layers % pp;
@@ -166,7 +179,7 @@ Evaluation evaluate_stage(const Resolved& r, const TrainingSetup& s, int dp, int
   if (r.shape) {
     const Activations a = activation_terms(*r.shape, s, s.micro_batch);
     const int64_t m_batches = s.pipeline_micro_batches > 0 ? s.pipeline_micro_batches : s.gradient_accumulation;
-    ad.in_flight = s.pp > 1 ? std::max<int64_t>(1, std::min<int64_t>(s.pp - stage, m_batches)) : 1;
+    ad.in_flight = s.pp > 1 ? pipeline_in_flight(s, stage, m_batches) : 1;
     ad.layers_held = m.layers;
     ad.per_layer_full = a.layer_full;
     ad.formula = a.formula;

@@ -55,6 +55,10 @@ struct TrainingSetup : ZeroSizeParams {
   int64_t micro_batch = 1;                 // per GPU
   int64_t gradient_accumulation = 1;
   int64_t pipeline_micro_batches = 0;      // 0: gradient_accumulation (DeepSpeed's default)
+  // pipeline.schedule and virtual_stages: what a stage holds in flight (the schedule's simulated
+  // peak: 1F1B min(pp - stage, m); ZB-H1 up to pp; interleaved more than 1F1B).
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
   int tp = 1;
   int pp = 1;
   bool sequence_parallel = false;          // Megatron's sequence parallelism (with tp > 1)
@@ -150,7 +154,8 @@ struct ActivationDetail {
   int64_t per_layer = 0;          // one layer, one micro-batch, as stored (checkpointing applied)
   int64_t per_layer_full = 0;     // one layer without checkpointing (what recomputation rebuilds)
   int64_t layers_held = 0;        // layers on the busiest stage
-  int64_t in_flight = 1;          // micro-batches the busiest stage holds (1F1B: min(pp - stage, m))
+  int64_t in_flight = 1;          // micro-batches the busiest stage holds (1F1B: min(pp - stage, m); the schedule's
+                                  // simulated peak, interleaved chunks rounded up to whole micro-batches)
   int64_t embedding = 0;          // per micro-batch, first stage
   int64_t logits = 0;             // last stage: fp32 logits and their gradient
   int64_t recompute = 0;          // one layer rebuilt during the backward (checkpointing)

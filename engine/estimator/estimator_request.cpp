@@ -64,6 +64,8 @@ TrainingSetup setup_from_config(const Config& c) {
   s.micro_batch = c.train_micro_batch_size_per_gpu.value_or(1);
   s.gradient_accumulation = c.gradient_accumulation_steps.value_or(1);
   s.pipeline_micro_batches = c.pipeline.micro_batches.value_or(0);
+  s.pipeline_schedule = c.pipeline.schedule;
+  s.virtual_stages = c.pipeline.schedule == "interleaved_1f1b" ? c.pipeline.virtual_stages : 1;
   s.tp = c.tensor_parallel.tp_size;
   s.pp = c.pipeline.stages;
   s.cp = c.context_parallel.size;

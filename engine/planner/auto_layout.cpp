@@ -28,7 +28,8 @@ const std::vector<std::string>& auto_layout_paths() {
   static const std::vector<std::string> paths = {
       "zero_optimization.stage", "train_micro_batch_size_per_gpu", "tensor_parallel.tp_size", "pipeline.stages",
       "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
-      "activation_checkpointing.number_checkpoints", "pipeline.activation_checkpoint_interval"};
+      "activation_checkpointing.number_checkpoints", "pipeline.activation_checkpoint_interval", "moe.ep_size",
+      "pipeline.schedule"};
   return paths;
 }
 
@@ -72,6 +73,10 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
   fix("pipeline.stages", "pp", 1);
   fix("zero_optimization.offload_optimizer.device", "offload_optimizer", "none");
   fix("zero_optimization.offload_param.device", "offload_param", "none");
+  if (at(config, "moe")) fix("moe.ep_size", "ep", 1);
+  fix("pipeline.schedule", "schedule", "1f1b");
+  if (const json* v = at(config, "pipeline.virtual_stages"); v && v->is_number_integer() && v->get<int>() > 1)
+    request["virtual_stages"] = *v;
   request["cp"] = at(config, "context_parallel.size") ? *at(config, "context_parallel.size")
                   : at(config, "sequence_parallel_size") ? *at(config, "sequence_parallel_size") : json(1);
   // Checkpointing: "auto" at either key searches with and without it (the planner writes the one

@@ -10,7 +10,11 @@ std::string Layout::label() const {
   add("dp " + std::to_string(dp));
   if (tp > 1) add("tp " + std::to_string(tp));
   if (pp > 1) add("pp " + std::to_string(pp));
+  if (pp > 1 && schedule == "zb_h1") add("zb-h1");
+  if (pp > 1 && schedule == "interleaved_1f1b") add("interleaved × " + std::to_string(virtual_stages));
+  if (pp > 1 && schedule == "gpipe") add("gpipe");
   if (cp > 1) add("cp " + std::to_string(cp));
+  if (ep > 1) add("ep " + std::to_string(ep));
   add("zero " + std::to_string(zero_stage));
   if (offload_optimizer != "none") add("optimizer on " + offload_optimizer);
   if (offload_param != "none") add("params on " + offload_param);
@@ -31,6 +35,9 @@ TrainingSetup apply(const Layout& l, TrainingSetup s) {
   s.micro_batch = l.micro_batch;
   s.gradient_accumulation = l.gradient_accumulation;
   s.pipeline_micro_batches = 0;  // = the accumulation steps
+  s.pipeline_schedule = l.pp > 1 ? l.schedule : "1f1b";
+  s.virtual_stages = l.pp > 1 ? l.virtual_stages : 1;
+  if (s.moe) s.moe->ep_size = l.ep;
   return s;
 }
 
@@ -58,9 +65,12 @@ json as_config(const Layout& l, json c, int64_t layers, const std::string& nvme_
   if (!p.is_object()) p = json::object();
   p["stages"] = l.pp;
   p.erase("micro_batches");  // the accumulation steps
+  p["schedule"] = l.pp > 1 ? l.schedule : "1f1b";
+  p["virtual_stages"] = l.pp > 1 ? l.virtual_stages : 1;
   c["context_parallel"] = c.contains("context_parallel") && c["context_parallel"].is_object() ? c["context_parallel"] : json::object();
   c["context_parallel"]["size"] = l.cp;
   c.erase("sequence_parallel_size");
+  if (c.contains("moe") && c["moe"].is_object()) c["moe"]["ep_size"] = l.ep;
   const bool checkpointing = l.activation_checkpointing != "none";
   if (l.pp > 1) {
     if (checkpointing) p["activation_checkpoint_interval"] = 1;
@@ -84,6 +94,8 @@ json as_config(const Layout& l, json c, int64_t layers, const std::string& nvme_
   drop(z["offload_param"], "device", "none");
   drop(c["tensor_parallel"], "tp_size", 1);
   drop(p, "stages", 1);
+  drop(p, "schedule", "1f1b");
+  drop(p, "virtual_stages", 1);
   drop(c["context_parallel"], "size", 1);
   for (const char* key : {"offload_optimizer", "offload_param"})
     if (z[key].empty()) z.erase(key);
@@ -97,6 +109,9 @@ json to_json(const Layout& l) {
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
+          {"ep", l.ep},
+          {"schedule", l.schedule},
+          {"virtual_stages", l.virtual_stages},
           {"zero_stage", l.zero_stage},
           {"offload_optimizer", l.offload_optimizer},
           {"offload_param", l.offload_param},

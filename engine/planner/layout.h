@@ -14,6 +14,13 @@ namespace tessera::planner {
 struct Layout {
   // The grid: world = dp · tp · pp · cp (the config's pipe × data × context × tensor).
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  // MoE models: the data-parallel ranks an MoE layer's experts are spread over (moe.ep_size,
+  // carved out of dp: it divides dp and the experts); 1 for a dense model.
+  int ep = 1;
+  // Under a pipeline (pp > 1): pipeline.schedule, "1f1b", "zb_h1" or "interleaved_1f1b" with
+  // virtual_stages model chunks a stage (GPipe has 1F1B's bubble and holds more: not searched).
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
   int zero_stage = 0;
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme (ZeRO-3)

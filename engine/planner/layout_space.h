@@ -1,8 +1,10 @@
-// The layouts the planner considers: every grid dp · tp · pp · cp of the world, every ZeRO stage
+// The layouts the planner considers: every grid dp · tp · pp · cp of the world (for an MoE model,
+// every expert degree ep that divides dp and the experts; under a pipeline 1F1B, ZB-H1 and
+// interleaved 1F1B), every ZeRO stage
 // and offload the engine runs, activation checkpointing off and on, and every micro-batch that
 // divides the global batch's share of a data-parallel rank. What the model's shape rules out
 // (tensor parallelism must divide the heads and the vocabulary, a stage needs a layer, context
-// parallelism must divide the sequence) is rejected here with the reason; what fits and what the
+// parallelism must divide the sequence, expert parallelism the experts) is rejected here with the reason; what fits and what the
 // engine accepts is decided by the planner (engine/planner/planner.h).
 #pragma once
 
@@ -18,14 +20,17 @@ namespace tessera::planner {
 
 // What the search may vary. A fixed value (set) is the only one tried; the rest are searched.
 struct SpaceLimits {
-  std::optional<int> tp, pp, cp, zero_stage;
+  std::optional<int> tp, pp, cp, ep, zero_stage;
   std::optional<int64_t> micro_batch;
   std::optional<std::string> offload_optimizer, offload_param, activation_checkpointing;
+  std::optional<std::string> schedule;  // under a pipeline: "1f1b", "zb_h1", "interleaved_1f1b" (or "gpipe")
+  int virtual_stages = 2;               // the interleaved schedule's model chunks a stage
   int max_tp = 0;                // 0: the ranks of one node (tensor parallelism stays inside a node)
   bool offload = true;           // try optimizer/parameter offload
   bool nvme = false;             // NVMe offload too (the hardware has a drive)
   bool context_parallel = true;  // try cp > 1 (needs a shape whose sequence divides)
   std::string context_method = "ulysses";
+  int64_t num_experts = 0;       // the model's experts per MoE layer (0: dense; ep stays 1)
 };
 
 struct Rejection {

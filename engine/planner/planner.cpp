@@ -129,8 +129,8 @@ PlanResult plan(const PlanInputs& in) {
     out.notes.push_back(std::to_string(in.calibration.ranks_per_node) + " ranks share " +
                         std::to_string(in.calibration.cores_per_node) + " cores: compute is timed at " +
                         fmt("%.2f", in.calibration.core_share()) + " of a core per rank, the pipeline with the cores shared among its busy ranks");
-  out.notes.push_back("the data term counts what the compute cannot hide of the collectives the engine overlaps; the pipeline "
-                      "runs 1F1B; times are predictions (docs/planner.md)");
+  out.notes.push_back("the data term counts what the compute cannot hide of the collectives the engine overlaps; a pipeline "
+                      "is timed with its schedule; times are predictions (docs/planner.md)");
   return out;
 }
 
@@ -143,6 +143,7 @@ std::string why_slower(const StepCost& c, const StepCost& best) {
   const std::pair<const char*, double> extra[] = {
       {"compute", c.compute - best.compute}, {"recomputation", c.recompute - best.recompute},
       {"tensor-parallel communication", c.tensor - best.tensor}, {"context-parallel communication", c.context - best.context},
+      {"expert all-to-alls", c.experts - best.experts},
       {"pipeline bubble", c.bubble - best.bubble}, {"pipeline sends", c.p2p - best.p2p},
       {"data-parallel communication", c.data - best.data}, {"optimizer step", c.optimizer - best.optimizer},
       {"offload traffic", c.offload - best.offload}};
@@ -244,7 +245,7 @@ namespace {
 void check_plan_keys(const json& request) {
   static const std::set<std::string> own = {"global_batch", "measure", "calibration_cache", "cores_per_node",
                                             "collective_latency_us", "device_memory_bw", "overlap_exposed", "emulated_hosts", "max_tp", "offload",
-                                            "cp_search", "nvme_path"};
+                                            "cp_search", "nvme_path", "schedule", "virtual_stages"};
   static const std::set<std::string> derived = {"gas", "pipeline_micro_batches"};
   static const std::set<std::string> not_planned = {"search", "max_micro_batch"};  // the estimator's search
   for (const auto& [key, value] : request.items()) {
@@ -276,7 +277,9 @@ json base_config_of(const json& request, std::string* nvme_path) {
     for (const char* key : {"stage", "offload_optimizer", "offload_param"}) z.erase(key);
   }
   if (config.contains("pipeline") && config["pipeline"].is_object())
-    for (const char* key : {"stages", "micro_batches", "activation_checkpoint_interval"}) config["pipeline"].erase(key);
+    for (const char* key : {"stages", "micro_batches", "activation_checkpoint_interval", "schedule", "virtual_stages"})
+      config["pipeline"].erase(key);
+  if (config.contains("moe") && config["moe"].is_object()) config["moe"].erase("ep_size");
   const std::string precision = request.value("bf16", false) ? "bf16" : request.value("fp16", false) ? "fp16"
                                                                                                     : request.value("precision", "");
   if (!precision.empty())
@@ -342,6 +345,15 @@ PlanInputs plan_inputs_from_json(const json& request) {
   if (auto v = take("tp")) in.limits.tp = int(integer(*v, "tp"));
   if (auto v = take("pp")) in.limits.pp = int(integer(*v, "pp"));
   if (auto v = take("cp")) in.limits.cp = int(integer(*v, "cp"));
+  if (auto v = take("schedule")) in.limits.schedule = string(*v, "schedule");
+  if (auto v = take("virtual_stages")) {
+    in.limits.virtual_stages = int(integer(*v, "virtual_stages"));
+    if (in.limits.virtual_stages < 2) throw std::invalid_argument("virtual_stages: the interleaved schedule's model chunks a stage, >= 2");
+  }
+  if (in.limits.schedule && !std::set<std::string>{"1f1b", "zb_h1", "interleaved_1f1b", "gpipe"}.count(*in.limits.schedule))
+    throw std::invalid_argument("schedule: \"1f1b\", \"zb_h1\", \"interleaved_1f1b\" or \"gpipe\", got \"" + *in.limits.schedule + "\"");
+  const std::optional<json> ep = take("ep");
+  if (ep) in.limits.ep = int(integer(*ep, "ep"));
   if (auto v = take("micro_batch")) in.limits.micro_batch = integer(*v, "micro_batch");
   if (auto v = take("offload_optimizer")) in.limits.offload_optimizer = string(*v, "offload_optimizer");
   if (auto v = take("offload_param")) in.limits.offload_param = string(*v, "offload_param");
@@ -364,6 +376,18 @@ PlanInputs plan_inputs_from_json(const json& request) {
     if (memory > 0) estimate_request["cpu_mem"] = format_gib(memory);
   }
   in.base = estimate_inputs_from_json(estimate_request);
+  // An MoE model (the config's "moe" section or the moe_* keys): ep is searched, and the layouts'
+  // configs carry the section as the estimator resolved it.
+  if (const auto& moe = in.base.setup.moe) {
+    in.limits.num_experts = moe->num_experts;
+    json& section = in.base_config["moe"];
+    if (!section.is_object()) section = json::object();
+    section["num_experts"] = moe->num_experts, section["every"] = moe->every, section["k"] = moe->k;
+    section["capacity_factor"] = moe->capacity_factor, section["drop_tokens"] = moe->drop_tokens;
+    section.erase("ep_size");
+  } else if (ep) {
+    throw std::invalid_argument("ep: the model has no MoE layers (give moe_experts, or a config with a \"moe\" section)");
+  }
   in.limits.nvme = in.base.hardware.nvme_capacity > 0;  // NVMe offload only with a drive
   EstimateInputs probe = in.base;
   probe.search = false;

@@ -59,12 +59,12 @@ nlohmann::json plan_to_json(const PlanResult& result, int top = 5);
 std::string format_plan(const PlanResult& result, int top = 5);
 
 // A JSON request: the estimate request's keys (engine/estimator/estimator.h: the model, the
-// hardware, "config", "precision", ...), where the layout's keys ("zero", "tp", "pp", "cp",
-// "micro_batch", "offload_optimizer", "offload_param", "activation_checkpointing") fix that choice
+// hardware, "config", "precision", ...), where the layout's keys ("zero", "tp", "pp", "cp", "ep",
+// "micro_batch", "offload_optimizer", "offload_param", "activation_checkpointing", "schedule") fix that choice
 // instead of setting it, plus the planner's own: "global_batch" (required), "measure" (run the
 // CPU probe now), "calibration_cache", "cores_per_node", "max_tp", "offload" (false: never
 // offload), "cp_search" (false: no context parallelism), "collective_latency_us",
-// "device_memory_bw", "nvme_path".
+// "device_memory_bw", "nvme_path", "virtual_stages" (the interleaved schedule's chunks a stage, 2).
 PlanInputs plan_inputs_from_json(const nlohmann::json& request);
 nlohmann::json plan_json(const nlohmann::json& request, int top = 5);
 

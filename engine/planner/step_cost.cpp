@@ -15,7 +15,8 @@ using nlohmann::json;
 
 std::string StepCost::bound() const {
   const std::pair<const char*, double> terms[] = {{"recompute", recompute}, {"tensor", tensor},   {"context", context},
-                                                  {"bubble", bubble},       {"p2p", p2p},         {"data", data},
+                                                  {"experts", experts},     {"bubble", bubble},   {"p2p", p2p},
+                                                  {"data", data},
                                                   {"accumulate", accumulate}, {"optimizer", optimizer}, {"offload", offload}};
   const char* name = "compute";
   double most = 0;
@@ -26,7 +27,7 @@ std::string StepCost::bound() const {
 
 json StepCost::to_json() const {
   return {{"total", total()}, {"compute", compute}, {"recompute", recompute}, {"tensor", tensor},
-          {"context", context}, {"bubble", bubble}, {"p2p", p2p}, {"data", data},
+          {"context", context}, {"experts", experts}, {"bubble", bubble}, {"p2p", p2p}, {"data", data},
           {"accumulate", accumulate}, {"optimizer", optimizer}, {"offload", offload}, {"bound", bound()}};
 }
 
@@ -61,12 +62,45 @@ namespace {
 
 // One micro-batch through one stage: forward and backward seconds, split into their terms.
 struct StageTimes {
-  double compute = 0, recompute = 0, tensor = 0, context = 0;  // forward + backward
+  double compute = 0, recompute = 0, tensor = 0, context = 0, experts = 0;  // forward + backward
   StageOpCost forward, backward;                               // what the pipeline runs: work at a core's speed, waits
 };
 
-StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t layers, bool head, const Calibration& cal,
-                       int compute_bytes, const std::string& context_method) {
+// A linear MLP's forward + backward on `rows` rows at inner size `ffn` (SwiGLU: two products in).
+double mlp_seconds(const Calibration& cal, const TransformerShape& sh, int64_t rows, int64_t ffn) {
+  if (rows <= 0) return 0.0;
+  return (sh.mlp == "swiglu" ? 2 : 1) * cal.linear_seconds(rows, sh.hidden, ffn) + cal.linear_seconds(rows, ffn, sh.hidden);
+}
+
+// What an MoE layer (docs/moe.md) costs one rank beyond the dense layer the probe timed: the
+// router, and the experts in place of the MLP: whole on every tensor rank (replicated over tp),
+// this rank's E/ep of them on the rows routed to them (k per token with balanced routing, at
+// most the capacity when tokens drop: Fedus et al. 2021), less the dense MLP's tp share; and the
+// four all-to-alls over the ep ranks (dispatch and combine, forward and backward), each sending
+// (ep − 1)/ep of the routed rows, timed at the probed reduce-scatter's rate (the same bytes leave
+// each rank).
+struct MoeLayerTimes {
+  double compute = 0, all_to_all = 0;
+};
+
+MoeLayerTimes moe_layer_times(const Layout& l, const TransformerShape& sh, const MoeConfig& moe, int64_t tokens,
+                              const Calibration& cal, int compute_bytes, bool spans_nodes) {
+  const int64_t f = sh.ffn_dim(), local = moe.num_experts / l.ep;
+  const double share = moe.drop_tokens ? std::min(1.0, moe.capacity_factor) : 1.0;
+  const double rows = double(tokens) * double(moe.k) * share * double(l.ep) / double(moe.num_experts) * double(local);
+  const int64_t per_expert = int64_t(std::ceil(rows / double(local)));
+  MoeLayerTimes t;
+  t.compute = cal.linear_seconds(tokens, sh.hidden, moe.num_experts) + double(local) * mlp_seconds(cal, sh, per_expert, f) -
+              mlp_seconds(cal, sh, tokens, f / l.tp);
+  if (l.ep > 1)
+    t.all_to_all = 4 * cal.collective_seconds(Calibration::Collective::reduce_scatter,
+                                              rows * double(sh.hidden) * compute_bytes, l.ep, spans_nodes);
+  return t;
+}
+
+StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t layers, int64_t moe_layers, bool head,
+                       const Calibration& cal, int compute_bytes, const std::string& context_method,
+                       const MoeConfig* moe, bool experts_span_nodes) {
   const int64_t h = sh.hidden, kv = sh.kv_dim(), f = sh.ffn_dim(), tp = l.tp;
   const int64_t tokens = l.micro_batch * sh.seq_len / l.cp;  // rows of every matrix product on this rank
   // One layer's forward + backward: timed by the probe at this rank's shape, or its column-parallel
@@ -83,10 +117,15 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
     layer += 3 * cal.roofline_seconds(attention, 4.0 * double(tokens) * double(h) / tp * compute_bytes);
   }
   double work = double(layers) * layer;
-  if (head) work += cal.linear_seconds(tokens, h, sh.vocab / tp);
   StageTimes t;
+  if (moe && moe_layers > 0) {
+    const MoeLayerTimes x = moe_layer_times(l, sh, *moe, tokens, cal, compute_bytes, experts_span_nodes);
+    work += double(moe_layers) * x.compute;
+    t.experts = double(moe_layers) * x.all_to_all;
+  }
+  if (l.activation_checkpointing == "full") t.recompute = work / 3;  // the layers' forward once more
+  if (head) work += cal.linear_seconds(tokens, h, sh.vocab / tp);
   t.compute = work;  // the backward computes the gradients of inputs and weights: twice the forward
-  if (l.activation_checkpointing == "full") t.recompute = double(layers) * layer / 3;
   const double latency = cal.collective_latency_us.value * 1e-6, bw = cal.intra_node_gbps.value * 1e9;
   const double activation = double(tokens) * double(h) * compute_bytes;
   if (l.tp > 1) {
@@ -106,10 +145,46 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
       t.context = double(layers) * 2 * (4 * latency + (n - 1) / n * (qkv + out) / bw);
     }
   }
-  const double comm = t.tensor + t.context;
+  const double comm = t.tensor + t.context + t.experts;
   t.forward = {work / 3, comm / 2};
   t.backward = {2 * work / 3 + t.recompute, comm / 2};
   return t;
+}
+
+// ZeRO's collectives for `params` parameters held alike by `ranks` ranks, each timed at its own
+// probed rate: stage 0 allreduces the gradients; stages 1-2 reduce-scatter them (2: every
+// micro-step) and all-gather the updated parameters; stage 3 also gathers them for every forward
+// and backward. `backward`: one micro-batch's backward on the busiest stage (what stages 0-2's
+// bucket reductions overlap); `busy`: the step's compute and in-layer communication (ZeRO-3's).
+double zero_collectives(const Layout& l, double params, int ranks, bool spans, const EstimateResult& memory,
+                        const Calibration& cal, const StageOpCost& backward, double busy) {
+  if (ranks < 2 || params <= 0) return 0.0;
+  using Collective = Calibration::Collective;
+  const int c = memory.setup.precision == "fp32" ? 4 : 2;
+  const int g = memory.setup.communication_dtype == "bf16" || memory.setup.communication_dtype == "fp16" ? 2 : 4;
+  const double md = double(l.gradient_accumulation);
+  auto seconds = [&](Collective kind, double bytes) { return cal.collective_seconds(kind, bytes, ranks, spans); };
+  // What an overlapped collective still costs: what the compute it runs beside cannot hide, and
+  // at least its exposed share (the cores it shares with the compute on CPU ranks).
+  auto overlapped = [&](double comm, double window) { return std::max(comm - window, comm * cal.overlap_exposed.value); };
+  // Stages 0-2: a bucket is reduced when full, during the backward; the last one after it (all
+  // of them when the parameters fit one bucket: reduce_bucket_size).
+  const double buckets =
+      std::max(1.0, std::ceil(params / double(std::max<int64_t>(1, memory.setup.reduce_bucket_size))));
+  const double window = backward.work / cal.core_share() + backward.wait;
+  auto in_backward = [&](double reduction) {
+    return reduction / buckets + overlapped(reduction * (buckets - 1) / buckets, window);
+  };
+  const double reduce = seconds(Collective::reduce_scatter, g * params), gather = seconds(Collective::all_gather, c * params);
+  switch (l.zero_stage) {
+    case 0: return in_backward(seconds(Collective::all_reduce, g * params));
+    case 1: return in_backward(reduce) + gather;
+    case 2: return md * in_backward(reduce) + gather;
+    // ZeRO-3 (overlap_comm): gathered for the forward and again for the backward of every
+    // micro-batch, prefetched, and reduced in the backward; under a pipeline gathered once a
+    // step (pipeline.zero3_gather "step", kept whole while the stage runs).
+    default: return overlapped(md * reduce + (l.pp > 1 ? 1.0 : 2 * md) * gather, busy);
+  }
 }
 
 }  // namespace
@@ -119,13 +194,21 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   const TransformerShape& sh = *memory.shape;
   const int c = memory.setup.precision == "fp32" ? 4 : 2;
   const int64_t m = l.gradient_accumulation;
+  const MoeConfig* moe = memory.setup.moe ? &*memory.setup.moe : nullptr;
+  // The ep ranks exchanging tokens sit tp · cp apart inside the data axis (docs/moe.md).
+  const bool experts_span_nodes = int64_t(l.ep) * l.cp * l.tp > memory.hardware.gpus_per_node;
   // The busiest stage: layers split evenly, the first stages taking the remainder; the head on the last.
   StageTimes busiest;
+  int64_t busiest_first = 0, busiest_layers = sh.layers;
   auto total = [](const StageTimes& t) { return t.forward.work + t.forward.wait + t.backward.work + t.backward.wait; };
   for (int s = 0; s < l.pp; ++s) {
     const int64_t layers = sh.layers / l.pp + (s < sh.layers % l.pp ? 1 : 0);
-    const StageTimes t = stage_times(l, sh, layers, s == l.pp - 1, cal, c, memory.setup.context_method);
-    if (total(t) > total(busiest)) busiest = t;
+    const int64_t first = s * (sh.layers / l.pp) + std::min<int64_t>(s, sh.layers % l.pp);
+    int64_t moe_layers = 0;
+    for (int64_t layer = first; moe && layer < first + layers; ++layer) moe_layers += (layer + 1) % moe->every == 0;
+    const StageTimes t = stage_times(l, sh, layers, moe_layers, s == l.pp - 1, cal, c, memory.setup.context_method, moe,
+                                     experts_span_nodes);
+    if (total(t) > total(busiest)) busiest = t, busiest_first = first, busiest_layers = layers;
   }
   // Ranks that outnumber the node's cores share them: a rank's own work takes 1/share as long
   // when every rank is busy, but a rank idle in a pipeline bubble leaves its core to the others
@@ -137,17 +220,20 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   cost.recompute = md * busiest.recompute / share;
   cost.tensor = md * busiest.tensor;
   cost.context = md * busiest.context;
-  const double busy = cost.compute + cost.recompute + cost.tensor + cost.context;
+  cost.experts = md * busiest.experts;
+  const double busy = cost.compute + cost.recompute + cost.tensor + cost.context + cost.experts;
   const double latency = cal.collective_latency_us.value * 1e-6;
   if (l.pp > 1) {
-    // 1F1B on the node's shared cores; what it adds beyond the stage's own work is bubble and sends.
+    // The layout's schedule on the node's shared cores (an interleaved chunk 1/v of the stage's
+    // work, ZB-H1's B and W half of its backward each); what it adds beyond the stage's own work
+    // is bubble and sends.
     const double send = latency + double(l.micro_batch * sh.seq_len / l.cp) * double(sh.hidden) * c /
                                       (cal.intra_node_gbps.value * 1e9);
     SharedCores cores;
     cores.ranks_per_stage = l.dp * l.cp * l.tp;
     cores.ranks_per_node = cal.ranks_per_node;  // all of them on emulated hosts
     cores.cores_per_node = cal.device == "cpu" ? cal.cores_per_node : 0;
-    const pipeline::Schedule schedule = pipeline::one_f_one_b(l.pp, int(m));
+    const pipeline::Schedule schedule = pipeline::make_schedule(l.schedule, l.pp, int(m), l.virtual_stages);
     const double without_sends = shared_core_makespan(schedule, busiest.forward, busiest.backward, 0.0, cores);
     const double with_sends = shared_core_makespan(schedule, busiest.forward, busiest.backward, send, cores);
     cost.bubble = std::max(0.0, without_sends - busy);
@@ -157,38 +243,21 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   // gradient read, the buffer read and written, memory-bound.
   const double P = double(memory.params_per_gpu);
   cost.accumulate = md * (c + 8) * P / (cal.device_memory_gbps.value * 1e9);
-  // ZeRO's collectives over dp × cp (the ranks that hold the same parameters).
-  const int n = l.dp * l.cp;
-  if (n > 1) {
-    using Collective = Calibration::Collective;
-    const bool spans = int64_t(l.tp) * l.cp * l.dp > memory.hardware.gpus_per_node;
-    const int g = memory.setup.communication_dtype == "bf16" || memory.setup.communication_dtype == "fp16" ? 2 : 4;
-    auto seconds = [&](Collective kind, double bytes) { return cal.collective_seconds(kind, bytes, n, spans); };
-    // What an overlapped collective still costs: what the compute it runs beside cannot hide, and
-    // at least its exposed share (the cores it shares with the compute on CPU ranks).
-    auto overlapped = [&](double comm, double window) {
-      return std::max(comm - window, comm * cal.overlap_exposed.value);
-    };
-    // Stages 0-2: a bucket is reduced when full, during the backward; the last one after it (all
-    // of them when the model fits one bucket: reduce_bucket_size).
-    const double buckets = std::max(1.0, std::ceil(P / double(std::max<int64_t>(1, memory.setup.reduce_bucket_size))));
-    const double backward = (busiest.backward.work / share + busiest.backward.wait);
-    auto in_backward = [&](double reduction) {
-      return reduction / buckets + overlapped(reduction * (buckets - 1) / buckets, backward);
-    };
-    const double reduce = seconds(Collective::reduce_scatter, g * P), gather = seconds(Collective::all_gather, c * P);
-    switch (l.zero_stage) {
-      case 0: cost.data = in_backward(seconds(Collective::all_reduce, g * P)); break;
-      case 1: cost.data = in_backward(reduce) + gather; break;
-      case 2: cost.data = md * in_backward(reduce) + gather; break;
-      // ZeRO-3 (overlap_comm): gathered for the forward and again for the backward of every
-      // micro-batch, prefetched, and reduced in the backward; under a pipeline gathered once a
-      // step (pipeline.zero3_gather "step", kept whole while the stage runs).
-      default: cost.data = overlapped(md * reduce + (l.pp > 1 ? 1.0 : 2 * md) * gather, busy); break;
-    }
-  }
+  // An MoE model's experts on this stage's rank (its E/ep of each MoE layer's) are reduced and
+  // partitioned over the dp/ep ranks holding the same experts, the rest over dp × cp.
+  double expert_params = 0;
+  if (moe)
+    for (const ParamTensor& t : transformer_tensors(sh, moe))
+      if (t.expert >= 0 && t.expert < moe->num_experts / l.ep && t.layer >= busiest_first &&
+          t.layer < busiest_first + busiest_layers)
+        expert_params += double(t.numel);
+  expert_params = std::min(expert_params, P);
+  const int n = l.dp * l.cp, expert_n = l.dp / l.ep;
+  const bool dense_spans = int64_t(l.tp) * l.cp * l.dp > memory.hardware.gpus_per_node;
+  cost.data = zero_collectives(l, P - expert_params, n, dense_spans, memory, cal, busiest.backward, busy) +
+              zero_collectives(l, expert_params, expert_n, dense_spans, memory, cal, busiest.backward, busy);
   // The optimizer step over this rank's shard (stage 0: every parameter), memory-bound.
-  const double shard = l.zero_stage == 0 ? P : P / n;
+  const double shard = l.zero_stage == 0 ? P : (P - expert_params) / n + expert_params / expert_n;
   const double k = memory.setup.optimizer == "SGD" ? (memory.setup.momentum > 0 ? 4 : 0) : 8;
   const double per_param = 12 + 2 * k + (c == 2 ? c : 0);
   if (l.offload_optimizer == "none") {

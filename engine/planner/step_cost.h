@@ -11,13 +11,19 @@
 //                backward (Megatron's f and g), per layer and micro-batch
 //   context      context parallelism: Ulysses's 4 all-to-alls forward and 4 backward per layer
 //                (q, k, v and the output), or ring attention's cp − 1 key/value passes (twice in the backward)
-//   bubble       the pipeline's idle time: 1F1B timed with the micro-batch's forward, backward and
+//   experts      MoE layers (docs/moe.md): the experts' compute in place of the MLP is in compute
+//                (this rank's E/ep experts, whole under tp, on the k rows a token routed to them);
+//                here the 4 all-to-alls a layer and micro-batch over the ep ranks (dispatch and
+//                combine, forward and backward)
+//   bubble       the pipeline's idle time: its schedule (1F1B, ZB-H1, interleaved 1F1B) timed with
+//                the micro-batch's forward, backward and
 //                send times (shared_cores.h: on CPU nodes with more ranks than cores, the busy
 //                ranks share the cores at each moment); (p − 1)/(m + p − 1) of the makespan with
 //                equal stages and a core (device) per rank
 //   p2p          the activations and gradients sent between stages (inside the simulated makespan)
 //   data         the ZeRO collectives over dp × cp (docs/zero.md), each timed at its own probed
-//                rate: stage 0 allreduce 4Ψ, stage 1 reduce-scatter 4Ψ + allgather cΨ once a step,
+//                rate (an MoE model's experts over their own dp/ep ranks):
+//                stage 0 allreduce 4Ψ, stage 1 reduce-scatter 4Ψ + allgather cΨ once a step,
 //                stage 2 the reduce-scatter every micro-step, stage 3 also the allgather twice every
 //                micro-step. Stages 0-2 reduce a bucket when it fills in the backward: all but the
 //                last overlap it; stage 3 prefetches its gathers and reduces in the backward: all
@@ -39,10 +45,10 @@
 namespace tessera::planner {
 
 struct StepCost {
-  double compute = 0, recompute = 0, tensor = 0, context = 0, bubble = 0, p2p = 0, data = 0, accumulate = 0,
-         optimizer = 0, offload = 0;
+  double compute = 0, recompute = 0, tensor = 0, context = 0, experts = 0, bubble = 0, p2p = 0, data = 0,
+         accumulate = 0, optimizer = 0, offload = 0;
   double total() const {
-    return compute + recompute + tensor + context + bubble + p2p + data + accumulate + optimizer + offload;
+    return compute + recompute + tensor + context + experts + bubble + p2p + data + accumulate + optimizer + offload;
   }
   // The largest term after the compute, by name ("bubble", "data", ...); "compute" when none is.
   std::string bound() const;

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "engine/estimator/estimator.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulator.h"
 
 using namespace tessera;
 using nlohmann::json;
@@ -112,7 +114,7 @@ TEST_CASE("activations: SDPA by default - llama-7b at micro-batch 1 stores 17.12
   CHECK_THROWS_WITH(estimate_json(req), Catch::Contains("sdpa or eager"));
 }
 
-TEST_CASE("activations: a 1F1B pipeline's first stage holds `stages` micro-batches of its layers") {
+TEST_CASE("activations: a 1F1B pipeline's first stage holds `stages` micro-batches of its layers - other schedules their simulated peak") {
   TransformerShape sh;
   sh.layers = 4, sh.hidden = 64, sh.heads = 4, sh.vocab = 100, sh.seq_len = 32;
   EstimateInputs in;
@@ -132,6 +134,21 @@ TEST_CASE("activations: a 1F1B pipeline's first stage holds `stages` micro-batch
   CHECK_FALSE(r.validated);
   in.setup.gradient_accumulation = 1;  // one micro-batch: nothing else in flight
   CHECK(estimate(in).activations.in_flight == 1);
+  // Other schedules hold what the simulator counts at their peak. Interleaved 1F1B, two chunks a
+  // stage, four micro-batches: stage 0 warms up with (p - 1)·2 + (v - 1)·p = 4 chunk forwards and
+  // holds 5 half-stage chunks at its peak, 3 micro-batches rounded up (1F1B: 2).
+  in.setup.gradient_accumulation = 4;
+  in.setup.pipeline_schedule = "interleaved_1f1b";
+  in.setup.virtual_stages = 2;
+  CHECK(pipeline::simulate(pipeline::interleaved_one_f_one_b(2, 4, 2)).peak_activations[0] == 5);
+  const EstimateResult interleaved = estimate(in);
+  CHECK(interleaved.activations.in_flight == 3);
+  CHECK(interleaved.per_gpu.activations > r.per_gpu.activations);
+  // ZB-H1: the first stage holds 1F1B's 2; the last, deferring a weight gradient, 2 instead of 1.
+  in.setup.pipeline_schedule = "zb_h1";
+  in.setup.virtual_stages = 1;
+  CHECK(estimate(in).activations.in_flight == 2);
+  CHECK(pipeline::simulate(pipeline::zb_h1(2, 4)).peak_activations[1] == 2);
 }
 
 TEST_CASE("MoE: experts counted over ep - activations at the capacity or the stated dropless worst case - the flags' errors") {
