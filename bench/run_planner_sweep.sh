@@ -6,11 +6,13 @@
 # a 1 Gbit/s link between them (scripts/cluster.sh; root), the planner told the link's rate and that
 # the hosts are emulated on this machine (--emulated-hosts: all 4 ranks share its cores).
 #
-#   bench/run_planner_sweep.sh [local|hosts|both|schedules]     (default both; about 20 minutes each)
+#   bench/run_planner_sweep.sh [local|hosts|both|schedules|moe]     (default both; about 20 minutes each)
 #
 # local and hosts time the 1F1B layouts (the sweeps docs/benchmarks.md averages); schedules the
 # pipeline schedules against each other: every layout of tp 1 and ZeRO 0 on 4 ranks of one host
-# (1F1B, ZB-H1 and interleaved 1F1B with 2 chunks a stage; about 12 minutes).
+# (1F1B, ZB-H1 and interleaved 1F1B with 2 chunks a stage; about 12 minutes); moe an MoE GPT
+# (8 layers x 512, 4 experts of top-2 in every other block, dropless) on 4 ranks without a pipeline,
+# micro-batch 2: every expert degree, tensor degree and ZeRO stage (about 12 minutes).
 #
 # The planner's calibration is measured first (tessera plan --measure: this machine's layer
 # shapes, memory and Gloo among the ranks), then cached for the sweep. Prints each sweep's JSON
@@ -33,6 +35,14 @@ if [ "$what" = schedules ]; then
     --vocab 256 --seq-len 128 --max-positions 128 --no-offload --no-cp --activation-checkpointing none --measure >/dev/null
   python3 bench/planner_sweep.py --ranks 4 --global-batch 8 --steps 5 "${model[@]}" --out "$out/schedules.json" \
     --plan-args "--no-offload --no-cp --activation-checkpointing none --tp 1 --zero 0"
+fi
+if [ "$what" = moe ]; then
+  moe_model=(--layers 8 --hidden 512 --heads 8 --seq-len 128)
+  moe_args="--no-offload --no-cp --activation-checkpointing none --pp 1 --micro-batch 2 --moe-experts 4 --moe-every 2 --moe-k 2"
+  build/bin/tessera plan --device cpu --gpus-per-node 4 --global-batch 8 --layers 8 --hidden 512 --heads 8 \
+    --vocab 256 --seq-len 128 --max-positions 128 $moe_args --measure >/dev/null
+  python3 bench/planner_sweep.py --ranks 4 --global-batch 8 --steps 5 "${moe_model[@]}" --out "$out/moe.json" \
+    --plan-args "$moe_args"
 fi
 if [ "$what" = hosts ] || [ "$what" = both ]; then
   scripts/cluster.sh up 2 1gbit >/dev/null
