@@ -133,10 +133,6 @@ std::vector<Layout> enumerate_layouts(int world, int gpus_per_node, int64_t glob
                            std::to_string(grid.dp), "batch");
           continue;
         }
-        if (lim.num_experts > 0 && cp > 1) {
-          reject(grid, "MoE layers under context parallelism: not tested (docs/moe.md)", "unsupported");
-          continue;
-        }
         // An MoE layer's experts spread over ep of the data-parallel ranks (docs/moe.md).
         for (int ep : lim.num_experts > 0 ? divisors(grid.dp) : std::vector<int>{1}) {
           if (!allowed(lim.ep, ep)) continue;

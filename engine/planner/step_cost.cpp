@@ -87,7 +87,7 @@ MoeLayerTimes moe_layer_times(const Layout& l, const TransformerShape& sh, const
                               const Calibration& cal, int compute_bytes, bool spans_nodes) {
   const int64_t f = sh.ffn_dim(), local = moe.num_experts / l.ep;
   const double share = moe.drop_tokens ? std::min(1.0, moe.capacity_factor) : 1.0;
-  const double rows = double(tokens) * double(moe.k) * share * double(l.ep) / double(moe.num_experts) * double(local);
+  const double rows = double(tokens) * double(moe.k) * share;  // what this rank's E/ep experts process
   const int64_t per_expert = int64_t(std::ceil(rows / double(local)));
   MoeLayerTimes t;
   t.compute = cal.linear_seconds(tokens, sh.hidden, moe.num_experts) + double(local) * mlp_seconds(cal, sh, per_expert, f) -
@@ -244,7 +244,7 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   const double P = double(memory.params_per_gpu);
   cost.accumulate = md * (c + 8) * P / (cal.device_memory_gbps.value * 1e9);
   // An MoE model's experts on this stage's rank (its E/ep of each MoE layer's) are reduced and
-  // partitioned over the dp/ep ranks holding the same experts, the rest over dp × cp.
+  // partitioned over the (dp/ep) × cp ranks holding the same experts, the rest over dp × cp.
   double expert_params = 0;
   if (moe)
     for (const ParamTensor& t : transformer_tensors(sh, moe))
@@ -252,7 +252,7 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
           t.layer < busiest_first + busiest_layers)
         expert_params += double(t.numel);
   expert_params = std::min(expert_params, P);
-  const int n = l.dp * l.cp, expert_n = l.dp / l.ep;
+  const int n = l.dp * l.cp, expert_n = l.dp / l.ep * l.cp;
   const bool dense_spans = int64_t(l.tp) * l.cp * l.dp > memory.hardware.gpus_per_node;
   cost.data = zero_collectives(l, P - expert_params, n, dense_spans, memory, cal, busiest.backward, busy) +
               zero_collectives(l, expert_params, expert_n, dense_spans, memory, cal, busiest.backward, busy);

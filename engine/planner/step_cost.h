@@ -22,7 +22,7 @@
 //                equal stages and a core (device) per rank
 //   p2p          the activations and gradients sent between stages (inside the simulated makespan)
 //   data         the ZeRO collectives over dp × cp (docs/zero.md), each timed at its own probed
-//                rate (an MoE model's experts over their own dp/ep ranks):
+//                rate (an MoE model's experts over their own (dp/ep) × cp ranks):
 //                stage 0 allreduce 4Ψ, stage 1 reduce-scatter 4Ψ + allgather cΨ once a step,
 //                stage 2 the reduce-scatter every micro-step, stage 3 also the allgather twice every
 //                micro-step. Stages 0-2 reduce a bucket when it fills in the backward: all but the
