@@ -35,8 +35,8 @@ TrainingSetup apply(const Layout& l, TrainingSetup s) {
   s.micro_batch = l.micro_batch;
   s.gradient_accumulation = l.gradient_accumulation;
   s.pipeline_micro_batches = 0;  // = the accumulation steps
-  s.pipeline_schedule = l.pp > 1 ? l.schedule : "1f1b";
-  s.virtual_stages = l.pp > 1 ? l.virtual_stages : 1;
+  s.pipeline_schedule = l.schedule;
+  s.virtual_stages = l.virtual_stages;
   if (s.moe) s.moe->ep_size = l.ep;
   return s;
 }
@@ -65,8 +65,8 @@ json as_config(const Layout& l, json c, int64_t layers, const std::string& nvme_
   if (!p.is_object()) p = json::object();
   p["stages"] = l.pp;
   p.erase("micro_batches");  // the accumulation steps
-  p["schedule"] = l.pp > 1 ? l.schedule : "1f1b";
-  p["virtual_stages"] = l.pp > 1 ? l.virtual_stages : 1;
+  p["schedule"] = l.schedule;
+  p["virtual_stages"] = l.virtual_stages;
   c["context_parallel"] = c.contains("context_parallel") && c["context_parallel"].is_object() ? c["context_parallel"] : json::object();
   c["context_parallel"]["size"] = l.cp;
   c.erase("sequence_parallel_size");

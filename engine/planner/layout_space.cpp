@@ -31,6 +31,8 @@ std::string grid_rule(int tp, int pp, int cp, const std::string& method, const T
 
 namespace {
 
+bool allowed(const std::optional<int>& fixed, int v) { return !fixed || *fixed == v; }
+
 // ZeRO stage × offload: what the engine runs (offload_param needs stage 3, offload_optimizer a stage > 0).
 std::vector<std::pair<std::string, std::string>> offload_choices(const SpaceLimits& lim) {
   std::vector<std::pair<std::string, std::string>> offloads = {{"none", "none"}};
@@ -48,7 +50,7 @@ std::vector<std::pair<std::string, std::string>> offload_choices(const SpaceLimi
 std::vector<std::pair<std::string, int>> schedule_choices(int pp, const SpaceLimits& lim) {
   if (pp == 1) return {{"1f1b", 1}};
   std::vector<std::pair<std::string, int>> all = {{"1f1b", 1}, {"zb_h1", 1}, {"interleaved_1f1b", lim.virtual_stages}};
-  if (lim.schedule == std::optional<std::string>("gpipe")) all.push_back({"gpipe", 1});
+  if (lim.schedule && *lim.schedule == "gpipe") all.push_back({"gpipe", 1});
   std::vector<std::pair<std::string, int>> out;
   for (const auto& choice : all)
     if (!lim.schedule || *lim.schedule == choice.first) out.push_back(choice);
@@ -59,7 +61,7 @@ std::vector<std::pair<std::string, int>> schedule_choices(int pp, const SpaceLim
 // schedule set), `per_rank` samples a data-parallel rank.
 void add_choices(const Layout& grid, int64_t per_rank, bool has_shape, const SpaceLimits& lim, std::vector<Layout>& out,
                  std::vector<Rejection>* rejected) {
-  auto allowed = [](const std::optional<int>& fixed, int v) { return !fixed || *fixed == v; };
+  const auto offloads = offload_choices(lim);
   for (int micro : divisors(per_rank)) {
     if (lim.micro_batch && *lim.micro_batch != micro) continue;
     if (grid.virtual_stages > 1 && (per_rank / micro) % grid.pp != 0) {
@@ -73,7 +75,7 @@ void add_choices(const Layout& grid, int64_t per_rank, bool has_shape, const Spa
     }
     for (int stage = 0; stage <= 3; ++stage) {
       if (!allowed(lim.zero_stage, stage)) continue;
-      for (const auto& [opt, param] : offload_choices(lim)) {
+      for (const auto& [opt, param] : offloads) {
         if ((opt != "none" && stage == 0) || (param != "none" && stage != 3)) continue;
         // With one rank per replica group (dp · cp = 1) nothing is partitioned: stages 1-3
         // are stage 0, kept only where offload needs them (1: the optimizer, 3: parameters).
@@ -110,7 +112,6 @@ std::vector<Layout> enumerate_layouts(int world, int gpus_per_node, int64_t glob
     if (rejected) rejected->push_back({std::move(l), std::move(reason), kind});
   };
   const int max_tp = lim.max_tp > 0 ? lim.max_tp : gpus_per_node;
-  auto allowed = [](const std::optional<int>& fixed, int v) { return !fixed || *fixed == v; };
   for (int tp : divisors(world)) {
     if (!allowed(lim.tp, tp) || tp > max_tp) continue;
     for (int pp : divisors(world / tp)) {

@@ -10,6 +10,7 @@
 
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace tessera::planner {
 
@@ -350,8 +351,12 @@ PlanInputs plan_inputs_from_json(const json& request) {
     in.limits.virtual_stages = int(integer(*v, "virtual_stages"));
     if (in.limits.virtual_stages < 2) throw std::invalid_argument("virtual_stages: the interleaved schedule's model chunks a stage, >= 2");
   }
-  if (in.limits.schedule && !std::set<std::string>{"1f1b", "zb_h1", "interleaved_1f1b", "gpipe"}.count(*in.limits.schedule))
-    throw std::invalid_argument("schedule: \"1f1b\", \"zb_h1\", \"interleaved_1f1b\" or \"gpipe\", got \"" + *in.limits.schedule + "\"");
+  if (in.limits.schedule) {
+    const auto& names = pipeline::schedule_names();
+    if (std::find(names.begin(), names.end(), *in.limits.schedule) == names.end())
+      throw std::invalid_argument("schedule: one of the pipeline schedules (parallel/pipeline/schedule.h), got \"" +
+                                  *in.limits.schedule + "\"");
+  }
   const std::optional<json> ep = take("ep");
   if (ep) in.limits.ep = int(integer(*ep, "ep"));
   if (auto v = take("micro_batch")) in.limits.micro_batch = integer(*v, "micro_batch");

@@ -94,10 +94,10 @@ TEST_CASE("planner: MoE step cost - four all-to-alls a layer over the ep ranks -
   auto stage1 = [&](double params, double ranks) {
     return ranks < 2 ? 0.0 : 2 * (latency + (ranks - 1) / ranks * 4 * params / bw);
   };
+  const PlanInputs in = plan_inputs_from_json(request);
   for (const Candidate* x : {&one, &two, &four}) {
     INFO(x->layout.label());
     const double experts_here = 2 * (8.0 / x->layout.ep) * expert;  // 2 MoE blocks, 8/ep experts each
-    const PlanInputs in = plan_inputs_from_json(request);
     EstimateInputs e = in.base;
     e.search = false;
     e.setup = apply(x->layout, in.base.setup);
