@@ -4,12 +4,15 @@ They import tessera as installed into the interpreter's environment (`make pytho
 --no-build-isolation -e . into the project venv; no PYTHONPATH) and start multi-rank jobs through
 build/bin/tessera launch (TESSERA_BUILD_DIR or BUILD_DIR overrides build/).
 """
+import atexit
 import contextlib
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -18,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")  # the programs each rank runs (imported by tests too)
 BUILD_DIR = os.environ.get("TESSERA_BUILD_DIR") or os.path.join(ROOT, os.environ.get("BUILD_DIR", "build"))
 CLI = os.path.join(BUILD_DIR, "bin", "tessera")
+ZYGOTE = os.path.join(HERE, "rank_zygote.py")
 
 for _path in (WORKERS, HERE):
     if _path not in sys.path:
@@ -101,16 +105,53 @@ def peer_python(variable, setup_script):
     return python
 
 
-def launch(nproc, argv, timeout=240, flags=(), **kwargs):
+_ENVIRONMENT_AT_START = dict(os.environ)  # before any test's monkeypatch: what the zygote starts with
+_zygote = {}  # this pytest process's warm interpreter (tests/python/rank_zygote.py): "socket", "process"
+
+
+def rank_interpreter():
+    """The command a rank's Python starts with: a client of this process's zygote (forked from an
+    interpreter with torch and tessera imported, tests/python/rank_zygote.py), or sys.executable
+    where the zygote cannot start or TESSERA_TEST_FRESH_RANKS=1."""
+    if os.environ.get("TESSERA_TEST_FRESH_RANKS") == "1":
+        return [sys.executable]
+    if "socket" not in _zygote:
+        folder = tempfile.mkdtemp(prefix="tessera-zygote-")
+        path = os.path.join(folder, "socket")
+        env = {k: v for k, v in _ENVIRONMENT_AT_START.items()
+               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env["PYTHONPATH"] = WORKERS + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["OMP_NUM_THREADS"] = "1"  # what the launcher gives each rank (libgomp reads it once, at load)
+        process = subprocess.Popen([sys.executable, ZYGOTE, "serve", path], env=env, cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = process.stdout.readline().strip() == "ready"
+        _zygote.update(socket=path if ready else None, process=process, folder=folder)
+        if not ready:
+            process.kill()
+        atexit.register(stop_zygote)
+    return [sys.executable, "-S", ZYGOTE, "run", _zygote["socket"]] if _zygote["socket"] else [sys.executable]
+
+
+def stop_zygote():
+    process = _zygote.get("process")
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+    shutil.rmtree(_zygote.get("folder", ""), ignore_errors=True)
+
+
+def launch(nproc, argv, timeout=240, flags=(), fresh_interpreter=False, **kwargs):
     """Runs `python argv...` on `nproc` local ranks through tessera launch (with its `flags`);
-    returns CompletedProcess."""
+    returns CompletedProcess. Each rank is forked from this process's warm interpreter
+    (rank_interpreter()) unless `fresh_interpreter` (a test of a rank's own memory)."""
     if not os.path.exists(CLI):
         pytest.fail("%s not built (run `make build` or scripts/build.sh tessera_cli)" % CLI)
+    python = [sys.executable] if fresh_interpreter or str(argv[0]).startswith("-") else rank_interpreter()
     # A port free when chosen can be taken before rank 0 binds it (another test's Gloo pairs listen on
     # ephemeral ports): that job never started, so it is run again on another port.
     for attempt in range(3):
         cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--timeout", "120"] + \
-            list(flags) + ["--", sys.executable] + list(argv)
+            list(flags) + ["--"] + python + list(argv)
         result = subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                                 **kwargs)
         if result.returncode == 0 or "could not host the rendezvous store" not in (result.stdout or "") + (result.stderr or ""):

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT, check, child_env, launch
+from conftest import ROOT, check, child_env, launch, rank_interpreter
 
 WORKER = "tests/python/workers/deepspeed_style_worker.py"
 
 
 def reference(tmp_path, script, dp):
     out = tmp_path / ("%s_ref_dp%d.json" % (script, dp))
-    check(subprocess.run([sys.executable, WORKER, script, str(out), "--reference", "--dp", str(dp)],
+    check(subprocess.run(rank_interpreter() + [WORKER, script, str(out), "--reference", "--dp", str(dp)],
                          env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=120))
     return json.loads(out.read_text())
 

@@ -5,11 +5,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from conftest import CLI, ROOT, BUILD_DIR, check, child_env, free_port, launch
+from conftest import CLI, ROOT, BUILD_DIR, check, child_env, free_port, launch, rank_interpreter
 
 
 def final_loss(output):
@@ -85,7 +84,7 @@ def test_plot_errors_are_reported(tmp_path):
 
 def test_cnn_in_one_process_matches_cpp():
     args = ["--config", "configs/zero1_fp32.json", "--steps", "4"]
-    py = check(subprocess.run([sys.executable, "examples/python/train_cnn.py"] + args, cwd=ROOT, env=child_env(),
+    py = check(subprocess.run(rank_interpreter() + ["examples/python/train_cnn.py"] + args, cwd=ROOT, env=child_env(),
                               capture_output=True, text=True, timeout=240))
     cpp = run_cpp("train_cnn", 1, args)
     assert final_loss(py.stdout) == pytest.approx(final_loss(cpp.stdout), abs=1e-5)

@@ -71,7 +71,9 @@ def _two_ranks_on_the_gpu(worker, cases, tmp_path):
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(cases))
     out = tmp_path / "results.pt"
-    check(launch(2, ["tests/python/workers/" + worker, str(path), str(out), "--gloo"], timeout=900))
+    # Fresh interpreters: CUDA must not meet a process forked from another (rank_zygote.py).
+    check(launch(2, ["tests/python/workers/" + worker, str(path), str(out), "--gloo"], timeout=900,
+                 fresh_interpreter=True))
     return torch.load(out)
 
 
