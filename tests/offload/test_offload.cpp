@@ -22,6 +22,7 @@
 
 #include "offload/optimizer_swapper.h"
 #include "optim/flat_optimizer.h"
+#include "tests/engine_worker_runs.h"
 #include "tests/subprocess.h"
 
 using tessera::OptimizerSwapOptions;
@@ -29,6 +30,8 @@ using tessera::OptimizerSwapper;
 using tessera::ShardSegment;
 using tessera::testing::contains;
 using tessera::testing::TempDir;
+using tessera::testing::engine_worker::case_outputs;
+using tessera::testing::engine_worker::train;
 
 namespace {
 
@@ -45,15 +48,6 @@ std::vector<std::string> files_in(const std::string& dir) {
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-tessera::testing::RunResult train(int ranks, const std::vector<std::string>& args,
-                                  const std::map<std::string, std::string>& env = {}) {
-  std::vector<std::string> argv = {TESSERA_CLI_PATH, "launch", "--nproc-per-node", std::to_string(ranks), "--master-port",
-                                   std::to_string(tessera::testing::free_port()), "--timeout", "60", "--",
-                                   TESSERA_ENGINE_WORKER_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return tessera::testing::run(argv, env, 180);
 }
 
 // The same with `dir` a 4 MiB tmpfs of its own (a mount namespace: root only); prints "exit=N",
@@ -155,23 +149,23 @@ TEST_CASE("NVMe offload: stages 1-3 on 1 and 2 ranks in fp32 and bf16 train byte
         TempDir dir;
         const std::vector<std::string> common = {"--stage", stage, "--dtype", dtype, "--steps", "4", "--bucket", "300",
                                                  "--units"};
-        auto plain_args = common;
-        plain_args.insert(plain_args.end(), {"--dump", dir.file("plain.bin")});
-        auto plain = train(ranks, plain_args);
-        INFO(plain.output);
-        REQUIRE(plain.status == 0);
-        auto nvme_args = common;
+        // One launch: the run without offload, then (--then) the one with it.
+        auto args = common;
+        args.insert(args.end(), {"--dump", dir.file("plain.bin"), "--then"});
+        args.insert(args.end(), common.begin(), common.end());
         // Small tiles (several per bucket), and every other case pipelined with 2 buffers.
         const bool pipeline = (stage == "2") == (ranks == 2);
-        nvme_args.insert(nvme_args.end(), {"--dump", dir.file("nvme.bin"), "--offload", "nvme", "--tile", "50",
-                                           "--buffers", pipeline ? "2" : "4"});
-        if (pipeline) nvme_args.push_back("--pipeline");
+        args.insert(args.end(), {"--dump", dir.file("nvme.bin"), "--offload", "nvme", "--tile", "50",
+                                 "--buffers", pipeline ? "2" : "4"});
+        if (pipeline) args.push_back("--pipeline");
         mkdir(dir.file("swap").c_str(), 0700);
-        nvme_args.insert(nvme_args.end(), {"--nvme-path", dir.file("swap")});
-        auto nvme = train(ranks, nvme_args);
-        INFO(nvme.output);
-        REQUIRE(nvme.status == 0);
-        CHECK(contains(nvme.output, "engine ok"));
+        args.insert(args.end(), {"--nvme-path", dir.file("swap")});
+        auto run = train(ranks, args);
+        INFO(run.output);
+        REQUIRE(run.status == 0);
+        const std::vector<std::string> outputs = case_outputs(run.output);
+        REQUIRE(outputs.size() == 2);
+        CHECK(contains(outputs[1], "engine ok"));
         CHECK(read_all(dir.file("nvme.bin")) == read_all(dir.file("plain.bin")));
         CHECK(read_all(dir.file("plain.bin")).size() > 4 * 8);
         CHECK(files_in(dir.file("swap")).empty());  // removed when the engine went
@@ -180,11 +174,10 @@ TEST_CASE("NVMe offload: stages 1-3 on 1 and 2 ranks in fp32 and bf16 train byte
 
 TEST_CASE("CPU offload on a CPU rank trains byte for byte as without it") {
   TempDir dir;
-  auto plain = train(2, {"--stage", "2", "--steps", "3", "--dump", dir.file("plain.bin")});
-  auto cpu = train(2, {"--stage", "2", "--steps", "3", "--offload", "cpu", "--dump", dir.file("cpu.bin")});
-  INFO(plain.output << cpu.output);
-  REQUIRE(plain.status == 0);
-  REQUIRE(cpu.status == 0);
+  auto run = train(2, {"--stage", "2", "--steps", "3", "--dump", dir.file("plain.bin"), "--then", "--stage", "2",
+                       "--steps", "3", "--offload", "cpu", "--dump", dir.file("cpu.bin")});
+  INFO(run.output);
+  REQUIRE(run.status == 0);
   CHECK(read_all(dir.file("cpu.bin")) == read_all(dir.file("plain.bin")));
 }
 
@@ -206,52 +199,56 @@ TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme
         // On 2 ranks with accumulation: at stages 2-3 the host adds up the micro-steps' chunks.
         const std::vector<std::string> common = {"--stage", stage, "--dtype", dtype, "--steps", "3", "--bucket", "300",
                                                  "--units", "--memory", "--gas", ranks == 2 ? "2" : "1"};
-        auto plain_args = common;
-        plain_args.insert(plain_args.end(), {"--dump", dir.file("plain.bin")});
-        auto plain = train(ranks, plain_args);
-        INFO(plain.output);
-        REQUIRE(plain.status == 0);
         // NVMe everywhere (small tiles, every other case pipelined), CPU on 2 ranks, and at stage 3
-        // each with the parameter shards in host memory too, or in NVMe files.
+        // each with the parameter shards in host memory too, or in NVMe files. One launch runs the
+        // run without offload (case 0) and then each of these (the worker's --then).
         std::vector<std::string> variants = {"nvme"};
         if (ranks == 2) variants.push_back("cpu");
         if (stage == "3") variants.insert(variants.end(), {"nvme+params", "cpu+params", "cpu+nvme-params", "nvme+nvme-params"});
+        std::vector<std::string> args = common;
+        args.insert(args.end(), {"--dump", dir.file("plain.bin")});
+        mkdir(dir.file("swap").c_str(), 0700);
+        mkdir(dir.file("param-swap").c_str(), 0700);
         for (const std::string& variant : variants) {
-          INFO(variant);
           const std::string device = variant.substr(0, variant.find('+'));
           const bool params = variant != device, params_in_files = variant.find("nvme-params") != std::string::npos;
-          auto args = common;
+          args.push_back("--then");
+          args.insert(args.end(), common.begin(), common.end());
           args.insert(args.end(), {"--dump", dir.file(variant + ".bin"), "--offload", device});
-          if (params_in_files) {
-            mkdir(dir.file("param-swap").c_str(), 0700);
+          if (params_in_files)
             args.insert(args.end(), {"--offload-param", "nvme", "--param-path", dir.file("param-swap"), "--param-buffers", "2"});
-          } else if (params) {
+          else if (params)
             args.insert(args.end(), {"--offload-param", "cpu"});
-          }
           if (device == "nvme") {
-            mkdir(dir.file("swap").c_str(), 0700);
             args.insert(args.end(), {"--nvme-path", dir.file("swap"), "--tile", "50", "--buffers", "2"});
             if ((stage == "2") == (ranks == 2)) args.push_back("--pipeline");
           }
-          auto staged = train(ranks, args, {{"TESSERA_HOST_STAGING", "1"}});
-          INFO(staged.output);
-          REQUIRE(staged.status == 0);
+        }
+        auto staged = train(ranks, args, {{"TESSERA_HOST_STAGING", "1"}});
+        INFO(staged.output);
+        REQUIRE(staged.status == 0);
+        const std::vector<std::string> outputs = case_outputs(staged.output);
+        REQUIRE(outputs.size() == variants.size() + 1);
+        for (size_t v = 0; v < variants.size(); ++v) {
+          const std::string& variant = variants[v];
+          INFO(variant);
+          const bool params = variant.find('+') != std::string::npos;
           CHECK(read_all(dir.file(variant + ".bin")) == read_all(dir.file("plain.bin")));
           // The host path was taken: the optimizer's buffers are reported as host memory (with
           // NVMe the master, in bf16, and the state are in the file, its tile buffers in memory),
           // and with offload_param the shards (nothing persistent here) as well; at stages 2-3 the
           // device keeps no gradient shard (each reduced chunk went to the host).
           std::smatch m;
-          REQUIRE(std::regex_search(staged.output, m, memory));
+          REQUIRE(std::regex_search(outputs[v + 1], m, memory));
           CHECK(std::stoll(m[2]) == 0);
           CHECK((std::stoll(m[3]) == 0) == (stage != "1"));
           CHECK(std::stoll(m[4]) == 0);
           CHECK(std::stoll(m[5]) > 0);
           CHECK((std::stoll(m[6]) > 0) == params);
           if (params) CHECK(std::stoll(m[1]) == 0);
-          if (device == "nvme") CHECK(files_in(dir.file("swap")).empty());
-          if (params_in_files) CHECK(files_in(dir.file("param-swap")).empty());  // the swap files are removed at the end
         }
+        CHECK(files_in(dir.file("swap")).empty());  // the swap files are removed when each engine goes
+        CHECK(files_in(dir.file("param-swap")).empty());
       }
 }
 
@@ -263,24 +260,32 @@ TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme
 TEST_CASE("Delayed parameter update (TESSERA_HOST_STAGING): ZeRO 1-3 on 1 and 2 ranks in fp32 and bf16, the state in "
           "memory and in NVMe files, match a reference delayed the same way and no other") {
   const std::map<std::string, std::string> staging{{"TESSERA_HOST_STAGING", "1"}};
-  for (const std::string stage : {"1", "2", "3"})
-    for (int ranks : {1, 2})
+  for (int ranks : {1, 2}) {  // one launch on each number of ranks runs its six cases in turn (--then)
+    TempDir dir;
+    std::vector<std::string> args, names;
+    for (const std::string stage : {"1", "2", "3"})
       for (const std::string dtype : {"fp32", "bf16"}) {
         // Accumulation, clipping and plain SGD (a wrong gradient scale shows) in some of them; the
         // state streamed from NVMe files in tiles in the others.
-        TempDir dir;
         const bool nvme = (stage == "2") != (ranks == 2);
-        std::vector<std::string> args = {"--stage", stage, "--dtype", dtype, "--steps", "6", "--bucket", "300",
-                                         "--units", "--offload", nvme ? "nvme" : "cpu", "--delayed", ranks == 1 ? "0" : "2"};
+        if (!names.empty()) args.push_back("--then");
+        args.insert(args.end(), {"--stage", stage, "--dtype", dtype, "--steps", "6", "--bucket", "300", "--units",
+                                 "--offload", nvme ? "nvme" : "cpu", "--delayed", ranks == 1 ? "0" : "2"});
         if (nvme) args.insert(args.end(), {"--nvme-path", dir.path, "--tile", "50", "--buffers", "2", "--pipeline"});
         if (stage == "1") args.insert(args.end(), {"--gas", "2", "--clip", "0.5"});
         if (dtype == "fp32" && ranks == 2) args.insert(args.end(), {"--optimizer", "sgd-plain"});
-        INFO("stage " << stage << " ranks " << ranks << " " << dtype << (nvme ? " nvme" : ""));
-        auto run = train(ranks, args, staging);
-        INFO(run.output);
-        CHECK(run.status == 0);
-        CHECK(contains(run.output, "engine ok"));
+        names.push_back("stage " + stage + " ranks " + std::to_string(ranks) + " " + dtype + (nvme ? " nvme" : ""));
       }
+    auto run = train(ranks, args, staging);
+    INFO(run.output);
+    CHECK(run.status == 0);
+    const std::vector<std::string> outputs = case_outputs(run.output);
+    REQUIRE(outputs.size() == names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      INFO(names[i]);
+      CHECK(contains(outputs[i], "engine ok"));
+    }
+  }
   for (const std::string reference : {"-1", "3"}) {
     auto run = train(1, {"--stage", reference == "3" ? "3" : "2", "--steps", "6", "--offload", "cpu", "--delayed", "2",
                          "--units", "--reference-delay", reference}, staging);
@@ -402,7 +407,7 @@ TEST_CASE("NVMe parameter offload: stage 3 on 1 and 2 ranks in fp32 and bf16 tra
       for (const std::string optimizer_offload : {"none", "nvme"})
         cases.push_back({ranks, "--dtype", dtype, "--offload", optimizer_offload, "--param-buffers",
                          optimizer_offload == "nvme" ? "1" : "3"});
-  for (const std::vector<std::string> extra : std::vector<std::vector<std::string>>{
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
            {"--optimizer", "lamb"}, {"--init"}, {"--persist", "40"}, {"--gas", "2", "--clip", "0.1", "--optimizer", "sgd"}}) {
     cases.push_back({"2"});
     cases.back().insert(cases.back().end(), extra.begin(), extra.end());
@@ -423,17 +428,18 @@ TEST_CASE("NVMe parameter offload: stage 3 on 1 and 2 ranks in fp32 and bf16 tra
     for (size_t i = 0; i + 1 < plain_args.size(); ++i)  // the same run, nothing offloaded
       if (plain_args[i] == "--offload" || plain_args[i] == "--param-buffers")
         plain_args.erase(plain_args.begin() + i, plain_args.begin() + i + 2), --i;
-    plain_args.insert(plain_args.end(), {"--dump", dir.file("plain.bin")});
-    auto plain = train(std::stoi(c[0]), plain_args);
-    INFO(plain.output);
-    REQUIRE(plain.status == 0);
-    auto offload_args = common;
-    offload_args.insert(offload_args.end(), {"--dump", dir.file("nvme.bin"), "--offload-param", "nvme", "--param-path",
-                                             params, "--nvme-path", states, "--tile", "50"});
-    auto nvme = train(std::stoi(c[0]), offload_args);
-    INFO(nvme.output);
-    REQUIRE(nvme.status == 0);
-    CHECK(contains(nvme.output, "engine ok"));
+    // One launch: the plain run, then (--then) the offloaded one.
+    auto args = plain_args;
+    args.insert(args.end(), {"--dump", dir.file("plain.bin"), "--then"});
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), {"--dump", dir.file("nvme.bin"), "--offload-param", "nvme", "--param-path", params,
+                             "--nvme-path", states, "--tile", "50"});
+    auto run = train(std::stoi(c[0]), args);
+    INFO(run.output);
+    REQUIRE(run.status == 0);
+    const std::vector<std::string> outputs = case_outputs(run.output);
+    REQUIRE(outputs.size() == 2);
+    CHECK(contains(outputs[1], "engine ok"));
     CHECK(read_all(dir.file("nvme.bin")) == read_all(dir.file("plain.bin")));
     CHECK(files_in(params).empty());  // removed when the engine went
     CHECK(files_in(states).empty());
@@ -443,13 +449,13 @@ TEST_CASE("NVMe parameter offload: stage 3 on 1 and 2 ranks in fp32 and bf16 tra
 TEST_CASE("CPU parameter offload on a CPU rank trains byte for byte as without it") {
   TempDir dir;
   const std::vector<std::string> common = {"--stage", "3", "--steps", "3", "--bucket", "300", "--units"};
-  auto plain_args = common, cpu_args = common;
-  plain_args.insert(plain_args.end(), {"--dump", dir.file("plain.bin")});
-  cpu_args.insert(cpu_args.end(), {"--offload-param", "cpu", "--offload", "cpu", "--dump", dir.file("cpu.bin")});
-  auto plain = train(2, plain_args), cpu = train(2, cpu_args);
-  INFO(plain.output << cpu.output);
-  REQUIRE(plain.status == 0);
-  REQUIRE(cpu.status == 0);
+  auto args = common;
+  args.insert(args.end(), {"--dump", dir.file("plain.bin"), "--then"});
+  args.insert(args.end(), common.begin(), common.end());
+  args.insert(args.end(), {"--offload-param", "cpu", "--offload", "cpu", "--dump", dir.file("cpu.bin")});
+  auto run = train(2, args);
+  INFO(run.output);
+  REQUIRE(run.status == 0);
   CHECK(read_all(dir.file("cpu.bin")) == read_all(dir.file("plain.bin")));
 }
 

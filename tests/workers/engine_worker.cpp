@@ -3,7 +3,7 @@
 // optimizer kernels (at::_fused_adamw_ / at::_fused_sgd_, what torch.optim runs with fused=True)
 // or, for LAMB, a per-parameter reference written out here. Compares losses and parameters.
 //
-//   tessera_engine_worker --stage S --mb M --gas G --steps N [--dtype fp32|bf16|fp16]
+//   tessera_engine_worker --stage S --mb M --gas G --steps N [--dtype fp32|bf16|fp16] [--then <another case>...]
 //       [--optimizer adamw|adam|sgd|sgd-plain|lamb] [--clip C] [--bucket B] [--inject-inf-step K]
 //       [--memory] [--hidden H] [--memory-sweep] [--seed-by-rank] [--unused-off-rank0]
 //       [--throw-at-step K] [--onecycle] [--drop-engine-step K] [--strict-unused]
@@ -293,8 +293,7 @@ void check_unit_events(Engine& engine, int64_t micro_steps, int rank) {
   if (rank == 0) std::printf("units ok: %s\n", got.c_str());
 }
 
-int run(const Args& a) {
-  auto ctx = ParallelContext::from_environment(ParallelOptions{});
+int run(const Args& a, ParallelContext* ctx) {
   const int dp = ctx->data().size(), rank = ctx->data().rank();
   Config config = load_config(config_text(a), ctx->world_size());
   Mlp model(a.seed_by_rank ? 42 + rank : 42, a.hidden, a.unused_off_rank0);
@@ -476,11 +475,11 @@ int run(const Args& a) {
 
 }  // namespace
 
-static int main_body(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
+// One case's arguments, argv[begin, end); false (with the message) for one it does not know.
+static bool parse(Args& a, char** argv, int begin, int end) {
+  for (int i = begin; i < end; ++i) {
     std::string k = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    auto next = [&]() -> std::string { return i + 1 < end ? argv[++i] : ""; };
     if (k == "--stage") a.stage = std::stoi(next());
     else if (k == "--mb") a.mb = std::stoi(next());
     else if (k == "--gas") a.gas = std::stoi(next());
@@ -524,11 +523,32 @@ static int main_body(int argc, char** argv) {
     else if (k == "--drop-engine-step") a.drop_engine_step = std::stoi(next());
     else {
       std::fprintf(stderr, "engine worker: unknown argument %s\n", k.c_str());
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+// Cases separated by --then run in turn on one process group (one launch serving several cases:
+// the tests' time is mostly process starts); each opens with a line "case N:" when there are several.
+static int main_body(int argc, char** argv) {
+  std::vector<Args> cases(1);
+  for (int begin = 1, i = 1; i <= argc; ++i) {
+    if (i < argc && std::string(argv[i]) != "--then") continue;
+    if (!parse(cases.back(), argv, begin, i)) return 2;
+    if (i < argc) cases.emplace_back();
+    begin = i + 1;
+  }
   try {
-    return a.memory_sweep ? memory_sweep(a) : a.rss ? peak_rss(a) : run(a);
+    if (cases.size() == 1 && cases[0].memory_sweep) return memory_sweep(cases[0]);
+    if (cases.size() == 1 && cases[0].rss) return peak_rss(cases[0]);
+    auto ctx = ParallelContext::from_environment(ParallelOptions{});
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (cases.size() > 1 && ctx->rank() == 0) std::printf("case %zu:\n", i), std::fflush(stdout);
+      ctx->data().reset_stats();  // each case counts its own collectives, as in a process of its own
+      if (const int status = run(cases[i], ctx.get())) return status;
+    }
+    return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "engine worker error: %s\n", e.what());
     return 1;
