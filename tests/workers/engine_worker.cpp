@@ -158,15 +158,22 @@ ModelDescription engine_worker::describe(Mlp& model, bool units) {
     if (model.params.size() > 5) d.units[2].params.push_back(model.params[5]);
     d.enters_units = true;  // the MLP's forward enters each unit (ZeRO-3 then starts released)
   }
-  d.groups.push_back({{model.params[0], model.params[2], model.params[4]}, std::nullopt, std::nullopt, "weights",
-                      {"layer1.weight", "layer2.weight", "layer3.weight"}});
+  ParamGroup weights;
+  weights.params = {model.params[0], model.params[2], model.params[4]};
+  weights.name = "weights";
+  weights.param_names = {"layer1.weight", "layer2.weight", "layer3.weight"};
+  d.groups.push_back(weights);
   std::vector<at::Tensor> biases = {model.params[1], model.params[3]};
   std::vector<std::string> names = {"layer1.bias", "layer2.bias"};
   if (model.params.size() > 5) {
     biases.push_back(model.params[5]);
     names.push_back("extra.bias");
   }
-  d.groups.push_back({biases, std::nullopt, std::nullopt, "biases", names});
+  ParamGroup bias_group;
+  bias_group.params = biases;
+  bias_group.name = "biases";
+  bias_group.param_names = names;
+  d.groups.push_back(bias_group);
   return d;
 }
 
