@@ -47,8 +47,7 @@ inline CaseRuns train_cases(int ranks, const std::vector<std::vector<std::string
     args.insert(args.end(), c.begin(), c.end());
   }
   RunResult r = train(ranks, args, env);
-  CaseRuns runs{r.status, r.output, cases.size() > 1 ? case_outputs(r.output) : std::vector<std::string>{r.output}};
-  return runs;
+  return {r.status, r.output, cases.size() > 1 ? case_outputs(r.output) : std::vector<std::string>{r.output}};
 }
 
 }  // namespace tessera::testing::engine_worker

@@ -54,11 +54,11 @@ def free_port():
     raise RuntimeError("free_port: no port below the ephemeral range could be bound in 200 tries")
 
 
-def child_env(**extra):
-    """The environment for a job's ranks: the workers' folder on PYTHONPATH (they import each
-    other; tessera comes from the environment's install), and no launcher variables inherited from
-    whatever runs pytest."""
-    env = {k: v for k, v in os.environ.items()
+def child_env(base=None, **extra):
+    """The environment for a job's ranks (`base`, default this process's): the workers' folder on
+    PYTHONPATH (they import each other; tessera comes from the environment's install), and no
+    launcher variables inherited from whatever runs pytest."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = WORKERS + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
@@ -118,10 +118,8 @@ def rank_interpreter():
     if "socket" not in _zygote:
         folder = tempfile.mkdtemp(prefix="tessera-zygote-")
         path = os.path.join(folder, "socket")
-        env = {k: v for k, v in _ENVIRONMENT_AT_START.items()
-               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-        env["PYTHONPATH"] = WORKERS + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["OMP_NUM_THREADS"] = "1"  # what the launcher gives each rank (libgomp reads it once, at load)
+        # OMP_NUM_THREADS: what the launcher gives each rank (libgomp reads it once, at load)
+        env = child_env(_ENVIRONMENT_AT_START, OMP_NUM_THREADS="1")
         process = subprocess.Popen([sys.executable, ZYGOTE, "serve", path], env=env, cwd=ROOT,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         ready = process.stdout.readline().strip() == "ready"
@@ -143,7 +141,8 @@ def stop_zygote():
 def launch(nproc, argv, timeout=240, flags=(), fresh_interpreter=False, **kwargs):
     """Runs `python argv...` on `nproc` local ranks through tessera launch (with its `flags`);
     returns CompletedProcess. Each rank is forked from this process's warm interpreter
-    (rank_interpreter()) unless `fresh_interpreter` (a test of a rank's own memory)."""
+    (rank_interpreter()) unless `fresh_interpreter` (a test of the rank's process itself, e.g. one
+    that uses CUDA) or the command is not a script (`-m`, `-c`)."""
     if not os.path.exists(CLI):
         pytest.fail("%s not built (run `make build` or scripts/build.sh tessera_cli)" % CLI)
     python = [sys.executable] if fresh_interpreter or str(argv[0]).startswith("-") else rank_interpreter()

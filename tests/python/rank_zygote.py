@@ -16,9 +16,11 @@ tessera imported) forks a child that takes them on and runs the script as `__mai
 
 What a forked child does not share with a fresh interpreter is what was decided at import time: the
 zygote is started with OMP_NUM_THREADS=1 (what the launcher gives ranks), the child sets torch's
-threads from its own OMP_NUM_THREADS, and numpy's global generator is seeded again. Tests that
-measure a rank's own memory, or kill it by pid from outside, launch fresh interpreters
-(conftest.launch(..., fresh_interpreter=True)). TESSERA_TEST_FRESH_RANKS=1 turns the zygote off.
+threads from its own OMP_NUM_THREADS, and numpy's global generator is seeded again (a child's VmHWM
+starts from its own RSS, so the memory tests' deltas hold). Tests of the process itself (GPU ranks:
+CUDA must not meet a forked process; the crash, interrupt and emulated-host tests, which start
+their jobs themselves) run fresh interpreters (conftest.launch(..., fresh_interpreter=True)).
+TESSERA_TEST_FRESH_RANKS=1 turns the zygote off.
 """
 import json
 import os
@@ -80,12 +82,7 @@ def run_client(socket_path, argv):
             pass
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    while True:
-        try:
-            end, _ = receive_message(sock)
-            break
-        except InterruptedError:
-            continue
+    end, _ = receive_message(sock)  # a forwarded signal interrupts recv, which Python retries
     if end is None:  # the zygote went away: the child with it (it SIGKILLs its children)
         sys.exit(1)
     if end["signal"]:
@@ -99,7 +96,6 @@ def run_client(socket_path, argv):
 
 def serve(socket_path):
     import selectors
-    import time
     # What the ranks import first; their own modules (the workers) each child imports itself.
     import numpy  # noqa: F401
     import torch  # noqa: F401
@@ -169,7 +165,6 @@ def serve(socket_path):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    time.sleep(0)
 
 
 def become_rank(request, fds):

@@ -547,8 +547,11 @@ static int main_body(int argc, char** argv) {
     begin = i + 1;
   }
   try {
-    if (cases.size() == 1 && cases[0].memory_sweep) return memory_sweep(cases[0]);
-    if (cases.size() == 1 && cases[0].rss) return peak_rss(cases[0]);
+    for (const Args& c : cases)
+      if ((c.memory_sweep || c.rss) && cases.size() > 1)
+        throw std::invalid_argument("--memory-sweep and --rss measure a process of their own: not with --then");
+    if (cases[0].memory_sweep) return memory_sweep(cases[0]);
+    if (cases[0].rss) return peak_rss(cases[0]);
     auto ctx = ParallelContext::from_environment(ParallelOptions{});
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases.size() > 1 && ctx->rank() == 0) std::printf("case %zu:\n", i), std::fflush(stdout);
