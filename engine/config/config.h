@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "engine/config/config_rules.h"
+#include "engine/config/monitor_config.h"
+#include "engine/config/parallel_config.h"
 #include "optim/options.h"
 #include "zero/options.h"
 
@@ -257,120 +259,6 @@ struct AioConfig {
   }
 };
 
-struct TensorParallelConfig {
-  int tp_size = 1;
-  // tessera's key: Megatron-SP (activations outside the tensor-parallel layers split along the
-  // sequence), applied by the model (tessera.tensor_parallel.parallelize, the example GPT).
-  bool sequence_parallel = false;
-  template <class V> void fields(V& v) {
-    v.aliased("tp_size", "autotp_size", tp_size, at_least(1));
-    v("sequence_parallel", sequence_parallel);
-  }
-};
-
-struct PipelineConfig {
-  int stages = 1;
-  std::string partition_method = "parameters";
-  std::optional<int64_t> micro_batches;  // resolved: gradient_accumulation_steps
-  int activation_checkpoint_interval = 0;
-  // tessera's keys (parallel/pipeline/schedule.h): "1f1b" (PipeDream-flush), "gpipe", "zb_h1" (zero
-  // bubble: each backward split, weight gradients deferred) or "interleaved_1f1b" with
-  // virtual_stages model chunks per stage (Megatron's virtual pipeline size).
-  std::string schedule = "1f1b";
-  int virtual_stages = 1;
-  // tessera's key: at ZeRO-3, when a stage's partitioned parameters are gathered: "step" (once per
-  // batch, kept whole while the stage runs its micro-batches, as torchtitan keeps FSDP's unsharded
-  // under a pipeline) or "micro_batch" (around each forward and backward: less memory, one allgather
-  // each).
-  std::string zero3_gather = "step";
-  bool dynamic_shape = false;     // tessera's key: send each activation's shape with it (shapes vary by micro-batch)
-  template <class V> void fields(V& v) {
-    v("stages", stages, at_least(1));
-    v("partition_method", partition_method, partition_method_rule());
-    v("micro_batches", micro_batches, at_least<int64_t>(1));
-    v("activation_checkpoint_interval", activation_checkpoint_interval, at_least(0));
-    v("schedule", schedule, one_of({"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"}));
-    v("virtual_stages", virtual_stages, at_least(1));
-    v("zero3_gather", zero3_gather, one_of({"step", "micro_batch"}));
-    v("dynamic_shape", dynamic_shape);
-  }
-};
-
-// tessera's section for context parallelism (docs/context_parallel.md): every sequence split over
-// `size` ranks that see the same samples, attention computed across them by `method`: "ulysses"
-// (all-to-all from sequence-split to head-split and back; Jacobs et al. 2023) or "ring" (key/value
-// blocks passed around the group, merged by log-sum-exp; Liu et al. 2023). DeepSpeed's top-level
-// sequence_parallel_size sets the size too. The grid is pipe × data × context × tensor.
-struct ContextParallelConfig {
-  int size = 1;
-  std::string method = "ulysses";
-  template <class V> void fields(V& v) {
-    v("size", size, at_least(1));
-    v("method", method, one_of({"ulysses", "ring"}));
-  }
-};
-
-// DeepSpeed's "elasticity" section (elasticity/elasticity.py): the batch layout that keeps the
-// global batch the same across the world sizes a job may run at (engine/config/elasticity.h
-// computes it as DeepSpeed does). When enabled it decides train_batch_size,
-// train_micro_batch_size_per_gpu and gradient_accumulation_steps for the world size at hand.
-struct ElasticityConfig {
-  bool enabled = false;
-  std::optional<int64_t> max_train_batch_size;  // required when enabled
-  std::vector<int64_t> micro_batch_sizes;       // required when enabled
-  int64_t min_gpus = 1;
-  int64_t max_gpus = 10000;
-  int64_t num_gpus_per_node = 1;
-  int64_t model_parallel_size = 1;
-  double min_time = 0;  // accepted, unused (as in DeepSpeed)
-  bool prefer_larger_batch = true;
-  bool ignore_non_elastic_batch_info = false;
-  double version = 0.2;
-  template <class V> void fields(V& v) {
-    v("enabled", enabled);
-    v("max_train_batch_size", max_train_batch_size, at_least<int64_t>(1));
-    v("micro_batch_sizes", micro_batch_sizes);
-    v("min_gpus", min_gpus, at_least<int64_t>(1));
-    v("max_gpus", max_gpus, at_least<int64_t>(1));
-    v("num_gpus_per_node", num_gpus_per_node, at_least<int64_t>(1));
-    v("model_parallel_size", model_parallel_size, at_least<int64_t>(1));
-    v("min_time", min_time, at_least(0.0));
-    v("prefer_larger_batch", prefer_larger_batch);
-    v("ignore_non_elastic_batch_info", ignore_non_elastic_batch_info);
-    v("version", version);
-  }
-};
-
-// tessera's section for a model's Mixture-of-Experts blocks (docs/moe.md): the example GPT and the
-// estimator read it; a Python model builds tessera.moe.MoE layers itself and needs none. Block l
-// (from 0) is an MoE block when (l + 1) % every == 0: every other block with the default.
-struct MoeConfig {
-  int64_t num_experts = 8;
-  int64_t every = 2;
-  int64_t ep_size = 1;  // divides num_experts and the data-parallel size (checked where the grid is)
-  int64_t k = 2;
-  double capacity_factor = 1.0;
-  double eval_capacity_factor = 1.0;
-  int64_t min_capacity = 4;
-  bool drop_tokens = false;  // dropless, as Megatron-Core and torchtitan run by default
-  bool use_rts = true;
-  double aux_loss_coef = 0.01;
-  double router_z_loss_coef = 0.0;
-  template <class V> void fields(V& v) {
-    v("num_experts", num_experts, at_least<int64_t>(1));
-    v("every", every, at_least<int64_t>(1));
-    v("ep_size", ep_size, at_least<int64_t>(1));
-    v("k", k, at_least<int64_t>(1));
-    v("capacity_factor", capacity_factor, greater_than(0.0));
-    v("eval_capacity_factor", eval_capacity_factor, greater_than(0.0));
-    v("min_capacity", min_capacity, at_least<int64_t>(0));
-    v("drop_tokens", drop_tokens);
-    v("use_rts", use_rts);
-    v("aux_loss_coef", aux_loss_coef, at_least(0.0));
-    v("router_z_loss_coef", router_z_loss_coef, at_least(0.0));
-  }
-};
-
 struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool contiguous_memory_optimization = false;
@@ -423,96 +311,12 @@ struct CheckpointConfig {
   }
 };
 
-// csv_monitor and tensorboard share DeepSpeed's shape.
-struct MonitorConfig {
-  bool enabled = false;
-  std::string output_path;
-  std::string job_name = "DeepSpeedJobName";
-  template <class V> void fields(V& v) {
-    v("enabled", enabled);
-    v("output_path", output_path);
-    v("job_name", job_name);
-  }
-};
-
-// DeepSpeed's "wandb" section (Weights & Biases; python/tessera/monitor/wandb_monitor.py). `team` is
-// wandb's entity. Offline when WANDB_MODE says so or there is no network.
-struct WandbConfig {
-  bool enabled = false;
-  std::optional<std::string> group, team;
-  std::string project = "deepspeed";
-  template <class V> void fields(V& v) {
-    v("enabled", enabled);
-    v("group", group);
-    v("team", team);
-    v("project", project);
-  }
-};
-
-// DeepSpeed's "comet" section (Comet ML; python/tessera/monitor/comet_monitor.py).
-struct CometConfig {
-  bool enabled = false;
-  int64_t samples_log_interval = 100;  // a metric is logged when this many samples passed since its last
-  std::optional<std::string> project, workspace, api_key, experiment_name, experiment_key, mode;
-  std::optional<bool> online;
-  template <class V> void fields(V& v) {
-    v("enabled", enabled);
-    v("samples_log_interval", samples_log_interval, at_least<int64_t>(1));
-    v("project", project);
-    v("workspace", workspace);
-    v("api_key", api_key);
-    v("experiment_name", experiment_name);
-    v("experiment_key", experiment_key);
-    v("online", online);
-    v("mode", mode, one_of({"get", "create", "get_or_create"}));
-  }
-};
-
-// DeepSpeed's "flops_profiler" section (engine/flops_profiler.h for C++ models' units,
-// python/tessera/flops_profiler.py for Python modules): at profile_step, rank 0 prints each unit's
-// or module's parameters, MACs, latency and FLOP/s; peak_tflops (tessera's) gives the MFU.
-struct FlopsProfilerConfig {
-  bool enabled = false;
-  double recompute_fwd_factor = 0.0;  // activation checkpointing's extra forward, as a share of one
-  int64_t profile_step = 1;
-  int64_t module_depth = -1;          // -1: every depth
-  int64_t top_modules = 1;
-  bool detailed = true;
-  std::optional<std::string> output_file;
-  std::optional<double> peak_tflops;  // the device's peak, for the model FLOPs utilization
-  template <class V> void fields(V& v) {
-    v("enabled", enabled);
-    v("recompute_fwd_factor", recompute_fwd_factor, at_least(0.0));
-    v("profile_step", profile_step, at_least<int64_t>(1));
-    v("module_depth", module_depth, at_least<int64_t>(-1));
-    v("top_modules", top_modules, at_least<int64_t>(1));
-    v("detailed", detailed);
-    v("output_file", output_file);
-    v("peak_tflops", peak_tflops, at_least(0.0));
-  }
-};
-
 // DeepSpeed's "data_types" section.
 struct DataTypesConfig {
   // The dtype the whole gradient is accumulated in at ZeRO 0–1: "fp32" (tessera's default), or
   // "bf16" with bf16 compute (2 bytes an element instead of 4; DeepSpeed's default there).
   std::string grad_accum_dtype = "fp32";
   template <class V> void fields(V& v) { v("grad_accum_dtype", grad_accum_dtype, one_of({"fp32", "bf16"})); }
-};
-
-struct CommsLoggerConfig {
-  bool enabled = false;
-  bool verbose = false;
-  bool prof_all = true;
-  bool debug = false;
-  std::vector<std::string> prof_ops;
-  template <class V> void fields(V& v) {
-    v("enabled", enabled);
-    v("verbose", verbose);
-    v("prof_all", prof_all);
-    v("debug", debug);
-    v("prof_ops", prof_ops);
-  }
 };
 
 struct Config {
