@@ -116,6 +116,8 @@ class Tessera:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         if args.delayed is not None:  # ZeRO-Offload's delayed parameter update after that many steps
             zero["offload_optimizer"]["delayed_param_update"] = {"enabled": True, "warmup_steps": args.delayed}
+        if args.super_offload:  # the host step of each bucket speculated during the backward
+            zero["offload_optimizer"]["super_offload"] = True
         config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
                   "steps_per_print": 10**9, "gradient_clipping": args.clip, "bf16": {"enabled": True},
                   "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
@@ -153,6 +155,8 @@ def main():
     ap.add_argument("--offload-param", action="store_true", help="tessera (stage 3): offload_param.device cpu")
     ap.add_argument("--delayed", type=int, help="tessera with --offload cpu: delayed_param_update after this many "
                     "steps (within --warmup, so every timed step is delayed)")
+    ap.add_argument("--super-offload", action="store_true", help="tessera with --offload cpu: offload_optimizer."
+                    "super_offload (each bucket's host step overlapped with the backward, validated at the step)")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps, warm-up included")
     ap.add_argument("--warmup", type=int, default=10)
@@ -200,7 +204,7 @@ def main():
     if args.impl == "tessera":
         name = "tessera-zero%d" % args.stage + ("-offload" if args.offload == "cpu" else "-offload-nvme" if args.offload
                                                  else "") + ("-params" if args.offload_param else "") + \
-            ("-dpu" if args.delayed is not None else "")
+            ("-dpu" if args.delayed is not None else "") + ("-super" if args.super_offload else "")
     print(json.dumps({
         "impl": name, "size": args.size, "parameters": parameters, "layers": n_layer, "embd": n_embd,
         "micro_batch": args.micro, "seq": args.seq, "steps": timed,
@@ -210,6 +214,8 @@ def main():
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
         "first_loss": round(losses[0].item(), 5), "final_loss": round(losses[-1].item(), 5),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "host_cores": os.cpu_count(),
+        # super_offload: how many steps kept their speculated chunks, and how many were redone
+        "speculation": impl.engine._c.speculation_counts() if args.super_offload else None,
     }), flush=True)
     sys.stdout.flush()
     os._exit(0)  # skip the interpreter's teardown of CUDA and NCCL state

@@ -10,7 +10,8 @@
 #                                    plain PyTorch loops ($PLAIN) and tessera ZeRO $STAGES, all at the largest
 #                                    micro-batch of $MICROS_<size> that every one of them fits
 #   bench/run_gpu.sh offload SIZE    tessera at ZeRO 2 without offload, offload_optimizer cpu (also
-#                                    with the delayed parameter update) and nvme, and at ZeRO 3 without, and with the optimizer (cpu, nvme)
+#                                    with the delayed parameter update, and with super_offload, with and
+#                                    without clipping) and nvme, and at ZeRO 3 without, and with the optimizer (cpu, nvme)
 #                                    and the shards (offload_param cpu) on the host, micro-batch
 #                                    $MICRO (16), swap files under $NVME_PATH (/tmp)
 #   bench/run_gpu.sh all SIZE...     build, test and bench in order
@@ -92,8 +93,11 @@ do_bench() {
 
 do_offload() {
   local size=${1:-350m} micro=${MICRO:-16} nvme=${NVME_PATH:-/tmp} spec stage extra line rc
-  for spec in "2:" "2:--offload cpu" "2:--offload cpu --delayed 5" "2:--offload nvme" "3:" "3:--offload cpu --offload-param" \
-              "3:--offload nvme --offload-param"; do
+  # super_offload's rows with clipping at 1.0 (the others' setting: while the norm is above it,
+  # each speculation is redone) and without clipping beside the plain and offloaded rows without it.
+  for spec in "2:" "2:--offload cpu" "2:--offload cpu --delayed 5" "2:--offload cpu --super-offload" \
+              "2:--clip 0" "2:--clip 0 --offload cpu" "2:--clip 0 --offload cpu --super-offload" "2:--offload nvme" \
+              "3:" "3:--offload cpu --offload-param" "3:--offload nvme --offload-param" "3:--offload cpu --super-offload"; do
     stage=${spec%%:*} extra=${spec#*:}
     rc=0
     # shellcheck disable=SC2086

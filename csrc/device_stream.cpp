@@ -5,6 +5,7 @@
 #ifdef TESSERA_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -16,6 +17,26 @@ void wait_for_device_stream(c10::Device device) {
   c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
 #else
   throw std::runtime_error("this tessera was built without CUDA: cannot wait for " + device.str());
+#endif
+}
+
+DeviceEvent DeviceEvent::record(c10::Device device) {
+  DeviceEvent e;
+  if (!device.is_cuda()) return e;
+#ifdef TESSERA_WITH_CUDA
+  cudaEvent_t event = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  e.event_ = std::shared_ptr<void>(event, [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  C10_CUDA_CHECK(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
+#else
+  throw std::runtime_error("this tessera was built without CUDA: cannot record an event on " + device.str());
+#endif
+  return e;
+}
+
+void DeviceEvent::wait() const {
+#ifdef TESSERA_WITH_CUDA
+  if (event_) C10_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_.get())));
 #endif
 }
 

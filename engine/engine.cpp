@@ -216,6 +216,8 @@ void Engine::open_backward(BackwardKind kind) {
   open_forward_s_ = since(last_step_end_) - open_allgather_s_;
   backward_start_ = Clock::now();
   zero_->begin_backward(is_gradient_accumulation_boundary(), steps_.optimizer_step() + 1);
+  // super_offload: the step as it will be unless clipping or an overflow intervenes (coefficient 1).
+  if (zero_->speculates_steps()) zero_->speculate_step(1.0 / gradient_divisor(), next_step_inputs());
   backward_open_ = true;
   if (flops_profiler_) flops_profiler_->backward_began();
 }
@@ -331,8 +333,7 @@ void Engine::optimizer_step() {
   // 2. Unscale, norm, overflow: the norm over every rank's part of the gradients, reduced over the
   //    right groups (optim/grad_norm.h); non-finite on any rank means overflow on every rank.
   // loss.backward() left each micro-batch's loss whole: the window's sum is divided here.
-  const double scale =
-      scaler_->scale() * (window_kind_ == BackwardKind::Autograd ? double(gradient_accumulation_steps_) : 1.0);
+  const double scale = gradient_divisor();
   window_kind_ = BackwardKind::None;
   const NormGroups groups{&parallel_.replicas(), &parallel_.tensor(), &parallel_.pipe(),
                           norm_over_world_ ? &parallel_.world() : nullptr};
@@ -345,18 +346,7 @@ void Engine::optimizer_step() {
     const double grad_scale = clip_coefficient(last_grad_norm_, config_.gradient_clipping) / scale;
 
     // 4. The optimizer on this rank's shards, at the schedule's lr (and OneCycle's momentum).
-    // The schedule advances on applied steps only (StepCounters).
-    const int64_t at = steps_.schedule_step();
-    StepInputs in;
-    in.step = steps_.optimizer_step() + 1;
-    in.lr = schedule_->lr_at(at);
-    // OneCycle cycles the betas of optimizers that have them (Adam, AdamW, LAMB) and also sets
-    // beta2, as DeepSpeed does; SGD has no betas, and DeepSpeed leaves its momentum alone.
-    if (config_.optimizer->type != "SGD") {
-      in.beta1 = schedule_->momentum_at(at);
-      if (in.beta1) in.beta2 = kOneCycleBeta2;
-    }
-    zero_->apply(grad_scale, in);
+    zero_->apply(grad_scale, next_step_inputs());
 
     // 5. Parameter gather: every rank gets every updated chunk (stages 1–2), each bucket's
     //    allgather started as soon as it was updated. Waited for here, or, with overlap_comm and a
@@ -392,6 +382,27 @@ void Engine::optimizer_step() {
     periodic.save_dir = ckpt.save_dir;
     save_checkpoint(periodic);
   }
+}
+
+SpeculativeStep::Counts Engine::speculation_counts() const { return zero_->speculation_counts(); }
+
+double Engine::gradient_divisor() const {
+  return scaler_->scale() * (window_kind_ == BackwardKind::Autograd ? double(gradient_accumulation_steps_) : 1.0);
+}
+
+StepInputs Engine::next_step_inputs() const {
+  // The schedule advances on applied steps only (StepCounters).
+  const int64_t at = steps_.schedule_step();
+  StepInputs in;
+  in.step = steps_.optimizer_step() + 1;
+  in.lr = schedule_->lr_at(at);
+  // OneCycle cycles the betas of optimizers that have them (Adam, AdamW, LAMB) and also sets
+  // beta2, as DeepSpeed does; SGD has no betas, and DeepSpeed leaves its momentum alone.
+  if (config_.optimizer->type != "SGD") {
+    in.beta1 = schedule_->momentum_at(at);
+    if (in.beta1) in.beta2 = kOneCycleBeta2;
+  }
+  return in;
 }
 
 void Engine::print_overflow(const UpdateResult& update) const {

@@ -27,6 +27,7 @@
 #include "engine/config/config.h"
 #include "engine/environment.h"
 #include "zero/model.h"
+#include "zero/speculative_step.h"
 #include "zero/units.h"
 
 namespace tessera {
@@ -185,6 +186,9 @@ class Engine {
   const Config& config() const { return config_; }
   ParallelContext& parallel() { return parallel_; }
   MemoryReport memory() const;
+  // offload_optimizer.super_offload: the speculated steps kept and restored so far, and the chunks
+  // stepped during backward (zero/speculative_step.h); zeros without it.
+  SpeculativeStep::Counts speculation_counts() const;
   // Each ZeRO group's layout on this rank: which communicator it is reduced and partitioned over,
   // its elements and this rank's shard of them, and the optimizer state this rank holds for it
   // (an MoE model's expert groups against its dense ones, for benchmarks and tests).
@@ -230,6 +234,11 @@ class Engine {
   void begin_autograd_backward();         // a watched output's gradient arrived
   void add_interval_loss(const at::Tensor& on_group);  // a loss for the next progress line's mean
   void optimizer_step();
+  // What the loss carries into this window's gradients and the step divides out: the loss scale,
+  // times the accumulation steps when loss.backward() left each micro-batch's loss whole.
+  double gradient_divisor() const;
+  // The coming optimizer step's inputs but the gradient scale (the schedule's lr and momentum).
+  StepInputs next_step_inputs() const;
   void print_overflow(const UpdateResult& update) const;
   void print_progress();
   TrainingState training_state();

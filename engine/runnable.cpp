@@ -85,6 +85,34 @@ void check_delayed_update(const Config& c, const RunContext& run) {
     throw ConfigError("tessera: zero_optimization.offload_optimizer.delayed_param_update.enabled: true " + why);
 }
 
+// offload_optimizer.super_offload: the host steps each bucket's chunk during the backward, on a
+// thread of its own, and the step validates it (zero/speculative_step.h).
+void check_super_offload(const Config& c, const RunContext& run) {
+  const auto& offload = c.zero_optimization.offload_optimizer;
+  if (!offload.super_offload) return;
+  const std::string& type = c.optimizer->type;
+  std::string why;
+  if (offload.device != "cpu")
+    why = "needs zero_optimization.offload_optimizer.device \"cpu\" (found \"" + offload.device +
+          "\"): the speculated chunks are restored from copies in host memory";
+  else if (c.zero_optimization.stage == 0)
+    why = "needs zero_optimization.stage 1-3 (the step runs bucket by bucket)";
+  else if (c.zero_optimization.stage == 3 && c.zero_optimization.offload_param.device != "none")
+    why = "with zero_optimization.offload_param.device \"" + c.zero_optimization.offload_param.device +
+          "\": the step would write the shards the backward gathers meanwhile (not yet)";
+  else if (offload.delayed_param_update.enabled)
+    why = "with offload_optimizer.delayed_param_update: choose one (the delayed update already hides the whole step)";
+  else if (run.device.is_cpu() && !run.host_staging)
+    why = "overlaps the host's optimizer step with the GPU's backward; these ranks run on the CPU, where both "
+          "would share the same cores (TESSERA_HOST_STAGING=1 runs the GPU ranks' path here, for tests)";
+  else if (run.pipeline_stage)
+    why = "does not run through pipeline stages yet";
+  else if (c.optimizer->client || (type != "Adam" && type != "AdamW" && type != "SGD"))
+    why = "needs optimizer.type Adam, AdamW or SGD (found " + type + "): the speculated step runs bucket by "
+          "bucket on a thread of its own, without collectives";
+  if (!why.empty()) throw ConfigError("tessera: zero_optimization.offload_optimizer.super_offload: true " + why);
+}
+
 }  // namespace
 
 std::vector<std::string> check_runnable(const Config& c, const RunContext& run) {
@@ -102,6 +130,7 @@ std::vector<std::string> check_runnable(const Config& c, const RunContext& run) 
   if (!ignored.empty()) notes.push_back("config keys the engine ignores:\n" + ignored.substr(0, ignored.size() - 1));
   check_offload(c, run, notes);
   check_delayed_update(c, run);
+  check_super_offload(c, run);
   if (c.optimizer && is_onebit_optimizer(c.optimizer->type)) check_onebit(c, run);
   // The model applies tensor parallelism (parallel/tensor_parallel/); one that marked no slice
   // trains a whole copy on every tensor rank: correct, but nothing is split.

@@ -1,6 +1,9 @@
 // What ZeRO takes from the config (engine/zero_options.h).
 #include "engine/zero_options.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace tessera {
 
 namespace {
@@ -42,6 +45,15 @@ ZeroOptions zero_options_from_config(const Config& c, int rank, int data_size, c
   o.host_pinned = z.offload_optimizer.pin_memory;
   if (z.offload_optimizer.delayed_param_update.enabled)
     o.delayed_update_after = z.offload_optimizer.delayed_param_update.warmup_steps;
+  o.speculative_step = z.offload_optimizer.super_offload;
+  if (!env.speculation_fault.empty()) {
+    const std::string& f = env.speculation_fault;
+    if (f != "early" && f != "unchecked" && f != "unrestored")
+      throw std::invalid_argument("tessera: TESSERA_TEST_SPECULATION_FAULT is '" + f +
+                                  "'; expected early, unchecked or unrestored");
+    o.speculation_fault = f == "early" ? SpeculationFault::Early
+                          : f == "unchecked" ? SpeculationFault::Unchecked : SpeculationFault::Unrestored;
+  }
   if (z.offload_optimizer.device == "nvme") {
     OptimizerSwapOptions nvme;
     nvme.path = z.offload_optimizer.nvme_path;

@@ -49,14 +49,27 @@ void ZeroOptimizer::set_group_learning_rates(std::vector<double> lrs) {
   group_lrs_ = std::move(lrs);
 }
 
-void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
-  finish_delayed_step();  // the step started at the last boundary: its chunks reach the model first
+std::vector<StepInputs> ZeroOptimizer::group_inputs(double grad_scale, const StepInputs& inputs) const {
   std::vector<StepInputs> in(groups_.size(), inputs);
   for (auto& g : groups_) {
     in[g->index].lr = group_lrs_.empty() ? inputs.lr * g->lr_scale : group_lrs_[g->source_group];
     in[g->index].weight_decay = g->weight_decay;
     in[g->index].grad_scale = grad_scale;
   }
+  return in;
+}
+
+void ZeroOptimizer::speculate_step(double grad_scale, const StepInputs& inputs) {
+  if (speculation_) speculation_->begin(group_inputs(grad_scale, inputs), boundary_);
+}
+
+SpeculativeStep::Counts ZeroOptimizer::speculation_counts() const {
+  return speculation_ ? speculation_->counts() : SpeculativeStep::Counts{};
+}
+
+void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
+  finish_delayed_step();  // the step started at the last boundary: its chunks reach the model first
+  const std::vector<StepInputs> in = group_inputs(grad_scale, inputs);
   site_->before_step();  // e.g. the gradient chunks' copies to the host, queued during backward, have landed
   if (delayed_update_after_ >= 0 && inputs.step > delayed_update_after_) {
     // DPU: the host steps while the caller goes on to the next forward and backward, whose
@@ -69,7 +82,10 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
     return;
   }
   try {
-    step_buckets(in, /*finish=*/true);
+    // super_offload: the chunks stepped during the backward stand when `in` is what they were
+    // stepped with; otherwise they are restored and stepped below like the rest.
+    const std::vector<std::vector<char>> stepped = speculation_ ? speculation_->settle(in) : std::vector<std::vector<char>>{};
+    step_buckets(in, /*finish=*/true, stepped);
   } catch (...) {
     params_->abandon(groups_);
     throw;
@@ -78,18 +94,28 @@ void ZeroOptimizer::apply(double grad_scale, const StepInputs& inputs) {
   if (partitioned_) partitioned_->after_step();  // the shards are updated: gathered copies are stale
 }
 
-void ZeroOptimizer::step_buckets(const std::vector<StepInputs>& in, bool finish) {
+void ZeroOptimizer::step_buckets(const std::vector<StepInputs>& in, bool finish,
+                                 const std::vector<std::vector<char>>& stepped) {
   // Groups stepped in one call first, then every other bucket in the order the next forward reads
   // them, each bound where its shard lives, stepped (tile by tile when the state is in files) and
   // finished: its allgather runs on the backend's thread while the optimizer updates the next.
   // (The groups stepped whole are all stepped before any is finished: a client optimizer steps
-  // once every group has come in, so before that their chunks are not final.)
+  // once every group has come in, so before that their chunks are not final.) Chunks stepped
+  // already (super_offload's, during the backward) are finished first, in the same order.
   BucketOrder buckets;
-  for (auto& g : groups_)
-    if (steps_whole(*g)) step_group(*g, in[g->index]);
+  for (auto& g : groups_) {
+    if (!steps_whole(*g)) continue;
+    const auto is_stepped = [&](int b) { return !stepped.empty() && stepped[g->index][b]; };
+    std::vector<ShardSegment> rest;  // an elementwise group some of whose chunks were stepped already
+    for (size_t b = 0; b < g->segments.size(); ++b)
+      if (!is_stepped(static_cast<int>(b))) rest.push_back(site_->segments(*g)[b]);
+    if (rest.size() == g->segments.size()) step_group(*g, in[g->index]);
+    else if (!rest.empty()) g->optimizer->step(in[g->index], rest);
+  }
   for (const auto& [group, bucket] : gather_order_) {
     ZeroGroup& g = *groups_[group];
-    if (!steps_whole(g)) buckets.emplace_back(group, bucket);
+    const bool done = steps_whole(g) || (!stepped.empty() && stepped[group][bucket]);
+    if (!done) buckets.emplace_back(group, bucket);
     else if (finish) finish_bucket(g, bucket);
   }
   state_->step(
@@ -158,6 +184,7 @@ void ZeroOptimizer::gather_parameters(bool model_reports_units) {
 
 void ZeroOptimizer::wait_for_parameters() {
   finish_delayed_step();
+  if (speculation_) speculation_->cancel();  // the master and state as they were before the backward
   wait_for_gathers();
 }
 
@@ -250,6 +277,7 @@ void ZeroOptimizer::after_shards_loaded() {
 }
 
 void ZeroOptimizer::zero_grad() {
+  if (speculation_) speculation_->cancel();  // a step speculated and not applied (skipped: overflow)
   for (auto& g : groups_) g->grads.zero_();
   window_start_ = true;  // the host copies (gradients on the host) are overwritten, not added to
 }
@@ -280,6 +308,7 @@ MemoryReport ZeroOptimizer::memory() const {
     m.gathered_parameters = partitioned_->live_numel() * element;
     m.gathered_pool = partitioned_->pooled_bytes();
   }
+  if (speculation_) m.host_optimizer_bytes += speculation_->copy_bytes();
   m.buckets = reductions_.staging_bytes();
   return m;
 }

@@ -36,6 +36,7 @@
 #include "zero/partitioned_parameters.h"
 #include "zero/reductions.h"
 #include "zero/residence.h"
+#include "zero/speculative_step.h"
 #include "zero/units.h"
 #include "zero/zero_group.h"
 #include "zero/zero_stage.h"
@@ -100,6 +101,12 @@ struct ZeroOptions {
   // the next apply() (or anything that reads the parameters) first sends the result to the model.
   // -1: every step applied before apply() returns.
   int64_t delayed_update_after = -1;
+  // offload_optimizer.super_offload (host_optimizer only; zero/speculative_step.h): on the boundary
+  // micro-step each bucket's chunk is stepped on the host, on a thread of its own, as soon as its
+  // reduced gradient is there, while the backward goes on; apply() keeps those steps when its
+  // inputs are the ones speculate_step() announced, and restores and redoes them otherwise.
+  bool speculative_step = false;
+  SpeculationFault speculation_fault = SpeculationFault::None;  // tests only (TESSERA_TEST_SPECULATION_FAULT)
 };
 
 // fp32 state elements per shard element of an optimizer (what the planner reserves).
@@ -149,6 +156,12 @@ class ZeroOptimizer final : public UnitListener {
   // With delayed_update_after, a later step is only started here (see ZeroOptions); the step
   // started last time is finished first.
   void apply(double grad_scale, const StepInputs& inputs);
+  // super_offload: the inputs apply() will get unless clipping or an overflow intervenes (the
+  // engine's, with the clipping coefficient 1), given after begin_backward() of a boundary
+  // micro-step; each bucket's chunk is stepped with them as its gradient reaches the host.
+  bool speculates_steps() const { return speculation_ != nullptr; }
+  void speculate_step(double grad_scale, const StepInputs& inputs);
+  SpeculativeStep::Counts speculation_counts() const;
   // A delayed step still running: waits for it and sends its chunks where the model reads them
   // (each bucket's allgather launched). wait_for_parameters() does this first.
   void finish_delayed_step();
@@ -160,8 +173,8 @@ class ZeroOptimizer final : public UnitListener {
   // overlap_allgather and a model that reports its units, leaves each to the forward of the
   // first unit that uses it.
   void gather_parameters(bool model_reports_units);
-  // Finishes a delayed step and waits for every allgather still in flight: the parameters (and
-  // the optimizer state) are final after it.
+  // Finishes a delayed step, undoes a speculated one that apply() has not taken yet, and waits for
+  // every allgather still in flight: the parameters (and the optimizer state) are final after it.
   void wait_for_parameters();
   // Waits for the allgathers in flight only (a delayed step goes on).
   void wait_for_gathers();
@@ -241,9 +254,14 @@ class ZeroOptimizer final : public UnitListener {
   // whole parameters (LAMB), or a group in memory whose chunks are not gathered after the step.
   bool steps_whole(const ZeroGroup& g) const;
   void step_group(ZeroGroup& g, const StepInputs& in);
-  // Steps every bucket (in[g] for group g), finishing each as it is done, or, with `finish`
-  // false, leaving that to finish_delayed_step().
-  void step_buckets(const std::vector<StepInputs>& in, bool finish);
+  // Each group's inputs: `inputs` with the group's learning rate and weight decay, and `grad_scale`.
+  std::vector<StepInputs> group_inputs(double grad_scale, const StepInputs& inputs) const;
+  // Steps every bucket (in[g] for group g) but those already `stepped` ([group][bucket]; empty:
+  // none), finishing each as it is done, or, with `finish` false, leaving that to finish_delayed_step().
+  void step_buckets(const std::vector<StepInputs>& in, bool finish, const std::vector<std::vector<char>>& stepped = {});
+  // super_offload: which groups are speculated (elementwise optimizers whose chunks the step
+  // writes in host memory the model does not read meanwhile), and the speculation over them.
+  void make_speculation(SpeculationFault fault);
   // A bucket was stepped: written back where its shard lives, sent where the model reads it, and
   // its allgather launched (stages 1–2).
   void finish_bucket(ZeroGroup& g, int bucket);
@@ -308,6 +326,8 @@ class ZeroOptimizer final : public UnitListener {
   bool window_start_ = true;  // no micro-step of this accumulation window has reduced yet
   std::vector<std::vector<size_t>> launch_index_;  // [group][bucket]: its index in launch_order_ (grad_parts_)
   std::future<void> delayed_;  // the delayed step running (valid until finish_delayed_step)
+  // super_offload (null without): last, so that its thread stops before what it steps goes.
+  std::unique_ptr<SpeculativeStep> speculation_;
 };
 
 }  // namespace tessera

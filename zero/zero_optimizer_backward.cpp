@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "csrc/device_stream.h"
 #include "parallel/communicator.h"
 #include "zero/units.h"
 
@@ -66,11 +67,17 @@ void ZeroOptimizer::reduce(size_t launch_index) {
   std::function<void()> done;
   // The last reduction before the step: the bucket's norm now, while its chunk is fresh in cache
   // and the next bucket's reduction is in flight.
-  if (boundary_ && !gradients_to_host_) {  // (on the host path reduced_to_host does this)
-    done = [this, launch_index, group, bucket] {
+  const bool norm_here = boundary_ && !gradients_to_host_;  // (on the host path reduced_to_host does this)
+  // super_offload: once the chunk (and its copy to the host) is final, the host may step it.
+  const bool speculate = speculation_ && speculation_->open();
+  if (norm_here || speculate) {
+    done = [this, launch_index, group, bucket, norm_here, speculate] {
       ZeroGroup& g = *groups_[group];
-      if (g.gradient_scale != 1.0) stage_->gradient_chunk(g, bucket).mul_(g.gradient_scale);
-      gradient_final(launch_index);
+      if (norm_here) {
+        if (g.gradient_scale != 1.0) stage_->gradient_chunk(g, bucket).mul_(g.gradient_scale);
+        gradient_final(launch_index);
+      }
+      if (speculate) speculation_->submit(group, bucket, DeviceEvent::record(data_.device()));
     };
   }
   stage_->reduce_bucket(*groups_[group], bucket, reductions_, std::move(done));
@@ -93,6 +100,7 @@ void ZeroOptimizer::sum_group_gradients(int group, Communicator& across, bool co
     throw std::invalid_argument("tessera: weights tied across pipeline stages with the optimizer offloaded at ZeRO "
                                 "stage 2-3 (the gradients live on the host): not supported yet; use stage 1");
   reductions_.wait_all();
+  if (speculation_) speculation_->cancel();  // the chunks stepped so far had the gradients before these sums
   std::vector<CommHandle> sums;
   for (size_t i = 0; i < launch_order_.size(); ++i) {
     if (groups_[launch_order_[i].first]->source_group != group) continue;  // the model's group, maybe split in two

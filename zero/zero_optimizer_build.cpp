@@ -313,6 +313,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     if (delayed_update_after_ >= 0 && !g->optimizer->elementwise())
       throw std::invalid_argument("tessera: a delayed parameter update steps bucket by bucket on a thread of its own: "
                                   "it needs an elementwise optimizer (Adam, AdamW, SGD)");
+  if (options.speculative_step) make_speculation(options.speculation_fault);
   if (options.stage == 3) {
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
@@ -541,6 +542,42 @@ void ZeroOptimizer::remove_grad_hooks() {
       auto* ours = dynamic_cast<GradReadyHook*>(hook.get());
       if (ours && ours->owner() == this) hook.reset();
     }
+}
+
+// super_offload: a group is speculated when its chunks can be stepped one by one (an elementwise
+// optimizer: Adam, AdamW, SGD) on host copies the model does not read before apply() finishes
+// them: the host step with the state in memory, and not a ZeRO-3 shard that is itself in host
+// memory or a file (the backward's gathers read it). engine/runnable.cpp names the keys.
+void ZeroOptimizer::make_speculation(SpeculationFault fault) {
+  if (!site_->on_host() || state_->in_files() || delayed_update_after_ >= 0)
+    throw std::invalid_argument("tessera: a speculated step (super_offload) needs the optimizer's host step with its "
+                                "state in host memory, without a delayed parameter update");
+  std::vector<int> buckets;
+  bool any = false;
+  for (const auto& g : groups_) {
+    const bool speculated = g->optimizer->elementwise() && !site_->holds_shard(*g) && !params_->in_files(*g);
+    buckets.push_back(speculated ? static_cast<int>(g->layout.buckets.size()) : 0);
+    any = any || speculated;
+  }
+  if (!any)
+    throw std::invalid_argument("tessera: a speculated step (super_offload) steps bucket by bucket during the "
+                                "backward: it needs an elementwise optimizer (Adam, AdamW, SGD) at ZeRO stage 1-3");
+  speculation_ = std::make_unique<SpeculativeStep>(
+      std::move(buckets),
+      [this](int group, int bucket, const StepInputs& in) {
+        ZeroGroup& g = *groups_[group];
+        g.optimizer->step(in, {site_->segments(g)[bucket]});
+      },
+      [this](int group, int bucket) {
+        ZeroGroup& g = *groups_[group];
+        const ShardSegment& s = site_->segments(g)[bucket];
+        std::vector<at::Tensor> arrays{s.params};
+        if (s.compute_copy.defined()) arrays.push_back(s.compute_copy);
+        for (const auto& [name, state] : g.optimizer->named_state())
+          arrays.push_back(state.narrow(0, s.local_offset, s.params.numel()));
+        return arrays;
+      },
+      fault);
 }
 
 }  // namespace tessera

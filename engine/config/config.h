@@ -173,6 +173,9 @@ struct OffloadOptimizerConfig {
   bool fast_init = false;
   double ratio = 1.0;
   DelayedParamUpdateConfig delayed_param_update;
+  // DeepSpeed's SuperOffload switch: the host's step of each bucket overlapped with the backward,
+  // speculated and validated at the step so that it stays exact (zero/speculative_step.h).
+  bool super_offload = false;
   template <class V> void fields(V& v) {
     v("device", device, one_of({"none", "cpu", "nvme"}));
     v("nvme_path", nvme_path);
@@ -183,6 +186,7 @@ struct OffloadOptimizerConfig {
     v("fast_init", fast_init);
     v("ratio", ratio, in_range(0.0, 1.0));
     v("delayed_param_update", delayed_param_update);
+    v("super_offload", super_offload);
   }
 };
 

@@ -46,6 +46,7 @@ struct TrainingSetup : ZeroSizeParams {
   int zero_stage = 0;
   std::string offload_optimizer = "none";  // none | cpu | nvme
   std::string offload_param = "none";      // none | cpu | nvme (ZeRO-3 only)
+  bool super_offload = false;              // offload_optimizer.super_offload: a host copy of what each step writes
   std::string precision = "fp32";          // fp32 | bf16 | fp16
   std::string grad_accum_dtype = "fp32";   // data_types.grad_accum_dtype: fp32 | bf16 (stages 0-1)
   std::string communication_dtype;         // communication_data_type; empty: the gradients' own

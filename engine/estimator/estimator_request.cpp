@@ -53,6 +53,7 @@ TrainingSetup setup_from_config(const Config& c) {
   s.zero_stage = z.stage;
   s.offload_optimizer = z.offload_optimizer.device;
   s.offload_param = z.offload_param.device;
+  s.super_offload = z.offload_optimizer.super_offload;
   s.precision = c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32";
   s.async_checkpoint = c.checkpoint.async_save;
   s.grad_accum_dtype = c.data_types.grad_accum_dtype;

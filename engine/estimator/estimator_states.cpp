@@ -190,6 +190,10 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
         const int64_t shard_numel = g.layout.shard_numel;
         const bool shard_on_host = shards_on_host && g.partitioned;
         st.h_grads += int64_t(grad_bytes) * shard_numel;
+        // super_offload (zero/speculative_step.h): what a step writes, copied aside before each
+        // speculated chunk's step: the fp32 master (or host copy), the compute copy, the state.
+        if (s.super_offload && !nvme && !shard_on_host)
+          st.h_optim += shard_numel * (4 + (mixed ? c : 0) + k);
         if (shards_in_files && g.partitioned) {
           // the swap buffers (above) are the copy the step writes
         } else if (shard_on_host) {
@@ -207,7 +211,7 @@ States model_states(const StageModel& m, const TrainingSetup& s, int dp, bool cp
         st.n_optim = f.file;
         st.h_optim = int64_t(std::max(1, s.optimizer_buffer_count)) * f.largest_slot;
       } else {
-        st.h_optim = plan.state_bytes;
+        st.h_optim += plan.state_bytes;
       }
       if (shards_on_host) st.params_detail = dtype + ", small tensors whole (the shards are in host memory)";
     } else {

@@ -168,6 +168,14 @@ void bind_engine(py::module& m) {
         d["optimizer_steps"] = t.optimizer_steps;
         return d;
       })
+      .def("speculation_counts", [](const EngineHandle& e) {  // offload_optimizer.super_offload
+        const SpeculativeStep::Counts c = e.engine->speculation_counts();
+        py::dict d;
+        d["kept"] = c.committed;
+        d["restored"] = c.rolled_back;
+        d["chunks"] = c.chunks;
+        return d;
+      })
       .def("memory", [](const EngineHandle& e) {
         MemoryReport r = e.engine->memory();
         py::dict d;

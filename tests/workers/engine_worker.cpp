@@ -34,6 +34,8 @@
 //                        --buffers N (buffer_count) and --pipeline (pipeline_read and _write).
 //   --offload-param cpu|nvme   offload_param.device (stage 3), with --param-path DIR and
 //                        --param-buffers N (buffer_count), --param-buffer-size N (buffer_size).
+//   --super-offload      offload_optimizer.super_offload (with --offload cpu and TESSERA_HOST_STAGING=1):
+//                        prints "speculated steps: kept K restored R, chunks stepped during backward C".
 //   --delayed N          offload_optimizer.delayed_param_update after N warm-up steps (with --offload
 //                        cpu and TESSERA_HOST_STAGING=1); the reference delays its updates the same
 //                        way, unless --reference-delay M gives it another warm-up (-1: none; expect
@@ -125,7 +127,8 @@ std::string engine_worker::config_text(const Args& a) {
               ", \"pipeline_write\": " + (a.pipeline ? "true" : "false") +
               (a.delayed >= 0 ? ", \"delayed_param_update\": {\"enabled\": true, \"warmup_steps\": " +
                                     std::to_string(a.delayed) + "}"
-                              : std::string()) + "}";
+                              : std::string()) +
+              (a.super_offload ? ", \"super_offload\": true" : "") + "}";
   }
   if (a.offload_param != "none")
     offload += ", \"offload_param\": {\"device\": \"" + a.offload_param + "\", \"nvme_path\": \"" + a.param_path +
@@ -368,8 +371,9 @@ int run(const Args& a, ParallelContext* ctx) {
       engine.step();
       // (The first delayed step sends nothing yet: its update reaches the model at the next step.)
       const bool first_delayed = a.delayed >= 0 && step == a.delayed;
+      // (A skipped step, an overflow's, gathers nothing either.)
       if (a.units && micro == a.gas - 1 && a.stage > 0 && a.stage < 3 && dp > 1 && !first_delayed &&
-          !engine.parameters_in_flight())
+          step != a.inject_inf_step && !engine.parameters_in_flight())
         throw std::runtime_error("overlap_comm with units: the allgather was not left to the next forward");
       // ZeRO-3: between steps no unit's parameters are gathered (each was released after use).
       if (a.units && a.stage == 3 && engine.memory().gathered_parameters != 0)
@@ -458,6 +462,11 @@ int run(const Args& a, ParallelContext* ctx) {
                 (long long)m.optimizer_states, (long long)m.buckets, (long long)m.host_optimizer_bytes,
                 (long long)m.host_parameter_bytes);
   }
+  if (a.super_offload && rank == 0) {
+    const SpeculativeStep::Counts c = engine.speculation_counts();
+    std::printf("speculated steps: kept %lld restored %lld, chunks stepped during backward %lld\n",
+                (long long)c.committed, (long long)c.rolled_back, (long long)c.chunks);
+  }
   if (rank == 0) {
     auto stat = [&](const char* collective) {
       auto it = ctx->data().stats().find(collective);
@@ -521,6 +530,7 @@ static bool parse(Args& a, char** argv, int begin, int end) {
     else if (k == "--dump") a.dump = next();
     else if (k == "--delayed") a.delayed = a.reference_delay = std::stoi(next());
     else if (k == "--reference-delay") a.reference_delay = std::stoi(next());
+    else if (k == "--super-offload") a.super_offload = true;
     else if (k == "--fill-nvme") a.fill_nvme = true;
     else if (k == "--seed-by-rank") a.seed_by_rank = true;
     else if (k == "--unused-off-rank0") a.unused_off_rank0 = true;

@@ -53,6 +53,7 @@ struct Args {
   // --delayed N: offload_optimizer.delayed_param_update after N warm-up steps; the reference
   // delays its updates the same way (ZeRO-Offload's DPU).
   int delayed = -1, reference_delay = -1;
+  bool super_offload = false;  // --super-offload: offload_optimizer.super_offload (the step speculated during backward)
   std::string dump;  // --dump FILE: rank 0 writes every step's loss and the final parameters' bytes
 };
 

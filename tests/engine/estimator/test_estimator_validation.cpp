@@ -199,12 +199,14 @@ TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate
   testing::TempDir dir;
   struct Case {
     std::string optimizer, param;
+    bool super_offload = false;  // the copies of what each speculated step writes, in host memory
   };
   for (int ranks : {1, 2})
     for (const Case& c : std::vector<Case>{{"cpu", "none"}, {"nvme", "none"}, {"cpu", "cpu"}, {"nvme", "cpu"},
-                                           {"cpu", "nvme"}, {"nvme", "nvme"}}) {
+                                           {"cpu", "nvme"}, {"nvme", "nvme"}, {"cpu", "none", true}}) {
       std::vector<std::string> extra = {"--offload", c.optimizer, "--nvme-path", dir.path, "--tile", "100000",
                                         "--buffers", "3"};
+      if (c.super_offload) extra.push_back("--super-offload");
       if (c.param != "none") extra.insert(extra.end(), {"--offload-param", c.param});
       if (c.param == "nvme") extra.insert(extra.end(), {"--param-path", dir.path, "--param-buffers", "2"});
       auto measured = measure(ranks, 1024, 300000, extra, {{"TESSERA_HOST_STAGING", "1"}});
@@ -217,12 +219,13 @@ TEST_CASE("validation: GPU ranks' optimizer and parameter offload - the estimate
         in.hardware.nvme_capacity = int64_t(1) << 40;
         in.setup.offload_optimizer = c.optimizer;
         in.setup.offload_param = c.param;
+        in.setup.super_offload = c.super_offload;
         in.setup.sub_group_size = 100000;
         in.setup.optimizer_buffer_count = 3;
         in.setup.param_buffer_count = 2;
         EstimateResult e = estimate(in);
-        INFO("ranks " << ranks << " offload_optimizer " << c.optimizer << " offload_param " << c.param << " stage "
-                      << stage << " " << dtype);
+        INFO("ranks " << ranks << " offload_optimizer " << c.optimizer << " offload_param " << c.param
+                      << (c.super_offload ? " super_offload" : "") << " stage " << stage << " " << dtype);
         const int64_t host_estimated = e.per_node_cpu.model_states / ranks;
         std::printf("validation: GPU ranks %d, offload_optimizer %s, offload_param %s, ZeRO-%d %s: device measured %lld, "
                     "estimated %lld; host measured %lld, estimated %lld; NVMe measured %lld, estimated %lld\n",

@@ -206,6 +206,20 @@ def test_delayed_parameter_update_matches_a_plain_loop_delayed_the_same_way(stag
     check_against_reference(got, dtype)
 
 
+@pytest.mark.parametrize("stage,dtype,clip", [(2, "bf16", 0.0), (1, "fp32", 0.0), (3, "bf16", 0.0), (2, "bf16", 1e-3)])
+def test_speculated_host_step_matches_plain_pytorch(stage, dtype, clip):
+    """offload_optimizer.super_offload: each bucket's host step runs during the backward, as soon as
+    its gradient chunk has landed in pinned memory (a CUDA event), with the step's inputs as they are
+    without clipping; the step keeps them, or (clip 1e-3: clipped every step) restores and redoes
+    them. The tolerances of training without offload, and every step kept (or every one restored)."""
+    got, _ = run_worker("--stage", stage, "--dtype", dtype, "--offload", "pinned", "--super-offload", "--clip", clip)
+    check_against_reference(got, dtype)
+    steps = len(got["losses"])
+    kept, restored = (steps, 0) if clip == 0 else (0, steps)
+    assert (got["speculation"]["kept"], got["speculation"]["restored"]) == (kept, restored), got["speculation"]
+    assert got["speculation"]["chunks"] > 0
+
+
 def test_the_accelerator_answers_for_the_gpu():
     """tessera.accelerator on a GPU machine: CUDA's names, NCCL, torch.cuda's figures."""
     from tessera.accelerator import get_accelerator

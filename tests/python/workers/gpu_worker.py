@@ -121,6 +121,8 @@ def tessera_run(model, data, args):
     if args.delayed is not None:  # ZeRO-Offload's delayed parameter update after args.delayed steps
         config["zero_optimization"]["offload_optimizer"]["delayed_param_update"] = {"enabled": True,
                                                                                    "warmup_steps": args.delayed}
+    if args.super_offload:  # each bucket's host step speculated during the backward, validated at the step
+        config["zero_optimization"]["offload_optimizer"]["super_offload"] = True
     if args.offload_param == "cpu":  # ZeRO-3's shards in host memory too
         config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     elif args.offload_param == "nvme":  # or in files, read around each gather and each step
@@ -140,6 +142,7 @@ def tessera_run(model, data, args):
             torch.cuda.set_sync_debug_mode("default")
         losses.append(loss.item())
     print("tessera-done", file=sys.stderr, flush=True)
+    tessera_run.speculation = engine._c.speculation_counts()
     with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
         params = [p.detach().float().clone() for p in engine.module.parameters()]
     return losses, params, engine.device.type
@@ -170,6 +173,8 @@ def main():
                     help="offload_param.device (stage 3): cpu (the default), or nvme with --param-path")
     ap.add_argument("--param-path", help="offload_param.nvme_path with --offload-param nvme")
     ap.add_argument("--delayed", type=int, help="offload_optimizer.delayed_param_update after this many steps")
+    ap.add_argument("--super-offload", action="store_true", help="offload_optimizer.super_offload (the host step "
+                    "speculated during the backward)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the worker itself (TESSERA_HOST_STAGING=1)")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line
@@ -193,6 +198,7 @@ def main():
         "losses": got_losses, "reference_losses": ref_losses,
         "loss_max_abs": max(abs(a - b) for a, b in zip(got_losses, ref_losses)),
         "param_max_abs": max((a - b).abs().max().item() for a, b in zip(got_params, ref_params)),
+        "speculation": tessera_run.speculation,
     }), flush=True)
 
 
