@@ -77,6 +77,8 @@ def engine_config(args):
             zero["offload_optimizer"].update({"nvme_path": args.nvme_path, "buffer_count": args.nvme_buffers,
                                               "pipeline_read": True, "pipeline_write": True})
             zero["sub_group_size"] = int(args.sub_group)
+    if args.super_offload:  # tessera: each bucket's host step speculated during the backward
+        zero["offload_optimizer"]["super_offload"] = True
     if args.offload_param != "none":  # ZeRO-3's parameter shards (ZeRO-Infinity with nvme)
         zero["offload_param"] = {"device": args.offload_param}
         if args.offload_param == "nvme":
@@ -281,6 +283,8 @@ def main():
                     help="zero_optimization.offload_optimizer.device (tessera, deepspeed)")
     ap.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="none",
                     help="zero_optimization.offload_param.device (ZeRO-3; tessera, deepspeed)")
+    ap.add_argument("--super-offload", action="store_true", help="with --offload cpu: offload_optimizer.super_offload "
+                    "(tessera; on CPU ranks with TESSERA_HOST_STAGING=1)")
     ap.add_argument("--nvme-path", default="/tmp", help="offload_*.nvme_path (a rank-private file per group)")
     ap.add_argument("--nvme-buffers", type=int, default=4, help="offload_optimizer.buffer_count, offload_param's too")
     ap.add_argument("--sub-group", type=float, default=1e7, help="sub_group_size: the NVMe step's tile, in elements")
@@ -412,6 +416,8 @@ def main():
             result["offload"] = args.offload
         if args.offload_param != "none":
             result["offload_param"] = args.offload_param
+        if args.super_offload:  # steps that kept their speculated chunks, and those redone
+            result["speculation"] = impl.engine._c.speculation_counts()
         if getattr(impl, "swapped", None):
             result["swapped_bytes_per_step"] = impl.swapped
         print(json.dumps(result), flush=True)
