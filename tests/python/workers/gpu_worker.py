@@ -55,7 +55,8 @@ def reference_run(model, data, args):
         for tokens in data:
             loss = model(tokens[:, :-1], tokens[:, 1:])
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, args.clip)
+            if args.clip > 0:  # 0: no clipping, as gradient_clipping 0 means
+                torch.nn.utils.clip_grad_norm_(params, args.clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
@@ -80,7 +81,8 @@ def reference_run(model, data, args):
         for p, m in zip(params, masters):
             m.grad = p.grad.float()
             p.grad = None
-        torch.nn.utils.clip_grad_norm_(masters, args.clip)
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(masters, args.clip)
         delayed = args.delayed is not None and step > args.delayed
         if delayed:
             to_model()  # the update before this one reaches the model now; this one at the next step
