@@ -61,26 +61,35 @@ void check_offload(const Config& c, const RunContext& run, std::vector<std::stri
   }
 }
 
+// What both overlaps of the host step need (the delayed update, super_offload: each steps the host
+// copies bucket by bucket on a thread of its own while the GPU computes): the reason `step` cannot
+// run here, or nothing. `overlapped` is the GPU's work it overlaps, `reader` what gathers ZeRO-3's shards.
+std::string overlapped_step_refusal(const Config& c, const RunContext& run, const std::string& step,
+                                    const std::string& overlapped, const std::string& reader) {
+  const std::string& param = c.zero_optimization.offload_param.device;
+  const std::string& type = c.optimizer->type;
+  if (c.zero_optimization.stage == 3 && param != "none")
+    return "with zero_optimization.offload_param.device \"" + param + "\": the " + step +
+           " would write the shards the " + reader + " gathers meanwhile (not yet)";
+  if (run.device.is_cpu() && !run.host_staging)
+    return "overlaps the host's optimizer step with the GPU's " + overlapped + "; these ranks run on the CPU, "
+           "where both would share the same cores (TESSERA_HOST_STAGING=1 runs the GPU ranks' path here, for tests)";
+  if (run.pipeline_stage) return "does not run through pipeline stages yet";
+  if (c.optimizer->client || (type != "Adam" && type != "AdamW" && type != "SGD"))
+    return "needs optimizer.type Adam, AdamW or SGD (found " + type + "): the " + step +
+           " runs bucket by bucket on a thread of its own, without collectives";
+  return "";
+}
+
 // offload_optimizer.delayed_param_update: the host steps host copies on a thread of its own while
 // the GPU runs the next forward and backward (zero/zero_optimizer.h).
 void check_delayed_update(const Config& c, const RunContext& run) {
   const auto& offload = c.zero_optimization.offload_optimizer;
   if (!offload.delayed_param_update.enabled) return;
-  const std::string& type = c.optimizer->type;
-  std::string why;
-  if (offload.device == "none")
-    why = "needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the host steps while the GPU trains)";
-  else if (c.zero_optimization.stage == 3 && c.zero_optimization.offload_param.device != "none")
-    why = "with zero_optimization.offload_param.device \"" + c.zero_optimization.offload_param.device +
-          "\": the update would write the shards the forward gathers meanwhile (not yet)";
-  else if (run.device.is_cpu() && !run.host_staging)
-    why = "overlaps the host's optimizer step with the GPU's forward and backward; these ranks run on the CPU, "
-          "where both would share the same cores (TESSERA_HOST_STAGING=1 runs the GPU ranks' path here, for tests)";
-  else if (run.pipeline_stage)
-    why = "does not run through pipeline stages yet";
-  else if (c.optimizer->client || (type != "Adam" && type != "AdamW" && type != "SGD"))
-    why = "needs optimizer.type Adam, AdamW or SGD (found " + type + "): the delayed step runs bucket by bucket "
-          "on a thread of its own, without collectives";
+  const std::string why =
+      offload.device == "none"
+          ? "needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (the host steps while the GPU trains)"
+          : overlapped_step_refusal(c, run, "delayed update", "forward and backward", "forward");
   if (!why.empty())
     throw ConfigError("tessera: zero_optimization.offload_optimizer.delayed_param_update.enabled: true " + why);
 }
@@ -90,26 +99,16 @@ void check_delayed_update(const Config& c, const RunContext& run) {
 void check_super_offload(const Config& c, const RunContext& run) {
   const auto& offload = c.zero_optimization.offload_optimizer;
   if (!offload.super_offload) return;
-  const std::string& type = c.optimizer->type;
   std::string why;
   if (offload.device != "cpu")
     why = "needs zero_optimization.offload_optimizer.device \"cpu\" (found \"" + offload.device +
           "\"): the speculated chunks are restored from copies in host memory";
   else if (c.zero_optimization.stage == 0)
     why = "needs zero_optimization.stage 1-3 (the step runs bucket by bucket)";
-  else if (c.zero_optimization.stage == 3 && c.zero_optimization.offload_param.device != "none")
-    why = "with zero_optimization.offload_param.device \"" + c.zero_optimization.offload_param.device +
-          "\": the step would write the shards the backward gathers meanwhile (not yet)";
   else if (offload.delayed_param_update.enabled)
     why = "with offload_optimizer.delayed_param_update: choose one (the delayed update already hides the whole step)";
-  else if (run.device.is_cpu() && !run.host_staging)
-    why = "overlaps the host's optimizer step with the GPU's backward; these ranks run on the CPU, where both "
-          "would share the same cores (TESSERA_HOST_STAGING=1 runs the GPU ranks' path here, for tests)";
-  else if (run.pipeline_stage)
-    why = "does not run through pipeline stages yet";
-  else if (c.optimizer->client || (type != "Adam" && type != "AdamW" && type != "SGD"))
-    why = "needs optimizer.type Adam, AdamW or SGD (found " + type + "): the speculated step runs bucket by "
-          "bucket on a thread of its own, without collectives";
+  else
+    why = overlapped_step_refusal(c, run, "speculated step", "backward", "backward");
   if (!why.empty()) throw ConfigError("tessera: zero_optimization.offload_optimizer.super_offload: true " + why);
 }
 

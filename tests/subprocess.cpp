@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <utility>
@@ -81,6 +82,11 @@ RunResult finish(const Started& s, double timeout_s) {
 
 RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, double timeout_s) {
   return finish(start(argv, env), timeout_s);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -29,6 +29,9 @@ RunResult finish(const Started& s, double timeout_s = 60);
 
 bool contains(const std::string& text, const std::string& part);
 
+// A file's bytes ("" when it cannot be read): runs' dumps compared byte for byte.
+std::string read_file(const std::string& path);
+
 // A fresh directory for one test's files, removed with its (flat) contents at the end of the test.
 // Plain POSIX calls: std::filesystem::remove_all resolves to a broken copy exported by libtorch.so
 // in the torch 2.11 wheel (it crashes).

@@ -43,7 +43,8 @@ SpeculativeStep::~SpeculativeStep() {
 void SpeculativeStep::begin(std::vector<StepInputs> in, bool boundary) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!boundary && fault_ != SpeculationFault::Early) return;
-  // Early (a fault): the window's first micro-step opened it, and the boundary keeps what it stepped.
+  // Early (a fault): the window's first micro-step opens it, and the boundary keeps what it stepped.
+  if (fault_ == SpeculationFault::Early) early_ = !boundary;
   if (open_ && fault_ == SpeculationFault::Early) return;
   if (open_) {
     lock.unlock();
@@ -65,7 +66,14 @@ void SpeculativeStep::submit(int group, int bucket, DeviceEvent landed) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!open_ || !speculates(group) || submitted_[group][bucket]) return;
     submitted_[group][bucket] = 1;
-    queue_.push_back({group, bucket, std::move(landed)});
+    if (!early_) queue_.push_back({group, bucket, std::move(landed)});
+  }
+  if (early_) {  // the fault: stepped here and now, surely before the boundary's gradient arrives
+    bool copied = false;
+    step_one({group, bucket, std::move(landed)}, copied);
+    std::lock_guard<std::mutex> lock(mutex_);
+    stepped_[group][bucket] = copied;
+    return;
   }
   work_.notify_one();
 }

@@ -99,6 +99,7 @@ class SpeculativeStep {
   std::condition_variable work_, idle_;
   std::deque<Task> queue_;
   bool busy_ = false, stopping_ = false, open_ = false;
+  bool early_ = false;  // SpeculationFault::Early, before the boundary: chunks stepped as they are submitted
   std::exception_ptr error_;
   std::vector<StepInputs> in_;                    // the speculated inputs, by group
   std::vector<std::vector<char>> stepped_;        // [group][bucket]: stepped (its copy taken)

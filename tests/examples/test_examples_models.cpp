@@ -224,7 +224,8 @@ TEST_CASE("gpt: shapes parameter count names and groups", "[examples][gpt]") {
   for (const auto& p : groups.groups[0].params) CHECK(p.dim() >= 2);
   for (const auto& p : groups.groups[1].params) CHECK(p.dim() == 1);
   CHECK(static_cast<int64_t>(groups.groups[0].params.size()) == 2 + 4 * cfg.n_layer);  // embeddings + 4 matrices per block
-  ModelDescription decay_only{{groups.groups[0]}};
+  ModelDescription decay_only;
+  decay_only.groups = {groups.groups[0]};
   CHECK(count(decay_only) == 835584);  // the numbers examples/README.md gives
   // The groups hold the model's own tensors, not copies.
   CHECK(groups.groups[0].params[0].is_same(model.parameters()[0]));

@@ -29,6 +29,7 @@ using tessera::OptimizerSwapOptions;
 using tessera::OptimizerSwapper;
 using tessera::ShardSegment;
 using tessera::testing::contains;
+using tessera::testing::read_file;
 using tessera::testing::TempDir;
 using tessera::testing::engine_worker::case_outputs;
 using tessera::testing::engine_worker::train;
@@ -43,11 +44,6 @@ std::vector<std::string> files_in(const std::string& dir) {
     closedir(d);
   }
   return names;
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // The same with `dir` a 4 MiB tmpfs of its own (a mount namespace: root only); prints "exit=N",
@@ -166,8 +162,8 @@ TEST_CASE("NVMe offload: stages 1-3 on 1 and 2 ranks in fp32 and bf16 train byte
         const std::vector<std::string> outputs = case_outputs(run.output);
         REQUIRE(outputs.size() == 2);
         CHECK(contains(outputs[1], "engine ok"));
-        CHECK(read_all(dir.file("nvme.bin")) == read_all(dir.file("plain.bin")));
-        CHECK(read_all(dir.file("plain.bin")).size() > 4 * 8);
+        CHECK(read_file(dir.file("nvme.bin")) == read_file(dir.file("plain.bin")));
+        CHECK(read_file(dir.file("plain.bin")).size() > 4 * 8);
         CHECK(files_in(dir.file("swap")).empty());  // removed when the engine went
       }
 }
@@ -178,7 +174,7 @@ TEST_CASE("CPU offload on a CPU rank trains byte for byte as without it") {
                        "--steps", "3", "--offload", "cpu", "--dump", dir.file("cpu.bin")});
   INFO(run.output);
   REQUIRE(run.status == 0);
-  CHECK(read_all(dir.file("cpu.bin")) == read_all(dir.file("plain.bin")));
+  CHECK(read_file(dir.file("cpu.bin")) == read_file(dir.file("plain.bin")));
 }
 
 // The GPU ranks' path for offload_optimizer cpu and nvme (host copies of the gradient shard, and of
@@ -233,7 +229,7 @@ TEST_CASE("The GPU ranks' host path (TESSERA_HOST_STAGING): offload cpu and nvme
           const std::string& variant = variants[v];
           INFO(variant);
           const bool params = variant.find('+') != std::string::npos;
-          CHECK(read_all(dir.file(variant + ".bin")) == read_all(dir.file("plain.bin")));
+          CHECK(read_file(dir.file(variant + ".bin")) == read_file(dir.file("plain.bin")));
           // The host path was taken: the optimizer's buffers are reported as host memory (with
           // NVMe the master, in bf16, and the state are in the file, its tile buffers in memory),
           // and with offload_param the shards (nothing persistent here) as well; at stages 2-3 the
@@ -301,7 +297,7 @@ TEST_CASE("Delayed parameter update refuses what it cannot run by name: CPU rank
   auto cpu = train(1, {"--stage", "2", "--offload", "cpu", "--delayed", "1"});
   CHECK(contains(cpu.output, key + "overlaps the host's optimizer step with the GPU's"));
   auto stage3 = train(1, {"--stage", "3", "--offload", "cpu", "--offload-param", "cpu", "--delayed", "1"}, staging);
-  CHECK(contains(stage3.output, key + "with zero_optimization.offload_param.device \"cpu\": the update would write"));
+  CHECK(contains(stage3.output, key + "with zero_optimization.offload_param.device \"cpu\": the delayed update would write"));
   auto lamb = train(1, {"--stage", "2", "--optimizer", "lamb", "--offload", "cpu", "--delayed", "1"}, staging);
   CHECK(contains(lamb.output, key + "needs optimizer.type Adam, AdamW or SGD (found Lamb)"));
   for (const auto* r : {&cpu, &stage3, &lamb}) CHECK(r->status != 0);
@@ -353,7 +349,7 @@ TEST_CASE("NVMe offload replaces a stale swap file without reading it") {
   INFO(nvme.output);
   REQUIRE(nvme.status == 0);
   CHECK(contains(nvme.output, "replacing the stale optimizer swap file"));
-  CHECK(read_all(dir.file("nvme.bin")) == read_all(dir.file("plain.bin")));
+  CHECK(read_file(dir.file("nvme.bin")) == read_file(dir.file("plain.bin")));
   CHECK(files_in(swap).empty());
 }
 
@@ -440,7 +436,7 @@ TEST_CASE("NVMe parameter offload: stage 3 on 1 and 2 ranks in fp32 and bf16 tra
     const std::vector<std::string> outputs = case_outputs(run.output);
     REQUIRE(outputs.size() == 2);
     CHECK(contains(outputs[1], "engine ok"));
-    CHECK(read_all(dir.file("nvme.bin")) == read_all(dir.file("plain.bin")));
+    CHECK(read_file(dir.file("nvme.bin")) == read_file(dir.file("plain.bin")));
     CHECK(files_in(params).empty());  // removed when the engine went
     CHECK(files_in(states).empty());
   }
@@ -456,7 +452,7 @@ TEST_CASE("CPU parameter offload on a CPU rank trains byte for byte as without i
   auto run = train(2, args);
   INFO(run.output);
   REQUIRE(run.status == 0);
-  CHECK(read_all(dir.file("cpu.bin")) == read_all(dir.file("plain.bin")));
+  CHECK(read_file(dir.file("cpu.bin")) == read_file(dir.file("plain.bin")));
 }
 
 TEST_CASE("NVMe parameter offload refuses a bad nvme_path and a buffer_size below a bucket's chunk by name") {
@@ -510,6 +506,6 @@ TEST_CASE("NVMe parameter offload replaces a stale swap file without reading it"
   INFO(nvme.output);
   REQUIRE(nvme.status == 0);
   CHECK(contains(nvme.output, "replacing the stale parameter swap file"));
-  CHECK(read_all(dir.file("nvme.bin")) == read_all(dir.file("plain.bin")));
+  CHECK(read_file(dir.file("nvme.bin")) == read_file(dir.file("plain.bin")));
   CHECK(files_in(swap).empty());
 }

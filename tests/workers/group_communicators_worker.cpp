@@ -135,12 +135,19 @@ int run(const Args& a) {
   const uint64_t mine = 42 + rank;
   GlobalModel model({mine, mine, mine});
   ModelDescription d;
-  d.groups.push_back({{model.w1, model.b1}, std::nullopt, std::nullopt, "dense", {"w1", "b1"}});
-  d.groups.push_back({{model.expert_w[expert], model.expert_b[expert]}, std::nullopt, std::nullopt, "experts",
-                      {"expert.w", "expert.b"}});
-  d.groups.back().communicator = "expert_data";
-  d.groups.push_back({{model.head}, std::nullopt, std::nullopt, "head", {"head"}});
-  d.groups.back().communicator = "expert_data*expert";
+  // Each group field by field (a brace list would leave the later members to -Wmissing-field-initializers).
+  auto group = [&](std::vector<at::Tensor> params, std::string name, std::vector<std::string> names,
+                   std::string communicator) {
+    ParamGroup g;
+    g.params = std::move(params);
+    g.name = std::move(name);
+    g.param_names = std::move(names);
+    g.communicator = std::move(communicator);
+    d.groups.push_back(std::move(g));
+  };
+  group({model.w1, model.b1}, "dense", {"w1", "b1"}, "");
+  group({model.expert_w[expert], model.expert_b[expert]}, "experts", {"expert.w", "expert.b"}, "expert_data");
+  group({model.head}, "head", {"head"}, "expert_data*expert");
   d.units = {{"dense", {model.w1, model.b1}},
              {"expert", {model.expert_w[expert], model.expert_b[expert]}},
              {"head", {model.head}}};

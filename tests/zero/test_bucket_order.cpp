@@ -46,7 +46,9 @@ struct Model {
     g->layout = FlatLayout::build(numels, 2, 8, keys);
     g->partitioned = partitioned;
     g->params = params;
-    description.groups.push_back(ParamGroup{params, {}, {}, "", {}, {}, {}});
+    ParamGroup described;
+    described.params = params;
+    description.groups.push_back(std::move(described));
     groups.push_back(std::move(g));
   }
 };

@@ -11,8 +11,6 @@
 #include <ATen/ops/full.h>
 
 #include <cmath>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <regex>
 #include <stdexcept>
@@ -28,6 +26,7 @@ using tessera::SpeculationFault;
 using tessera::SpeculativeStep;
 using tessera::StepInputs;
 using tessera::testing::contains;
+using tessera::testing::read_file;
 using tessera::testing::TempDir;
 using tessera::testing::engine_worker::case_outputs;
 using tessera::testing::engine_worker::train;
@@ -55,11 +54,6 @@ struct Chunks {
     return at::equal(chunk[0], at::full({4}, first)) && at::equal(chunk[1], at::full({4}, second));
   }
 };
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 }  // namespace
 
@@ -182,7 +176,7 @@ TEST_CASE("super_offload (TESSERA_HOST_STAGING): ZeRO 1-3 on 1 and 2 ranks in fp
       const std::string& out = outputs[2 * i + 1];
       INFO("ranks " << ranks << " case " << 2 * i + 1 << ":\n" << out);
       CHECK(contains(out, "engine ok"));
-      CHECK(read_all(dir.file(std::to_string(i) + "-speculated.bin")) == read_all(dir.file(std::to_string(i) + "-plain.bin")));
+      CHECK(read_file(dir.file(std::to_string(i) + "-speculated.bin")) == read_file(dir.file(std::to_string(i) + "-plain.bin")));
       std::smatch m;
       REQUIRE(std::regex_search(out, m, counts));
       CHECK(std::stoi(m[1]) == settings[i].kept);
@@ -212,8 +206,8 @@ TEST_CASE("super_offload: a chunk stepped early, inputs not compared, a rollback
     auto run = train(1, args, {{"TESSERA_HOST_STAGING", "1"}, {"TESSERA_TEST_SPECULATION_FAULT", fault}});
     INFO(run.output);
     REQUIRE(case_outputs(run.output).size() == 2);
-    CHECK(read_all(dir.file("plain.bin")).size() > 0);
-    CHECK(read_all(dir.file("faulty.bin")) != read_all(dir.file("plain.bin")));
+    CHECK(read_file(dir.file("plain.bin")).size() > 0);
+    CHECK(read_file(dir.file("faulty.bin")) != read_file(dir.file("plain.bin")));
   }
 }
 

@@ -23,13 +23,9 @@ using tessera::checkpoint::SafetensorsError;
 using tessera::checkpoint::SafetensorsReader;
 using tessera::checkpoint::write_safetensors;
 using tessera::testing::contains;
+using tessera::testing::read_file;
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
