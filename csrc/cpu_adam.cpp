@@ -3,7 +3,11 @@
 #include "csrc/cpu_adam.h"
 
 #include <ATen/Parallel.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -127,6 +131,17 @@ void cpu_adam_step_isa(Isa isa, const AdamParams& p, float* params, const void* 
     const int64_t end = last * kCpuAdamTile < n ? last * kCpuAdamTile : n;
     kernel(a, begin, end);
   });
+}
+
+int use_share_of_threads_here(double share) {
+  // ATen gives each new thread the process's count at its first parallel call (lazy_init_num_threads):
+  // take that first, then narrow this thread's own OpenMP setting, which its regions follow.
+  const int all = at::get_num_threads();
+  const int mine = std::max(1, static_cast<int>(std::lround(share * all)));
+#ifdef _OPENMP
+  omp_set_num_threads(mine);
+#endif
+  return mine;
 }
 
 void cpu_adam_step(const AdamParams& p, float* params, const void* grads, GradType grad_type,

@@ -64,6 +64,12 @@ void cpu_adam_step_isa(Isa isa, const AdamParams& p, float* params, const void* 
                        GradType grad_type, float* exp_avg, float* exp_avg_sq, int64_t n,
                        void* half_copy = nullptr, HalfType half_type = HalfType::BFloat16);
 
+// The calling thread's own parallel regions (this kernel's at::parallel_for) run on `share` of the
+// threads the process gives its regions (at::get_num_threads(), from OMP_NUM_THREADS or
+// at::set_num_threads), at least one; other threads keep theirs. Returns the count. For a helper
+// thread that steps while the main thread drives the GPU (offload_optimizer.cpuadam_cores_perc).
+int use_share_of_threads_here(double share);
+
 bool cpu_supports(Isa isa);       // the CPU and the OS support it (checked once, at first use)
 Isa cpu_adam_best_isa();          // what cpu_adam_step uses: Avx512 > Avx2 > Scalar
 const char* isa_name(Isa isa);    // "scalar", "avx2", "avx512"

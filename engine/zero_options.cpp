@@ -46,6 +46,7 @@ ZeroOptions zero_options_from_config(const Config& c, int rank, int data_size, c
   if (z.offload_optimizer.delayed_param_update.enabled)
     o.delayed_update_after = z.offload_optimizer.delayed_param_update.warmup_steps;
   o.speculative_step = z.offload_optimizer.super_offload;
+  o.speculation_threads_share = z.offload_optimizer.cpuadam_cores_perc;
   if (!env.speculation_fault.empty()) {
     const std::string& f = env.speculation_fault;
     if (f != "early" && f != "unchecked" && f != "unrestored")

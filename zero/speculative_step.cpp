@@ -1,5 +1,7 @@
 #include "zero/speculative_step.h"
 
+#include "csrc/cpu_adam.h"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty_like.h>
 
@@ -18,7 +20,7 @@ bool same_inputs(const StepInputs& a, const StepInputs& b) {
 }  // namespace
 
 SpeculativeStep::SpeculativeStep(std::vector<int> buckets, StepBucket step, WrittenArrays written,
-                                 SpeculationFault fault)
+                                 double threads_share, SpeculationFault fault)
     : buckets_(std::move(buckets)), step_(std::move(step)), written_(std::move(written)), fault_(fault) {
   stepped_.resize(buckets_.size());
   submitted_.resize(buckets_.size());
@@ -28,7 +30,7 @@ SpeculativeStep::SpeculativeStep(std::vector<int> buckets, StepBucket step, Writ
     submitted_[g].assign(buckets_[g], 0);
     copies_[g].resize(buckets_[g]);
   }
-  worker_ = std::thread([this] { run(); });
+  worker_ = std::thread([this, threads_share] { run(threads_share); });
 }
 
 SpeculativeStep::~SpeculativeStep() {
@@ -78,8 +80,9 @@ void SpeculativeStep::submit(int group, int bucket, DeviceEvent landed) {
   work_.notify_one();
 }
 
-void SpeculativeStep::run() {
+void SpeculativeStep::run(double threads_share) {
   at::NoGradGuard no_grad;  // grad mode is the thread's own
+  use_share_of_threads_here(threads_share);
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

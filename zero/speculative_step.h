@@ -49,8 +49,10 @@ class SpeculativeStep {
   // The arrays that step writes, as views (saved before it, restored by a rollback).
   using WrittenArrays = std::function<std::vector<at::Tensor>(int group, int bucket)>;
 
-  // `buckets[g]`: group g's bucket count, 0 for a group never speculated.
-  SpeculativeStep(std::vector<int> buckets, StepBucket step, WrittenArrays written, SpeculationFault fault);
+  // `buckets[g]`: group g's bucket count, 0 for a group never speculated. The thread's parallel
+  // regions run on `threads_share` of the process's threads (csrc/cpu_adam.h).
+  SpeculativeStep(std::vector<int> buckets, StepBucket step, WrittenArrays written, double threads_share = 1.0,
+                  SpeculationFault fault = SpeculationFault::None);
   ~SpeculativeStep();
   SpeculativeStep(const SpeculativeStep&) = delete;
   SpeculativeStep& operator=(const SpeculativeStep&) = delete;
@@ -84,7 +86,7 @@ class SpeculativeStep {
     int group, bucket;
     DeviceEvent landed;
   };
-  void run();                 // the worker thread
+  void run(double threads_share);  // the worker thread
   void wait_idle(std::unique_lock<std::mutex>& lock);
   void restore_stepped();     // with the worker idle
   void close();               // nothing stepped or submitted, nothing open

@@ -106,6 +106,7 @@ struct ZeroOptions {
   // reduced gradient is there, while the backward goes on; apply() keeps those steps when its
   // inputs are the ones speculate_step() announced, and restores and redoes them otherwise.
   bool speculative_step = false;
+  double speculation_threads_share = 0.8;  // offload_optimizer.cpuadam_cores_perc: of the rank's threads
   SpeculationFault speculation_fault = SpeculationFault::None;  // tests only (TESSERA_TEST_SPECULATION_FAULT)
 };
 
@@ -261,7 +262,7 @@ class ZeroOptimizer final : public UnitListener {
   void step_buckets(const std::vector<StepInputs>& in, bool finish, const std::vector<std::vector<char>>& stepped = {});
   // super_offload: which groups are speculated (elementwise optimizers whose chunks the step
   // writes in host memory the model does not read meanwhile), and the speculation over them.
-  void make_speculation(SpeculationFault fault);
+  void make_speculation(const ZeroOptions& options);
   // A bucket was stepped: written back where its shard lives, sent where the model reads it, and
   // its allgather launched (stages 1–2).
   void finish_bucket(ZeroGroup& g, int bucket);

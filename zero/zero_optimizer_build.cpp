@@ -313,7 +313,7 @@ ZeroOptimizer::ZeroOptimizer(const ZeroOptions& options, ParallelContext& parall
     if (delayed_update_after_ >= 0 && !g->optimizer->elementwise())
       throw std::invalid_argument("tessera: a delayed parameter update steps bucket by bucket on a thread of its own: "
                                   "it needs an elementwise optimizer (Adam, AdamW, SGD)");
-  if (options.speculative_step) make_speculation(options.speculation_fault);
+  if (options.speculative_step) make_speculation(options);
   if (options.stage == 3) {
     std::vector<ZeroGroup*> all;
     for (auto& g : groups_) all.push_back(g.get());
@@ -548,7 +548,7 @@ void ZeroOptimizer::remove_grad_hooks() {
 // optimizer: Adam, AdamW, SGD) on host copies the model does not read before apply() finishes
 // them: the host step with the state in memory, and not a ZeRO-3 shard that is itself in host
 // memory or a file (the backward's gathers read it). engine/runnable.cpp names the keys.
-void ZeroOptimizer::make_speculation(SpeculationFault fault) {
+void ZeroOptimizer::make_speculation(const ZeroOptions& options) {
   if (!site_->on_host() || state_->in_files() || delayed_update_after_ >= 0)
     throw std::invalid_argument("tessera: a speculated step (super_offload) needs the optimizer's host step with its "
                                 "state in host memory, without a delayed parameter update");
@@ -577,7 +577,7 @@ void ZeroOptimizer::make_speculation(SpeculationFault fault) {
           arrays.push_back(state.narrow(0, s.local_offset, s.params.numel()));
         return arrays;
       },
-      fault);
+      options.speculation_threads_share, options.speculation_fault);
 }
 
 }  // namespace tessera

@@ -176,6 +176,9 @@ struct OffloadOptimizerConfig {
   // DeepSpeed's SuperOffload switch: the host's step of each bucket overlapped with the backward,
   // speculated and validated at the step so that it stays exact (zero/speculative_step.h).
   bool super_offload = false;
+  // With super_offload: the share of the rank's threads (OMP_NUM_THREADS) the speculated step's
+  // thread uses, leaving the rest to the thread that drives the GPU (DeepSpeed's key and default).
+  double cpuadam_cores_perc = 0.8;
   template <class V> void fields(V& v) {
     v("device", device, one_of({"none", "cpu", "nvme"}));
     v("nvme_path", nvme_path);
@@ -187,6 +190,7 @@ struct OffloadOptimizerConfig {
     v("ratio", ratio, in_range(0.0, 1.0));
     v("delayed_param_update", delayed_param_update);
     v("super_offload", super_offload);
+    v("cpuadam_cores_perc", cpuadam_cores_perc, in_range(0.0, 1.0));
   }
 };
 

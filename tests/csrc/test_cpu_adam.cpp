@@ -18,10 +18,12 @@
 #include <ATen/ops/zeros.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "csrc/cpu_adam.h"
@@ -346,4 +348,20 @@ TEST_CASE("cpu adam rejects a step below 1 and an ISA the CPU lacks") {
       hp.step = 1;
       CHECK_THROWS_AS(cpu_adam_step_isa(isa, hp, &p, &g, GradType::Float32, &m, &v, 1), std::invalid_argument);
     }
+}
+
+TEST_CASE("use_share_of_threads_here narrows the calling thread's parallel regions only") {
+  const int all = at::get_num_threads();
+  int mine = 0, seen = 0, none = 0;
+  std::thread helper([&] {
+    mine = tessera::use_share_of_threads_here(0.5);
+    seen = at::get_num_threads();
+  });
+  helper.join();
+  std::thread least([&] { none = tessera::use_share_of_threads_here(0.0); });
+  least.join();
+  CHECK(mine == std::max(1, static_cast<int>(std::lround(0.5 * all))));
+  CHECK(seen == mine);
+  CHECK(none == 1);
+  CHECK(at::get_num_threads() == all);  // this thread keeps its own
 }

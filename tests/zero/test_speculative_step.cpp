@@ -44,7 +44,7 @@ struct Chunks {
                       chunk[bucket].add_(std::abs(in.lr));
                       if (in.lr < 0) throw std::runtime_error("a failing step");  // half done
                     },
-                    [this](int, int bucket) { return std::vector<at::Tensor>{chunk[bucket]}; }, fault) {}
+                    [this](int, int bucket) { return std::vector<at::Tensor>{chunk[bucket]}; }, 1.0, fault) {}
   static std::vector<StepInputs> inputs(double lr) {
     StepInputs in;
     in.lr = lr;
