@@ -155,6 +155,17 @@ std::string why_slower(const StepCost& c, const StepCost& best) {
   return name;
 }
 
+size_t text_columns(const std::string& text) {
+  size_t columns = 0;
+  for (unsigned char ch : text) columns += (ch & 0xC0) != 0x80;  // UTF-8: continuation bytes take no column
+  return columns;
+}
+
+std::string pad_columns(const std::string& text, size_t width) {
+  const size_t columns = text_columns(text);
+  return text + std::string(width > columns ? width - columns : 0, ' ');
+}
+
 std::map<std::string, int> counts_by_kind(const PlanResult& r) {
   std::map<std::string, int> counts;
   for (const auto& x : r.rejected) counts[x.kind]++;
@@ -205,15 +216,20 @@ std::string format_plan(const PlanResult& r, int top) {
     out << "nothing fits\n";
   } else {
     const StepCost& best = r.ranked.front().cost;
-    char line[256];
-    std::snprintf(line, sizeof line, "%-4s %-58s %10s %10s %10s  %s\n", "#", "layout", "step (s)", "samples/s", "memory",
-                  "largest term after compute");
-    out << line;
-    for (int i = 0; i < std::min<int>(top, int(r.ranked.size())); ++i) {
+    // The layout column is as wide as the widest label shown, counted in characters: the labels'
+    // "·" and "×" are two bytes each, which printf's %-58s would count as two columns.
+    const int shown = std::min<int>(top, int(r.ranked.size()));
+    size_t width = std::string("layout").size();
+    for (int i = 0; i < shown; ++i) width = std::max(width, text_columns(r.ranked[i].layout.label()));
+    char numbers[128];
+    std::snprintf(numbers, sizeof numbers, " %10s %10s %10s  ", "step (s)", "samples/s", "memory");
+    out << pad_columns("#", 4) << " " << pad_columns("layout", width) << numbers << "largest term after compute\n";
+    for (int i = 0; i < shown; ++i) {
       const Candidate& c = r.ranked[i];
-      std::snprintf(line, sizeof line, "%-4d %-58s %10.4f %10.2f %10s  %s\n", i + 1, c.layout.label().c_str(),
-                    c.cost.total(), c.samples_per_second, format_gib(c.per_rank_bytes).c_str(), c.cost.bound().c_str());
-      out << line;
+      std::snprintf(numbers, sizeof numbers, " %10.4f %10.2f %10s  ", c.cost.total(), c.samples_per_second,
+                    format_gib(c.per_rank_bytes).c_str());
+      out << pad_columns(std::to_string(i + 1), 4) << " " << pad_columns(c.layout.label(), width) << numbers
+          << c.cost.bound() << "\n";
     }
     out << "\nwhy the rest lost:\n";
     std::map<std::string, int> slower;

@@ -4,10 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
@@ -317,6 +320,35 @@ TEST_CASE("planner: calibration says where each rate came from - given - default
   CHECK(again.calibration.to_json()["shapes_timed_now"].get<int>() == 0);
   REQUIRE(again.ranked.size() == r.ranked.size());
   CHECK(again.ranked[0].cost.total() == Approx(r.ranked[0].cost.total()));
+}
+
+TEST_CASE("tessera plan's table: every row's numbers start in the same column, counted in characters") {
+  // The labels hold "·" and "×", two bytes each in UTF-8: padding by bytes would shift the rows.
+  const std::string table = format_plan(plan(plan_inputs_from_json(medium_request())), 8);
+  std::istringstream lines(table);
+  std::vector<size_t> starts;  // the character column where each row's step time begins
+  bool in_table = false;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("#    layout", 0) == 0) {
+      in_table = true;
+    } else if (in_table && line.empty()) {
+      break;
+    } else if (in_table) {
+      // A row's label ends "micro M × G"; past G and the padding, the step time begins.
+      size_t i = line.find("\xc3\x97", line.find("micro "));
+      REQUIRE(i != std::string::npos);
+      i += 2;
+      while (line[i] == ' ') ++i;
+      while (std::isdigit(static_cast<unsigned char>(line[i]))) ++i;
+      while (line[i] == ' ') ++i;
+      size_t columns = 0;
+      for (size_t b = 0; b < i; ++b) columns += (static_cast<unsigned char>(line[b]) & 0xC0) != 0x80;
+      starts.push_back(columns);
+    }
+  }
+  INFO(table);
+  REQUIRE(starts.size() >= 2);
+  CHECK(std::all_of(starts.begin(), starts.end(), [&](size_t c) { return c == starts.front(); }));
 }
 
 TEST_CASE("tessera plan: the ranked layouts - --json - --write-config - invalid input") {
