@@ -29,7 +29,7 @@ const std::vector<std::string>& auto_layout_paths() {
       "zero_optimization.stage", "train_micro_batch_size_per_gpu", "tensor_parallel.tp_size", "pipeline.stages",
       "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
       "activation_checkpointing.number_checkpoints", "pipeline.activation_checkpoint_interval", "moe.ep_size",
-      "pipeline.schedule"};
+      "pipeline.schedule", "context_parallel.size", "sequence_parallel_size"};
   return paths;
 }
 
@@ -77,8 +77,16 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
   fix("pipeline.schedule", "schedule", "1f1b");
   if (const json* v = at(config, "pipeline.virtual_stages"); v && v->is_number_integer() && v->get<int>() > 1)
     request["virtual_stages"] = *v;
-  request["cp"] = at(config, "context_parallel.size") ? *at(config, "context_parallel.size")
-                  : at(config, "sequence_parallel_size") ? *at(config, "sequence_parallel_size") : json(1);
+  // Context parallelism: context_parallel.size, or DeepSpeed's top-level sequence_parallel_size.
+  const json* cp = at(config, "context_parallel.size");
+  const char* cp_path = "context_parallel.size";
+  if (!cp && at(config, "sequence_parallel_size")) cp = at(config, "sequence_parallel_size"), cp_path = "sequence_parallel_size";
+  if (is_auto(cp)) {
+    searched.push_back(cp_path);
+    request["cp_search"] = true;
+  } else {
+    request["cp"] = cp && !cp->is_null() ? *cp : json(1);
+  }
   // Checkpointing: "auto" at either key searches with and without it (the planner writes the one
   // the layout's pipeline reads); otherwise the estimator's rule: an interval, or the section.
   const json* interval = at(config, "pipeline.activation_checkpoint_interval");
@@ -107,6 +115,7 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
   json base = config;
   base.erase("train_micro_batch_size_per_gpu");
   base.erase("gradient_accumulation_steps");
+  if (is_auto(at(config, "sequence_parallel_size"))) base.erase("sequence_parallel_size");  // written as context_parallel.size
   request["config"] = base;
   const PlanResult plan = planner::plan(plan_inputs_from_json(request));
   if (plan.ranked.empty()) {

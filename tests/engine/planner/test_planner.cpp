@@ -433,6 +433,46 @@ const json kGptModel = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"cpu_mem"
 
 }  // namespace
 
+TEST_CASE("auto layout: the context-parallel degree \"auto\" - context_parallel.size or sequence_parallel_size - searched, written back") {
+  // A long sequence on 4 CPU ranks: cp is one of the searched degrees; whatever wins is written
+  // as context_parallel.size (1 left out), and the config checks at that degree.
+  const json model = {{"layers", 4}, {"hidden", 256}, {"heads", 4}, {"vocab", 256}, {"seq_len", 1024},
+                      {"device", "cpu"}, {"cpu_mem", 16}};
+  for (const char* key : {"context_parallel", "sequence_parallel_size"}) {
+    json config = json::parse(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
+                                  "zero_optimization": {"stage": 1},
+                                  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})");
+    if (std::string(key) == "context_parallel") config["context_parallel"] = {{"size", "auto"}};
+    else config["sequence_parallel_size"] = "auto";
+    const AutoLayout resolved = resolve_auto_layout(config, 4, model);
+    INFO(key << "\n" << resolved.config.dump(2) << "\n" << resolved.line);
+    CHECK(contains(resolved.line, std::string("searched ") + (std::string(key) == "context_parallel" ? "context_parallel.size"
+                                                                                                     : "sequence_parallel_size")));
+    CHECK_FALSE(has_auto_layout(resolved.config));
+    CHECK_FALSE(resolved.config.contains("sequence_parallel_size"));
+    // The same as the planner's own first choice with cp searched and the rest fixed.
+    json request = model;
+    request.update({{"global_batch", 4}, {"gpus_per_node", 4}, {"zero", 1}, {"tp", 1}, {"pp", 1}, {"micro_batch", 1},
+                    {"offload_optimizer", "none"}, {"offload_param", "none"}, {"activation_checkpointing", "none"},
+                    {"schedule", "1f1b"}, {"calibration_cache", ""}});
+    json base = config;
+    base.erase("train_micro_batch_size_per_gpu");
+    base.erase("sequence_parallel_size");
+    request["config"] = base;
+    const PlanResult plan = planner::plan(plan_inputs_from_json(request));
+    REQUIRE_FALSE(plan.ranked.empty());
+    std::set<int> cps;
+    for (const auto& c : plan.ranked) cps.insert(c.layout.cp);
+    CHECK(cps.size() > 1);  // context parallelism was among the layouts searched
+    const int chosen = resolved.config.contains("context_parallel") ? resolved.config["context_parallel"].value("size", 1) : 1;
+    CHECK(chosen == plan.ranked.front().layout.cp);
+    ConfigReport report;
+    ResolvedLayout layout;
+    parse_and_resolve_config(resolved.config, 4, report, &layout);
+    CHECK(report.ok());
+  }
+}
+
 TEST_CASE("auto layout: the \"auto\" keys are searched - the rest fixed - the planner's first choice written in - one line says why") {
   const AutoLayout resolved = resolve_auto_layout(auto_config(), 4, kGptModel);
   INFO(resolved.config.dump(2) << "\n" << resolved.line);
