@@ -68,6 +68,7 @@ TrainingSetup setup_from_config(const Config& c) {
   s.pipeline_schedule = c.pipeline.schedule;
   s.virtual_stages = c.pipeline.schedule == "interleaved_1f1b" ? c.pipeline.virtual_stages : 1;
   s.tp = c.tensor_parallel.tp_size;
+  s.sequence_parallel = c.tensor_parallel.sequence_parallel;
   s.pp = c.pipeline.stages;
   s.cp = c.context_parallel.size;
   s.context_method = c.context_parallel.method;
@@ -327,7 +328,10 @@ EstimateInputs estimate_inputs_from_json(const json& req) {
   }
   if (!cfg.contains("train_batch_size") && !cfg.contains("train_micro_batch_size_per_gpu"))
     cfg["train_micro_batch_size_per_gpu"] = 1;
-  if (auto v = int_of("tp")) cfg["tensor_parallel"] = {{"tp_size", *v}};
+  if (auto v = int_of("tp")) {  // the degree only: the section's sequence_parallel stays
+    if (!cfg["tensor_parallel"].is_object()) cfg["tensor_parallel"] = json::object();
+    cfg["tensor_parallel"]["tp_size"] = *v;
+  }
   if (auto v = int_of("pp")) {
     if (!cfg.contains("pipeline") || !cfg["pipeline"].is_object()) cfg["pipeline"] = json::object();
     cfg["pipeline"]["stages"] = *v;

@@ -68,6 +68,9 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
     }
     request[key] = v && !v->is_null() ? *v : fallback;
   };
+  // Megatron's sequence parallelism is the model's to apply: estimated with when the config asks.
+  if (const json* sp = at(config, "tensor_parallel.sequence_parallel"); sp && sp->is_boolean())
+    request["sequence_parallel"] = *sp;
   fix("zero_optimization.stage", "zero", 0);
   fix("tensor_parallel.tp_size", "tp", 1);
   fix("pipeline.stages", "pp", 1);

@@ -61,6 +61,7 @@ json as_config(const Layout& l, json c, int64_t layers, const std::string& nvme_
   offload("offload_param", l.offload_param);
   c["tensor_parallel"] = c.contains("tensor_parallel") && c["tensor_parallel"].is_object() ? c["tensor_parallel"] : json::object();
   c["tensor_parallel"]["tp_size"] = l.tp;
+  if (l.tp == 1) c["tensor_parallel"].erase("sequence_parallel");  // nothing to split the sequence over
   json& p = c["pipeline"];
   if (!p.is_object()) p = json::object();
   p["stages"] = l.pp;

@@ -284,8 +284,14 @@ void check_plan_keys(const json& request) {
 json base_config_of(const json& request, std::string* nvme_path) {
   json config = request.contains("config") && !request["config"].is_null() ? config_json_of(request["config"]) : json::object();
   for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                          "tensor_parallel", "context_parallel", "sequence_parallel_size", "activation_checkpointing"})
+                          "context_parallel", "sequence_parallel_size", "activation_checkpointing"})
     config.erase(key);
+  // The tensor degree is the planner's; whether the model splits activations along the sequence
+  // (tensor_parallel.sequence_parallel) is the model's, kept (and estimated with: the request's
+  // "sequence_parallel").
+  if (config.contains("tensor_parallel") && config["tensor_parallel"].is_object())
+    for (const char* key : {"tp_size", "autotp_size"}) config["tensor_parallel"].erase(key);
+  if (request.value("sequence_parallel", false)) config["tensor_parallel"]["sequence_parallel"] = true;
   if (config.contains("zero_optimization") && config["zero_optimization"].is_object()) {
     json& z = config["zero_optimization"];
     for (const char* key : {"offload_optimizer", "offload_param"})

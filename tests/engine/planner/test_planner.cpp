@@ -104,6 +104,38 @@ TEST_CASE("planner: what it proposes the engine runs - its config passes tessera
       CHECK(c.config["zero_optimization"]["offload_optimizer"]["nvme_path"] == "/local_nvme");
 }
 
+TEST_CASE("planner: sequence parallelism - its activation savings estimated where tp > 1 - written where it applies - kept from the config") {
+  json with_sp = medium_request();
+  with_sp["sequence_parallel"] = true;
+  const PlanResult plain = plan(plan_inputs_from_json(medium_request())), sp = plan(plan_inputs_from_json(with_sp));
+  auto find = [](const PlanResult& r, const Layout& l) -> const Candidate* {
+    for (const auto& c : r.ranked)
+      if (c.layout.label() == l.label()) return &c;
+    return nullptr;
+  };
+  int compared = 0;
+  for (const auto& c : sp.ranked) {
+    INFO(c.layout.label() << "\n" << c.config.dump(2));
+    const bool tensor = c.layout.tp > 1;
+    CHECK(c.config.contains("tensor_parallel") == tensor);
+    if (tensor) CHECK(c.config["tensor_parallel"]["sequence_parallel"] == true);
+    if (const Candidate* without = find(plain, c.layout)) {
+      ++compared;
+      if (tensor) CHECK(c.per_rank_bytes < without->per_rank_bytes);  // the norms' and dropouts' activations split over tp
+      else CHECK(c.per_rank_bytes == without->per_rank_bytes);
+    }
+  }
+  CHECK(compared > 0);
+  // The key in the request's config is the model's: kept (not dropped with the tensor degree), and
+  // estimated with as the request's flag is.
+  json in_config = medium_request();
+  in_config["config"] = {{"tensor_parallel", {{"sequence_parallel", true}}}};
+  for (const auto& c : plan(plan_inputs_from_json(in_config)).ranked) {
+    if (c.layout.tp > 1) CHECK(c.config["tensor_parallel"]["sequence_parallel"] == true);
+    if (const Candidate* flagged = find(sp, c.layout)) CHECK(c.per_rank_bytes == flagged->per_rank_bytes);
+  }
+}
+
 TEST_CASE("planner: the shape rules out tensor and context degrees that do not divide it - fixed keys fix the choice") {
   // GPT-2 medium has 16 heads and a vocabulary of 50257 (odd): no tensor parallelism at all.
   const PlanResult r = plan(plan_inputs_from_json(medium_request()));
