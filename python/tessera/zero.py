@@ -20,6 +20,7 @@ the module is built (DeepSpeed's zero.Init), so no rank ever holds the whole mod
     engine, _, _, _ = tessera.initialize(model=model, config=cfg)
 """
 import functools
+import json
 import weakref
 
 import torch
@@ -120,7 +121,9 @@ class Init:
 
     config (or config_dict_or_path): the config tessera.initialize() will get; the block joins the
     process groups for its parallel degrees. With zero_optimization.stage other than 3, or
-    enabled=False, the block does nothing. dtype: parameters are converted to it before they are
+    enabled=False, the block does nothing. plan: the planner's request tessera.initialize() will
+    get, when the config's layout keys are "auto" (docs/planner.md): Init resolves them the same
+    way and partitions when the stage chosen is 3. dtype: parameters are converted to it before they are
     partitioned. module: partition an already built module instead of using a `with` block.
     Custom initialization after a module is built (a root's __init__ writing into its children's
     weights: `p.copy_(...)`, `nn.init.normal_(p)`, `p.data.fill_(...)`) takes effect: inside the
@@ -134,7 +137,8 @@ class Init:
     _active = None  # the Init whose block is open (blocks nest: the outermost one partitions)
 
     def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
-                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None):
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
+                 plan=None):
         if config is not None and config_dict_or_path is not None:
             raise ValueError("tessera.zero.Init: give config or config_dict_or_path, not both")
         if config is None:
@@ -157,7 +161,16 @@ class Init:
         if config is None:
             raise TypeError("tessera.zero.Init: missing config (a path, JSON text or a dict: the one tessera.initialize() "
                             "gets)")
-        cfg, _ = _C.load_config(config_text(config, "tessera.zero.Init"), comm.get_world_size())
+        text = config_text(config, "tessera.zero.Init")
+        try:  # "auto" layout keys: the stage the planner will choose in tessera.initialize(..., plan=plan)
+            text, _ = _C.resolve_auto_layout(text, comm.get_world_size(), json.dumps(plan or {}))
+        except (ValueError, RuntimeError) as e:
+            if plan is not None:
+                raise
+            raise ValueError("tessera.zero.Init: the config leaves layout keys to the planner (\"auto\"), so the ZeRO "
+                             "stage is not known yet: give plan= (the model and hardware request tessera.initialize "
+                             "gets) so that Init partitions for the stage the planner chooses (%s)" % e) from None
+        cfg, _ = _C.load_config(text, comm.get_world_size())
         if cfg.zero_stage != 3:
             return
         # The backend initialize() will ask for: Gloo for a model built on the CPU, else NCCL where a GPU is.

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import check, launch
 
-CHECKS = ["memory", "eval", "gathered", "twice", "reorder", "order", "init", "init_plain"]
+CHECKS = ["memory", "eval", "gathered", "twice", "reorder", "order", "init", "init_plain", "init_auto"]
 
 
 @pytest.fixture(scope="module")
