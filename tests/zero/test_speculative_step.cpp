@@ -132,7 +132,7 @@ TEST_CASE("speculative step: the deliberate faults change what is kept") {
 // final parameters. One launch per number of ranks runs the plain run and the speculated one of each
 // setting (--then).
 TEST_CASE("super_offload (TESSERA_HOST_STAGING): ZeRO 1-3 on 1 and 2 ranks in fp32 and bf16 train byte for byte as "
-          "without offload; clipping and an overflow restore the speculated step") {
+          "without offload - clipping and an overflow restore the speculated step") {
   const std::map<std::string, std::string> staging{{"TESSERA_HOST_STAGING", "1"}};
   const std::regex counts("speculated steps: kept (\\d+) restored (\\d+), chunks stepped during backward (\\d+)");
   struct Setting {
