@@ -417,7 +417,7 @@ def main():
         if args.offload_param != "none":
             result["offload_param"] = args.offload_param
         if args.super_offload:  # steps that kept their speculated chunks, and those redone
-            result["speculation"] = impl.engine._c.speculation_counts()
+            result["speculation"] = impl.engine.speculation_counts()
         if getattr(impl, "swapped", None):
             result["swapped_bytes_per_step"] = impl.swapped
         print(json.dumps(result), flush=True)

@@ -215,7 +215,7 @@ def main():
         "first_loss": round(losses[0].item(), 5), "final_loss": round(losses[-1].item(), 5),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "host_cores": os.cpu_count(),
         # super_offload: how many steps kept their speculated chunks, and how many were redone
-        "speculation": impl.engine._c.speculation_counts() if args.super_offload else None,
+        "speculation": impl.engine.speculation_counts() if args.super_offload else None,
     }), flush=True)
     sys.stdout.flush()
     os._exit(0)  # skip the interpreter's teardown of CUDA and NCCL state

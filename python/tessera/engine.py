@@ -546,6 +546,13 @@ class Engine(CheckpointCalls):
         optimizer_states, buckets, total."""
         return self._c.memory()
 
+    def speculation_counts(self):
+        """offload_optimizer.super_offload: {"kept", "restored", "chunks"}: the optimizer steps whose
+        chunks, stepped on the host during the backward, were kept, those restored and redone
+        (clipping took effect, a skipped step), and the chunks stepped during backwards; zeros
+        without it (docs/offload.md)."""
+        return self._c.speculation_counts()
+
     def group_memory(self):
         """Per ZeRO group on this rank: first_parameter, communicator (the group it is reduced and
         partitioned over: "data", or an MoE layer's "ep_size_N_data"), ranks, numel, shard_numel

@@ -144,7 +144,7 @@ def tessera_run(model, data, args):
             torch.cuda.set_sync_debug_mode("default")
         losses.append(loss.item())
     print("tessera-done", file=sys.stderr, flush=True)
-    tessera_run.speculation = engine._c.speculation_counts()
+    tessera_run.speculation = engine.speculation_counts()
     with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
         params = [p.detach().float().clone() for p in engine.module.parameters()]
     return losses, params, engine.device.type
