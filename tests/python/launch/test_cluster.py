@@ -122,6 +122,18 @@ def namespace_pids():
     return [p for p in pids if p not in listeners]
 
 
+def left_on_hosts(ignore=(), seconds=10.0):
+    """The processes still on the emulated hosts once they had `seconds` to go (a finished launch's
+    ssh sessions and the daemons' step helpers wind down on their own time, asynchronously), as
+    "pid command"; those whose command is in `ignore` do not count."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [p for p in namespace_pids() if _command(p) not in ignore]
+        if not left or time.monotonic() > deadline:
+            return ["%s %s" % (p, _command(p)) for p in left]
+        time.sleep(0.2)
+
+
 def test_two_hosts_by_two_ranks_match_torch(cluster, tmp_path):
     """ZeRO-2 on 4 ranks over 2 hosts trains as plain PyTorch on one process (test_parity's tolerances)."""
     c = case(2, dp=4, seed=13)
@@ -161,7 +173,7 @@ def test_a_rank_dying_on_host_2_stops_every_rank_on_both_hosts(cluster, tmp_path
     assert procs[0].returncode != 0, outputs[0][-3000:]  # host 1's ranks lost their peers and stopped
     assert seconds < 60, seconds  # not the 60 s of the loop, nor a hang
     time.sleep(0.5)
-    assert namespace_pids() == [], "orphans left on the hosts"
+    assert left_on_hosts() == [], "orphans left on the hosts"
 
 
 def test_a_master_address_nobody_answers_fails_naming_it(cluster):
@@ -203,7 +215,7 @@ def test_hostfile_launch_over_ssh_trains_two_hosts_by_two_ranks_as_torch(cluster
     text = finish([proc])[0]
     assert proc.returncode == 0, text[-4000:]
     compare(torch.load(out)[0], c, param_tol=GPT_PARAM_TOL)
-    assert namespace_pids() == [], "processes left on the hosts"
+    assert left_on_hosts() == [], "processes left on the hosts"
 
 
 HOSTS_REPORT = """
@@ -231,7 +243,7 @@ def test_hostfile_launch_places_ranks_by_include_and_forwards_the_env_file(clust
         line = "10.213.0.%d: [rank%d]: rank %d of 4 on 10.213.0.%d/24, master 10.213.0.1, local %d, cuda %s, " \
                "extra 100%%%% sure, it's here" % (host, rank, rank, host, local, cuda)
         assert line in text, text[-4000:]
-    assert namespace_pids() == [], "processes left on the hosts"
+    assert left_on_hosts() == [], "processes left on the hosts"
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
@@ -253,7 +265,7 @@ def test_hostfile_launch_a_rank_dying_on_host_2_stops_every_rank_on_both_hosts(c
         assert last.startswith("tessera launch: pdsh reported that host 10.213.0.2 exited with status 7"), text[-4000:]
     assert seconds < 40, seconds  # host 1 is stopped at once, not when its collectives time out (30 s)
     time.sleep(0.5)
-    assert namespace_pids() == [], "orphans left on the hosts"
+    assert left_on_hosts() == [], "orphans left on the hosts"
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
@@ -278,7 +290,7 @@ def test_hostfile_launch_with_max_restarts_restarts_both_hosts_and_resumes_from_
     assert re.search(r"resumed from \S+global_step3 at step 3", text), text[-4000:]
     assert losses(text) == losses(reference.stdout)
     time.sleep(0.5)
-    assert namespace_pids() == [], "orphans left on the hosts"
+    assert left_on_hosts() == [], "orphans left on the hosts"
 
 
 def test_elastic_launch_drops_a_host_that_went_away_and_goes_on_at_the_elastic_batch_layout(cluster, ssh_config,
@@ -325,7 +337,7 @@ def test_elastic_launch_drops_a_host_that_went_away_and_goes_on_at_the_elastic_b
     for step in (3, 4, 5):
         assert abs(got[step] - expected[step]) <= 1e-9 * abs(expected[step]), (step, got[step], expected[step])
     time.sleep(0.5)
-    assert namespace_pids() == [], "orphans left on the hosts"
+    assert left_on_hosts() == [], "orphans left on the hosts"
 
 
 def test_hostfile_launch_a_host_that_cannot_be_reached_fails_before_anything_starts(cluster, ssh_config, tmp_path):
@@ -402,13 +414,7 @@ def test_launcher_slurm_a_rank_dying_on_node_2_stops_the_job_with_its_status(clu
     assert "tessera launch: srun reported that node h2 (node 1) exited with status 7" in text, text[-4000:]
     assert time.monotonic() - start < 40
     # slurmd winds a finished step down on its own time: what is left must go within seconds.
-    left = None
-    for _ in range(50):
-        left = [p for p in namespace_pids() if _command(p) not in ("", "slurmd", "slurmctld", "slurmscriptd")]
-        if not left:
-            break
-        time.sleep(0.2)
-    assert left == [], "orphans left on the nodes: %s" % [_command(p) for p in left]
+    assert left_on_hosts(ignore=("", "slurmd", "slurmctld", "slurmscriptd")) == [], "orphans left on the nodes"
 
 
 def _command(pid):
