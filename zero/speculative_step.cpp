@@ -1,13 +1,12 @@
 #include "zero/speculative_step.h"
 
-#include "csrc/cpu_adam.h"
-
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty_like.h>
 
 #include <algorithm>
-
 #include <utility>
+
+#include "csrc/cpu_adam.h"
 
 namespace tessera {
 namespace {
@@ -48,13 +47,8 @@ void SpeculativeStep::begin(std::vector<StepInputs> in, bool boundary) {
   // Early (a fault): the window's first micro-step opens it, and the boundary keeps what it stepped.
   if (fault_ == SpeculationFault::Early) early_ = !boundary;
   if (open_ && fault_ == SpeculationFault::Early) return;
-  if (open_) {
-    lock.unlock();
-    cancel();
-    lock.lock();
-  }
+  roll_back(lock);
   in_ = std::move(in);
-  error_ = nullptr;
   open_ = true;
 }
 
@@ -140,33 +134,35 @@ std::vector<std::vector<char>> SpeculativeStep::settle(const std::vector<StepInp
   for (size_t g = 0; same && g < actual.size(); ++g) same = !speculates(static_cast<int>(g)) || same_inputs(actual[g], in_[g]);
   if (fault_ == SpeculationFault::Unchecked) same = !error_;
   std::exception_ptr error = error_;
-  if (same) {
+  if (!same) {
+    roll_back(lock);
+  } else {
     kept = stepped_;
     ++counts_.committed;
-  } else {
-    restore_stepped();
-    ++counts_.rolled_back;
+    close();
   }
-  close();
-  error_ = nullptr;
   if (error) std::rethrow_exception(error);
   return kept;
 }
 
 void SpeculativeStep::cancel() {
   std::unique_lock<std::mutex> lock(mutex_);
+  roll_back(lock);
+}
+
+void SpeculativeStep::roll_back(std::unique_lock<std::mutex>& lock) {
   if (!open_) return;
   wait_idle(lock);
   restore_stepped();
   ++counts_.rolled_back;
   close();
-  error_ = nullptr;
 }
 
 void SpeculativeStep::close() {
   for (auto& s : stepped_) std::fill(s.begin(), s.end(), 0);
   for (auto& s : submitted_) std::fill(s.begin(), s.end(), 0);
   open_ = false;
+  error_ = nullptr;
 }
 
 void SpeculativeStep::restore_stepped() {

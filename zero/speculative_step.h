@@ -89,7 +89,8 @@ class SpeculativeStep {
   void run(double threads_share);  // the worker thread
   void wait_idle(std::unique_lock<std::mutex>& lock);
   void restore_stepped();     // with the worker idle
-  void close();               // nothing stepped or submitted, nothing open
+  void roll_back(std::unique_lock<std::mutex>& lock);  // an open speculation restored and closed
+  void close();               // nothing stepped or submitted, no error, nothing open
   void step_one(const Task& t, bool& copied);
 
   const std::vector<int> buckets_;
