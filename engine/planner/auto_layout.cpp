@@ -68,9 +68,6 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
     }
     request[key] = v && !v->is_null() ? *v : fallback;
   };
-  // Megatron's sequence parallelism is the model's to apply: estimated with when the config asks.
-  if (const json* sp = at(config, "tensor_parallel.sequence_parallel"); sp && sp->is_boolean())
-    request["sequence_parallel"] = *sp;
   fix("zero_optimization.stage", "zero", 0);
   fix("tensor_parallel.tp_size", "tp", 1);
   fix("pipeline.stages", "pp", 1);
@@ -118,7 +115,6 @@ AutoLayout resolve_auto_layout(const json& config, int world, const json& plan_r
   json base = config;
   base.erase("train_micro_batch_size_per_gpu");
   base.erase("gradient_accumulation_steps");
-  if (is_auto(at(config, "sequence_parallel_size"))) base.erase("sequence_parallel_size");  // written as context_parallel.size
   request["config"] = base;
   const PlanResult plan = planner::plan(plan_inputs_from_json(request));
   if (plan.ranked.empty()) {

@@ -284,13 +284,15 @@ void check_plan_keys(const json& request) {
 json base_config_of(const json& request, std::string* nvme_path) {
   json config = request.contains("config") && !request["config"].is_null() ? config_json_of(request["config"]) : json::object();
   for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                          "context_parallel", "sequence_parallel_size", "activation_checkpointing"})
+                          "sequence_parallel_size", "activation_checkpointing"})
     config.erase(key);
-  // The tensor degree is the planner's; whether the model splits activations along the sequence
-  // (tensor_parallel.sequence_parallel) is the model's, kept (and estimated with: the request's
-  // "sequence_parallel").
-  if (config.contains("tensor_parallel") && config["tensor_parallel"].is_object())
-    for (const char* key : {"tp_size", "autotp_size"}) config["tensor_parallel"].erase(key);
+  // The degrees are the planner's; how the model splits its work is the model's, kept (and
+  // estimated with): tensor_parallel.sequence_parallel (or the request's "sequence_parallel"),
+  // context_parallel.method.
+  for (const auto& [section, keys] : {std::pair<const char*, std::vector<const char*>>{"tensor_parallel", {"tp_size", "autotp_size"}},
+                                      {"context_parallel", {"size"}}})
+    if (config.contains(section) && config[section].is_object())
+      for (const char* key : keys) config[section].erase(key);
   if (request.value("sequence_parallel", false)) config["tensor_parallel"]["sequence_parallel"] = true;
   if (config.contains("zero_optimization") && config["zero_optimization"].is_object()) {
     json& z = config["zero_optimization"];
@@ -386,10 +388,11 @@ PlanInputs plan_inputs_from_json(const json& request) {
   if (auto v = take("offload_param")) in.limits.offload_param = string(*v, "offload_param");
   if (auto v = take("activation_checkpointing"))
     in.limits.activation_checkpointing = v->is_boolean() ? (v->get<bool>() ? "full" : "none") : string(*v, "activation_checkpointing");
-  if (req.contains("cp_method") && req["cp_method"].is_string()) in.limits.context_method = req["cp_method"];
-
   // The base config: the request's, its layout keys left to the planner.
   in.base_config = base_config_of(request, &in.nvme_path);
+  if (req.contains("cp_method") && req["cp_method"].is_string()) in.limits.context_method = req["cp_method"];
+  else if (in.base_config.contains("context_parallel") && in.base_config["context_parallel"].contains("method"))
+    in.limits.context_method = in.base_config["context_parallel"]["method"];
   req.erase("config");
 
   // The model and the hardware, as `tessera estimate` reads them.
