@@ -16,7 +16,6 @@ expert-parallel group, and each rank's engine buffers of expert and dense optimi
 """
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -150,7 +149,7 @@ def main():
             dist.all_reduce(t)
             return t
     corpus = FortunesCorpus(FORTUNES)
-    times, loss = [], 0.0
+    times, loss, exchanged_rows = [], 0.0, 0
     for step in range(args.steps):
         if step == args.warmup and args.impl == "tessera":
             context = tessera.comm.parallel_context()
@@ -167,6 +166,9 @@ def main():
         loss = out.item()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+            if args.impl == "tessera":  # rows sent and received, forward and backward
+                exchanged_rows += sum(2 * (m.moe.deepspeed_moe.tokens_routed - m.moe.deepspeed_moe.tokens_dropped +
+                                           m.moe.deepspeed_moe.rows_received) for m in model.moes)
     step_s = statistics.median(times)
     timed = args.steps - args.warmup
     rss = torch.zeros(world, dtype=torch.float64)
@@ -184,11 +186,11 @@ def main():
             result["all_to_all"] = {"calls_per_step": a2a[0] / timed, "bytes_per_step": a2a[1] / timed,
                                     "seconds_per_step": a2a[2] / timed, "share_of_step": a2a[2] / timed / step_s}
         result["groups"] = engine.group_memory()
-        tokens = args.micro * SEQ_LEN
-        if args.experts and not args.dropless:
-            capacity = max(4, math.ceil(tokens / args.experts * args.capacity_factor * args.k))
-            # per MoE layer and step: dispatch and combine forward, their gradients backward
-            result["all_to_all_formula_bytes"] = (args.layers // 2) * 4 * args.experts * capacity * args.embd * 4
+        if args.experts and args.ep > 1:
+            # per step: the kept rows each way (dispatch and combine, forward and backward), and
+            # each MoE layer's exchange of E per-expert counts (8 bytes each) before its dispatch
+            result["all_to_all_formula_bytes"] = (exchanged_rows * args.embd * 4 / timed +
+                                                  len(model.moes) * args.experts * 8)
     if rank == 0:
         print(json.dumps(result), flush=True)
 

@@ -6,8 +6,8 @@
 #               capacity factor 1.0, ep EP (tessera.moe.MoE)
 #   deepspeed   the same model with deepspeed.moe.layer.MoE (DeepSpeed 0.19.8, its CPU accelerator)
 # Medians of ROUNDS interleaved rounds: samples/s and the ratios, peak RSS per rank, tessera's
-# all-to-all per step (calls, bytes against the formula 4 · E · C · H · 4 per MoE layer, its share
-# of the step) and each rank's expert and dense optimizer state from the engine's buffers.
+# all-to-all per step (calls, bytes against the formula: the kept rows sent and received each way,
+# forward and backward, times H · 4, and E counts of 8 bytes per MoE layer; its share of the step) and each rank's expert and dense optimizer state from the engine's buffers.
 #
 #   bench/run_moe_compare.sh [ROUNDS=3]     LAYERS=4 EMBD=256 EXPERTS=8 EP=2 MICRO=4 STEPS=30
 set -euo pipefail
@@ -52,8 +52,8 @@ for k in ("dense", "tessera", "deepspeed"):
 t = med["tessera"]
 a = t.get("all_to_all")
 if a:
-    print("\ntessera's all-to-all on the expert-parallel group, per step: %.0f calls, %.2f MB (formula %.2f MB for the "
-          "row exchanges; the rest: none with a capacity), %.1f ms = %.1f%% of the step" % (
+    print("\ntessera's all-to-all on the expert-parallel group, per step: %.0f calls, %.2f MB (formula %.2f MB: the "
+          "kept rows and the per-expert counts), %.1f ms = %.1f%% of the step" % (
               a["calls_per_step"], a["bytes_per_step"] / 1e6, t["all_to_all_formula_bytes"] / 1e6,
               1e3 * a["seconds_per_step"], 100 * a["share_of_step"]))
 print("\ntessera's optimizer state on rank 0 by group (engine buffers):")

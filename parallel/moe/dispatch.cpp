@@ -3,10 +3,8 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -57,6 +55,19 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
   }
 };
 
+// A reordering of the rows of a [N, H] tensor whose backward is the inverse reordering: one gather
+// each way (index_select's own backward would scatter-add into a zeroed tensor).
+struct PermuteRows : torch::autograd::Function<PermuteRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& order,
+                            const at::Tensor& inverse) {
+    ctx->save_for_backward({inverse});
+    return rows.index_select(0, order);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {g[0].index_select(0, ctx->get_saved_variables()[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor all_to_all_rows(const at::Tensor& rows, Communicator& group, const std::vector<int64_t>& send_splits,
@@ -72,53 +83,37 @@ Dispatch::Dispatch(const at::Tensor& tokens, const Routing& r, Communicator* exp
   ranks_ = group_ != nullptr ? group_->size() : 1;
   experts_ = r.experts;
   tokens_ = r.tokens;
-  capacity_ = r.capacity;
   if (experts_ % ranks_ != 0)
     throw std::invalid_argument("tessera.moe: num_experts " + std::to_string(experts_) + " does not divide over the " +
                                 std::to_string(ranks_) + " ranks of the expert-parallel " + group_->describe());
   local_experts_ = experts_ / ranks_;
   first_expert_ = (group_ != nullptr ? group_->rank() : 0) * local_experts_;
-  const int64_t H = tokens.size(1), P = ranks_, L = local_experts_;
+  const int64_t P = ranks_, L = local_experts_;
 
-  // The kept choices, as flat indices into [T, k].
-  at::Tensor choice = r.kept.reshape(-1).nonzero().view(-1);
-  at::Tensor expert = r.expert.reshape(-1).index_select(0, choice);
-  at::Tensor slot = r.slot.reshape(-1).index_select(0, choice);
-  at::Tensor token = choice.div(r.k, "floor");
-  at::Tensor weight = r.weight.reshape(-1).index_select(0, choice);
-
-  if (capacity_ >= 0) {
-    const int64_t C = capacity_;
-    token_of_row_ = token;
-    weight_of_row_ = weight;
-    send_row_ = expert * C + slot;
-    at::Tensor send = at::zeros({experts_ * C, H}, tokens.options()).index_add(0, send_row_, tokens.index_select(0, token));
-    std::vector<int64_t> equal(P, L * C);
-    at::Tensor recv = group_ != nullptr ? all_to_all_rows(send, *group_, equal, equal) : send;
-    rows_sent_ = (P - 1) * L * C;
-    at::Tensor by_rank = recv.view({P, L, C, H});
-    for (int64_t l = 0; l < L; ++l) expert_inputs_.push_back(by_rank.select(1, l).reshape({P * C, H}));
-    return;
-  }
-
-  // Dropless: rows sorted by expert (by priority within one), no padding.
-  at::Tensor order = (expert * (r.tokens * r.k) + slot).argsort();
-  token_of_row_ = token.index_select(0, order);
-  weight_of_row_ = weight.index_select(0, order);
-  at::Tensor counts = r.exp_counts.to(at::kLong).contiguous();  // every choice is kept
+  // Kept choices per expert: every choice dropless, at most the capacity with one. An expert's kept
+  // choices have the slots 0, 1, ... (gating.h), so a choice's row in the send buffer is its
+  // expert's offset plus its slot: grouped by expert, in priority order within one.
+  at::Tensor counts = r.exp_counts.to(at::kLong).contiguous();
+  if (r.capacity >= 0) counts = counts.clamp_max(r.capacity);
   const int64_t* count = counts.data_ptr<int64_t>();
+  at::Tensor offsets = counts.cumsum(0).sub(counts);
+  const int64_t rows = std::accumulate(count, count + experts_, int64_t(0));
+  at::Tensor choice = r.kept.reshape(-1).nonzero().view(-1);  // flat indices into [T, k]
+  if (choice.numel() != rows)
+    throw std::logic_error("tessera.moe: the routing keeps " + std::to_string(choice.numel()) +
+                           " choices but its counts and capacity say " + std::to_string(rows));
+  at::Tensor row = offsets.to(choice.device()).index_select(0, r.expert.reshape(-1).index_select(0, choice)) +
+                   r.slot.reshape(-1).index_select(0, choice);
+  at::Tensor choice_of_row = at::empty_like(choice).index_copy_(0, row, choice);
+  token_of_row_ = choice_of_row.div(r.k, "floor");
+  weight_of_row_ = r.weight.reshape(-1).index_select(0, choice_of_row);
   send_splits_.assign(P, 0);
   for (int64_t e = 0; e < experts_; ++e) send_splits_[e / L] += count[e];
   at::Tensor send = tokens.index_select(0, token_of_row_);
   if (group_ == nullptr) {
     rows_per_expert_.assign(count, count + experts_);
     recv_splits_ = send_splits_;
-    at::Tensor x = send;
-    int64_t offset = 0;
-    for (int64_t n : rows_per_expert_) {
-      expert_inputs_.push_back(x.narrow(0, offset, n));
-      offset += n;
-    }
+    expert_inputs_ = send.split_with_sizes(rows_per_expert_);
     return;
   }
   // Each rank learns how many rows it gets for each of its experts from each rank.
@@ -135,12 +130,11 @@ Dispatch::Dispatch(const at::Tensor& tokens, const Routing& r, Communicator* exp
       rows_per_expert_[l] += g[i * L + l];
     }
   rows_sent_ = total(send_splits_) - send_splits_[group_->rank()];
-  at::Tensor recv = all_to_all_rows(send, *group_, send_splits_, recv_splits_);
-  at::Tensor x = recv;
+  at::Tensor x = all_to_all_rows(send, *group_, send_splits_, recv_splits_);
   if (L > 1) {
     // Received rows are [from rank][local expert]; each expert wants its rows together.
-    std::vector<int64_t> start(P * L), perm;
-    perm.reserve(total(recv_splits_));
+    std::vector<int64_t> start(P * L), order;
+    order.reserve(total(recv_splits_));
     for (int64_t i = 0, offset = 0; i < P; ++i)
       for (int64_t l = 0; l < L; ++l) {
         start[i * L + l] = offset;
@@ -148,40 +142,31 @@ Dispatch::Dispatch(const at::Tensor& tokens, const Routing& r, Communicator* exp
       }
     for (int64_t l = 0; l < L; ++l)
       for (int64_t i = 0; i < P; ++i)
-        for (int64_t n = 0; n < g[i * L + l]; ++n) perm.push_back(start[i * L + l] + n);
-    to_expert_major_ = at::from_blob(perm.data(), {static_cast<int64_t>(perm.size())}, at::kLong).to(tokens.device(), false, true);
-    x = recv.index_select(0, to_expert_major_);
+        for (int64_t n = 0; n < g[i * L + l]; ++n) order.push_back(start[i * L + l] + n);
+    std::vector<int64_t> inverse(order.size());
+    for (size_t n = 0; n < order.size(); ++n) inverse[order[n]] = static_cast<int64_t>(n);
+    const auto as_tensor = [&](std::vector<int64_t>& v) {
+      return at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kLong).to(tokens.device(), false, true);
+    };
+    to_expert_major_ = as_tensor(order);
+    from_expert_major_ = as_tensor(inverse);
+    x = PermuteRows::apply(x, to_expert_major_, from_expert_major_);
   }
-  int64_t offset = 0;
-  for (int64_t n : rows_per_expert_) {
-    expert_inputs_.push_back(x.narrow(0, offset, n));
-    offset += n;
-  }
+  expert_inputs_ = x.split_with_sizes(rows_per_expert_);
 }
 
 at::Tensor Dispatch::combine(const std::vector<at::Tensor>& outputs) const {
   if (static_cast<int64_t>(outputs.size()) != local_experts_)
     throw std::invalid_argument("tessera.moe: combine needs one output per local expert (" +
                                 std::to_string(local_experts_) + "), got " + std::to_string(outputs.size()));
-  at::Tensor back;
-  if (capacity_ >= 0) {
-    // Each [P·C, H'] as [P, C, H'], stacked along a new dim 1: [P, L, C, H'], rank i's rows of every
-    // local expert together to go back to it, in one copy.
-    const int64_t width = outputs.front().size(1);
-    std::vector<at::Tensor> by_expert;
-    for (const at::Tensor& o : outputs) by_expert.push_back(o.reshape({ranks_, capacity_, width}));
-    at::Tensor by_rank = at::stack(by_expert, 1).view({-1, width});
-    std::vector<int64_t> equal(ranks_, local_experts_ * capacity_);
-    at::Tensor returned = group_ != nullptr ? all_to_all_rows(by_rank, *group_, equal, equal) : by_rank;
-    back = returned.index_select(0, send_row_);
-  } else {
-    at::Tensor rows = at::cat(outputs, 0);
-    if (to_expert_major_.defined()) {
-      at::Tensor in_received_order = at::zeros_like(rows).index_copy(0, to_expert_major_, rows);
-      rows = in_received_order;
-    }
-    back = group_ != nullptr ? all_to_all_rows(rows, *group_, recv_splits_, send_splits_) : rows;
-  }
+  for (int64_t l = 0; l < local_experts_; ++l)
+    if (outputs[l].dim() != 2 || outputs[l].size(0) != rows_per_expert_[l])
+      throw std::invalid_argument("tessera.moe: local expert " + std::to_string(l) + " got " +
+                                  std::to_string(rows_per_expert_[l]) + " rows but returned " +
+                                  c10::str(outputs[l].sizes()) + " (an expert maps each row to one row)");
+  at::Tensor rows = local_experts_ == 1 ? outputs.front() : at::cat(outputs, 0);
+  if (from_expert_major_.defined()) rows = PermuteRows::apply(rows, from_expert_major_, to_expert_major_);
+  at::Tensor back = group_ != nullptr ? all_to_all_rows(rows, *group_, recv_splits_, send_splits_) : rows;
   at::Tensor weighted = back * weight_of_row_.to(back.scalar_type()).unsqueeze(1);
   return at::zeros({tokens_, back.size(1)}, back.options()).index_add(0, token_of_row_, weighted);
 }

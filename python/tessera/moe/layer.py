@@ -106,6 +106,7 @@ class MOELayer(nn.Module):
         self.ep_group_name, self.ep_size, self.num_local_experts = ep_group_name, ep_size, num_local_experts
         self.l_aux = self.exp_counts = None
         self.tokens_dropped = self.tokens_routed = 0  # choices, in the last forward
+        self.rows_received = 0  # rows this rank's experts computed on, in the last forward
         self._groups_made = False
 
     def forward(self, hidden_states, used_token=None):
@@ -122,7 +123,9 @@ class MOELayer(nn.Module):
                 make_expert_groups(self.ep_size)
                 self._groups_made = True
         dispatch = _C.moe.Dispatch(tokens, routing, context, self.ep_group_name if self.ep_size > 1 else "")
-        outputs = self.experts(dispatch.expert_inputs)
+        inputs = dispatch.expert_inputs
+        self.rows_received = sum(x.shape[0] for x in inputs)
+        outputs = self.experts(inputs)
         combined = dispatch.combine(outputs)
         self.l_aux, self.exp_counts, self.tokens_dropped = routing.l_aux, routing.exp_counts, routing.dropped
         self.tokens_routed = routing.tokens * routing.k

@@ -128,6 +128,29 @@ def test_tokens_dropped_per_expert_follow_the_capacity_formula(use_rts):
             assert sorted(slots) == list(range(len(slots)))
 
 
+@pytest.mark.parametrize("k,use_rts,cf", [(1, True, 0.75), (1, False, 0.75), (2, False, 1.0)])
+def test_an_expert_computes_on_its_kept_rows_only_not_padded_to_the_capacity(k, use_rts, cf):
+    """parallel/moe/dispatch.h: no padding rows reach an expert (an expert that got fewer choices
+    than its capacity computes on those), and the output still equals the reference's."""
+    moe = layer(k, True, capacity_factor=cf, min_capacity=0, use_rts=use_rts)
+    rows = []
+    for expert in moe.deepspeed_moe.experts.deepspeed_experts:
+        expert.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+    torch.manual_seed(5)
+    x = torch.randn(24, HIDDEN) * 3
+    torch.manual_seed(7)  # the same random token selection for the routing seen here and the layer's
+    routing = moe.deepspeed_moe.gate(x)
+    torch.manual_seed(7)
+    y, _, _ = moe(x)
+    capacity = routing.capacity
+    assert rows == [min(int(c), capacity) for c in routing.exp_counts]
+    assert sum(rows) == 24 * k - routing.dropped
+    assert 0 < routing.dropped and any(r < capacity for r in rows)  # both cases occur
+    if not use_rts:
+        ref = reference(moe, x, k, True, cf, 0)
+        assert torch.allclose(y, ref[0], atol=1e-5, rtol=1e-4)
+
+
 def test_bf16_tokens_route_and_combine():
     moe = layer(2, True).to(torch.bfloat16)
     x = torch.randn(16, HIDDEN, dtype=torch.bfloat16)
