@@ -25,6 +25,10 @@ void register_estimate_command(CLI::App& app, int& exit_code);
 // with --trials K the top K run as `program` under the launcher (engine/cli/plan_command.cpp).
 void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std::string>& program);
 
+// `tessera probe-link`: Gloo's collectives timed across hosts for the planner's rate between nodes
+// (engine/cli/probe_link_command.cpp; run under tessera launch).
+void register_probe_link_command(CLI::App& app, int& exit_code);
+
 // `tessera checkpoint export|inspect|import-deepspeed` (engine/cli/checkpoint_command.cpp).
 void register_checkpoint_command(CLI::App& app, int& exit_code);
 

@@ -27,6 +27,7 @@ static int main_body(int argc, char** argv) {
   tessera::register_plot_command(app, exit_code);
   tessera::register_estimate_command(app, exit_code);
   tessera::register_plan_command(app, exit_code, program);
+  tessera::register_probe_link_command(app, exit_code);
   tessera::register_checkpoint_command(app, exit_code);
   tessera::register_report_command(app, exit_code);
   try {

@@ -39,6 +39,22 @@ json read_cache(const std::string& path) {
   }
 }
 
+// Whole or not at all: a half-written cache would be read as damaged and measured again.
+bool write_cache(const std::string& path, const json& cache) {
+  std::error_code ignored;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
+  const std::string partial = path + ".partial." + std::to_string(getpid());
+  {
+    std::ofstream out(partial);
+    out << cache.dump(2) << "\n";
+    if (!out) return false;
+  }
+  std::filesystem::rename(partial, path, ignored);
+  return !ignored;
+}
+
+constexpr const char* kInterNode = "inter_node";  // the cache's entry for tessera probe-link
+
 }  // namespace
 
 std::string default_calibration_cache() {
@@ -192,15 +208,14 @@ void Calibration::save() const {
   if (!entry.is_object()) entry = json::object();
   for (const auto& [k, v] : layers_) entry["layers"][k] = v;
   for (const auto& [k, v] : linears_) entry["linears"][k] = v;
-  std::error_code ignored;
-  std::filesystem::create_directories(std::filesystem::path(cache_path_).parent_path(), ignored);
-  const std::string partial = cache_path_ + ".partial." + std::to_string(getpid());
-  {
-    std::ofstream out(partial);
-    out << cache.dump(2) << "\n";
-    if (!out) return;  // a cache that cannot be written is measured again next time
-  }
-  std::filesystem::rename(partial, cache_path_, ignored);
+  write_cache(cache_path_, cache);  // one that cannot be written is measured again next time
+}
+
+bool save_inter_node_probe(const std::string& cache_path, const LinkProbe& probe, const std::string& across) {
+  json cache = read_cache(cache_path);
+  cache[kInterNode] = {{"bus_gbps", probe.bus_gbps}, {"latency_us", probe.latency_us}, {"across", across},
+                       {"date", now_text()}};
+  return write_cache(cache_path, cache);
 }
 
 Calibration Calibration::from(const Hardware& hw, const std::string& precision, const json& request, bool measure,
@@ -242,6 +257,13 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   c.cache_path_ = cache_path;
   c.cache_key_ = cpu_model_name() + " / " + precision;
   const json cache = read_cache(cache_path);
+  if (cache.contains(kInterNode) && cache[kInterNode].is_object() && !given("inter_node_bw")) {
+    const json& e = cache[kInterNode];
+    if (e.value("bus_gbps", 0.0) > 0)
+      c.inter_node_gbps = {e.value("bus_gbps", 0.0), "cached (" + cache_path + ", " + e.value("date", "") +
+                                                          "): tessera probe-link, Gloo reduce-scatter + all-gather " +
+                                                          e.value("across", std::string("across hosts"))};
+  }
   const std::string links = std::to_string(c.ranks_per_node) + " ranks on " + std::to_string(c.cores_per_node) + " cores";
   double one_thread_tflops = 0, memory_gbps = 0;
   std::optional<LinkProbe> link;

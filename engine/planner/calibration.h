@@ -96,6 +96,12 @@ class Calibration {
   mutable int timed_now_ = 0;
 };
 
+// The links between nodes as `tessera probe-link` measured them across hosts (the slowest rank's
+// reduce-scatter + all-gather bus bandwidth; `across` says over what), written to the cache's
+// "inter_node" entry, which Calibration::from then reads for CPU ranks' inter_node_gbps unless the
+// request gives inter_node_bw. False when the cache cannot be written.
+bool save_inter_node_probe(const std::string& cache_path, const LinkProbe& probe, const std::string& across);
+
 // ~/.cache/tessera/calibration.json ($TESSERA_CACHE_DIR overrides the folder).
 std::string default_calibration_cache();
 

@@ -212,6 +212,41 @@ double time_copy_gbps() {
   return 2.0 * double(bytes) / best / 1e9;
 }
 
+LinkProbe time_link(Communicator& comm, int64_t bytes) {
+  const int ranks = comm.size();
+  LinkProbe mine;
+  const int64_t n = bytes / 4 / ranks * ranks;
+  at::Tensor full = at::ones({n}), part = at::empty({n / ranks}), one = at::ones({1});
+  comm.all_reduce(one);  // connections up
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) comm.all_reduce(one);
+  mine.latency_us = seconds_since(t0) / 10 * 1e6;
+  // The best of three, each collective started together (a barrier) as the engine's are.
+  auto best_of_three = [&](auto&& collective) {
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      comm.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      collective();
+      best = std::min(best, seconds_since(start));
+    }
+    return best;
+  };
+  const double ring = double(ranks - 1) / ranks * double(n * 4);
+  const double rs = best_of_three([&] { comm.reduce_scatter(full, part); });
+  const double ag = best_of_three([&] { comm.all_gather(part, full); });
+  const double ar = best_of_three([&] { comm.all_reduce(full); });
+  const double pair = best_of_three([&] {
+    comm.reduce_scatter(full, part);
+    comm.all_gather(part, full);
+  });
+  mine.bus_gbps = 2 * ring / pair / 1e9;
+  mine.reduce_scatter_gbps = ring / rs / 1e9;
+  mine.all_gather_gbps = ring / ag / 1e9;
+  mine.all_reduce_gbps = 2 * ring / ar / 1e9;
+  return mine;
+}
+
 LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
   LinkProbe probe;
   if (ranks < 2) return probe;
@@ -229,35 +264,9 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
         auto backend = make_backend(BackendKind::Gloo, store, r, ranks, std::chrono::seconds(60));
         Communicator comm(backend, "planner probe", members, r, c10::Device(c10::kCPU),
                           has_native_reduce_scatter(BackendKind::Gloo));
-        const int64_t n = bytes / 4 / ranks * ranks;
-        at::Tensor full = at::ones({n}), part = at::empty({n / ranks}), one = at::ones({1});
-        comm.all_reduce(one);  // connections up
-        auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < 10; ++i) comm.all_reduce(one);
-        latency[r] = seconds_since(t0) / 10 * 1e6;
-        // The best of three, each collective started together (a barrier) as the engine's are.
-        auto best_of_three = [&](auto&& collective) {
-          double best = 1e30;
-          for (int i = 0; i < 3; ++i) {
-            comm.barrier();
-            const auto start = std::chrono::steady_clock::now();
-            collective();
-            best = std::min(best, seconds_since(start));
-          }
-          return best;
-        };
-        const double ring = double(ranks - 1) / ranks * double(n * 4);
-        const double rs = best_of_three([&] { comm.reduce_scatter(full, part); });
-        const double ag = best_of_three([&] { comm.all_gather(part, full); });
-        const double ar = best_of_three([&] { comm.all_reduce(full); });
-        const double pair = best_of_three([&] {
-          comm.reduce_scatter(full, part);
-          comm.all_gather(part, full);
-        });
-        bus[r] = 2 * ring / pair / 1e9;
-        rs_bus[r] = ring / rs / 1e9;
-        ag_bus[r] = ring / ag / 1e9;
-        ar_bus[r] = 2 * ring / ar / 1e9;
+        const LinkProbe mine = time_link(comm, bytes);
+        bus[r] = mine.bus_gbps, latency[r] = mine.latency_us;
+        rs_bus[r] = mine.reduce_scatter_gbps, ag_bus[r] = mine.all_gather_gbps, ar_bus[r] = mine.all_reduce_gbps;
       } catch (...) {
         errors[r] = std::current_exception();
       }

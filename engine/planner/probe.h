@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+namespace tessera {
+class Communicator;
+}
+
 namespace tessera::planner {
 
 // One rank's share of one transformer layer (GPT-2's or Llama's block) for one micro-batch.
@@ -57,5 +61,10 @@ struct LinkProbe {
   double reduce_scatter_gbps = 0, all_gather_gbps = 0, all_reduce_gbps = 0;  // 0: not timed (an old cache)
 };
 LinkProbe time_gloo(int ranks, int64_t bytes, int cores = 0);  // cores: as time_layer's
+
+// This rank's view of the same probe over `comm` (every rank of it calls this together): what
+// time_gloo runs in each of its threads, and `tessera probe-link` in each launched rank across
+// hosts (engine/cli/probe_link_command.cpp).
+LinkProbe time_link(Communicator& comm, int64_t bytes);
 
 }  // namespace tessera::planner

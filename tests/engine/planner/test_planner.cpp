@@ -355,6 +355,40 @@ TEST_CASE("planner: calibration says where each rate came from - given - default
   CHECK(again.ranked[0].cost.total() == Approx(r.ranked[0].cost.total()));
 }
 
+TEST_CASE("planner: the links between nodes as tessera probe-link cached them - unless given") {
+  tessera::testing::TempDir dir;
+  const std::string cache = dir.file("calibration.json");
+  json request = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"gpus_per_node", 1}, {"nodes", 2},
+                  {"global_batch", 4}, {"cpu_mem", 16}, {"offload", false}, {"cp_search", false},
+                  {"calibration_cache", cache}};
+  const double before = plan_inputs_from_json(request).calibration.inter_node_gbps.value;
+  CHECK(contains(plan_inputs_from_json(request).calibration.inter_node_gbps.source, "default"));
+  LinkProbe probe;
+  probe.bus_gbps = 0.116, probe.latency_us = 293;
+  REQUIRE(save_inter_node_probe(cache, probe, "of 32 MiB across 2 ranks (1 a host)"));
+  const PlanInputs probed = plan_inputs_from_json(request);
+  CHECK(probed.calibration.inter_node_gbps.value == Approx(0.116));
+  CHECK(contains(probed.calibration.inter_node_gbps.source, "cached (" + cache));
+  CHECK(contains(probed.calibration.inter_node_gbps.source,
+                 "tessera probe-link, Gloo reduce-scatter + all-gather of 32 MiB across 2 ranks (1 a host)"));
+  // A layout whose data group spans the nodes pays the probed link: the prediction changes.
+  CHECK(before != Approx(0.116));
+  const PlanResult slow = plan(probed);
+  request["inter_node_bw"] = before;
+  const PlanInputs given = plan_inputs_from_json(request);
+  CHECK(given.calibration.inter_node_gbps.source == "given");
+  const PlanResult fast = plan(given);
+  REQUIRE_FALSE(slow.ranked.empty());
+  REQUIRE_FALSE(fast.ranked.empty());
+  CHECK(slow.ranked[0].cost.total() > fast.ranked[0].cost.total());
+  // The per-CPU probe written later keeps the entry.
+  request.erase("inter_node_bw");
+  request["measure"] = true;
+  plan_inputs_from_json(request);
+  request.erase("measure");
+  CHECK(plan_inputs_from_json(request).calibration.inter_node_gbps.value == Approx(0.116));
+}
+
 TEST_CASE("tessera plan's table: every row's numbers start in the same column, counted in characters") {
   // The labels hold "·" and "×", two bytes each in UTF-8: padding by bytes would shift the rows.
   const std::string table = format_plan(plan(plan_inputs_from_json(medium_request())), 8);

@@ -442,3 +442,42 @@ def test_launcher_slurm_with_max_restarts_starts_every_node_again_and_resumes_fr
     assert "tessera launch: restart 1 of 1: every rank starts again" in text, text[-4000:]
     assert re.search(r"resumed from \S+global_step3 at step 3", text), text[-4000:]
     assert losses(text) == losses(reference.stdout)
+
+
+def test_probe_link_measures_the_shaped_link_between_two_hosts_and_the_planner_takes_it(cluster, ssh_config, tmp_path):
+    """`tessera launch --hostfile` with a rank on each host runs `tessera probe-link`: with the hosts'
+    links shaped to 1 Gbit/s (0.125 GB/s) it measures about that; rank 0 writes it to the calibration
+    cache, and `tessera plan` then takes it as the rate between nodes and says where it came from."""
+    shape = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", "1gbit", "burst", "1mb", "latency", "50ms"]
+    cache = tmp_path / "cache"
+    hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=1", "10.213.0.2 slots=1"])
+    config = {"hosts": {"ssh_args": ["-F", ssh_config], "connect_timeout_s": 5}}
+    try:
+        for k in (1, 2):
+            subprocess.run([CLUSTER, "exec", str(k)] + shape, check=True, capture_output=True, text=True, timeout=30)
+        probe = subprocess.run([CLI, "launch", "--hostfile", hostfile, "--master-port", str(free_port()), "--timeout", "60",
+                                "--config", json.dumps(config), "--", CLI, "probe-link", "--cache",
+                                str(cache / "calibration.json")],
+                               env=child_env(GLOO_SOCKET_IFNAME="eth0"), cwd=ROOT, capture_output=True, text=True,
+                               timeout=180)
+    finally:
+        for k in (1, 2):
+            subprocess.run([CLUSTER, "exec", str(k), "tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True,
+                           timeout=30)
+    text = probe.stdout + probe.stderr
+    assert probe.returncode == 0, text[-4000:]
+    m = re.search(r"tessera probe-link: 2 ranks on 2 hosts: reduce-scatter \+ all-gather ([0-9.]+) GB/s", text)
+    assert m, text[-4000:]
+    measured = float(m.group(1))
+    assert 0.08 <= measured <= 0.13, text[-4000:]
+    entry = json.load(open(cache / "calibration.json"))["inter_node"]
+    assert entry["bus_gbps"] == pytest.approx(measured, rel=1e-2)  # printed to 3 decimals
+    plan = subprocess.run([CLI, "plan", "--device", "cpu", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab",
+                           "256", "--seq-len", "32", "--global-batch", "8", "--nodes", "2", "--gpus-per-node", "1",
+                           "--cores-per-node", "1"], env=child_env(TESSERA_CACHE_DIR=str(cache)), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    line = re.search(r"links between nodes: ([0-9.]+) GB/s \(cached \((.*)", plan.stdout)
+    assert line, plan.stdout[-3000:]
+    assert float(line.group(1)) == pytest.approx(entry["bus_gbps"], rel=1e-3)
+    assert str(cache) in line.group(2) and "tessera probe-link" in line.group(2), line.group(0)
