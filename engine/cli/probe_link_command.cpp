@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <vector>
 #include <iostream>
 #include <string>
 
@@ -60,15 +61,12 @@ int run_probe_link(const ProbeLinkFlags& f) {
   at::Tensor all = at::empty({5 * n});
   world.all_gather(part, all);
   if (world.rank() != 0) return 0;
-  const float* v = all.data_ptr<float>();
-  planner::LinkProbe slowest{1e30, 0, 1e30, 1e30, 1e30};
+  std::vector<planner::LinkProbe> per_rank;
   for (int r = 0; r < n; ++r) {
-    slowest.bus_gbps = std::min<double>(slowest.bus_gbps, v[5 * r]);
-    slowest.latency_us = std::max<double>(slowest.latency_us, v[5 * r + 1]);
-    slowest.reduce_scatter_gbps = std::min<double>(slowest.reduce_scatter_gbps, v[5 * r + 2]);
-    slowest.all_gather_gbps = std::min<double>(slowest.all_gather_gbps, v[5 * r + 3]);
-    slowest.all_reduce_gbps = std::min<double>(slowest.all_reduce_gbps, v[5 * r + 4]);
+    const float* v = all.data_ptr<float>() + 5 * r;
+    per_rank.push_back({v[0], v[1], v[2], v[3], v[4]});
   }
+  const planner::LinkProbe slowest = planner::slowest_of(per_rank);
   const std::string across = "of " + std::to_string(f.mib) + " MiB across " + std::to_string(n) + " ranks (" +
                              std::to_string(info.local_world_size) + " a host)";
   char line[256];

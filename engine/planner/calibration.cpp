@@ -41,6 +41,7 @@ json read_cache(const std::string& path) {
 
 // Whole or not at all: a half-written cache would be read as damaged and measured again.
 bool write_cache(const std::string& path, const json& cache) {
+  if (path.empty()) return false;  // no cache
   std::error_code ignored;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ignored);
   const std::string partial = path + ".partial." + std::to_string(getpid());
@@ -284,9 +285,7 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
     entry.erase("layers"), entry.erase("linears");  // timed again, now
     json updated = cache;
     updated[c.cache_key_] = entry;
-    std::error_code ignored;
-    std::filesystem::create_directories(std::filesystem::path(cache_path).parent_path(), ignored);
-    std::ofstream(cache_path) << updated.dump(2) << "\n";
+    write_cache(cache_path, updated);
   } else if (cache.contains(c.cache_key_)) {
     const json& e = cache[c.cache_key_];
     source = "cached (" + cache_path + ", " + e.value("date", "") + ")";

@@ -247,11 +247,22 @@ LinkProbe time_link(Communicator& comm, int64_t bytes) {
   return mine;
 }
 
+LinkProbe slowest_of(const std::vector<LinkProbe>& ranks) {
+  LinkProbe slowest{1e30, 0, 1e30, 1e30, 1e30};
+  for (const LinkProbe& r : ranks) {
+    slowest.bus_gbps = std::min(slowest.bus_gbps, r.bus_gbps);
+    slowest.latency_us = std::max(slowest.latency_us, r.latency_us);
+    slowest.reduce_scatter_gbps = std::min(slowest.reduce_scatter_gbps, r.reduce_scatter_gbps);
+    slowest.all_gather_gbps = std::min(slowest.all_gather_gbps, r.all_gather_gbps);
+    slowest.all_reduce_gbps = std::min(slowest.all_reduce_gbps, r.all_reduce_gbps);
+  }
+  return slowest;
+}
+
 LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
-  LinkProbe probe;
-  if (ranks < 2) return probe;
+  if (ranks < 2) return LinkProbe{};
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<double> bus(ranks), latency(ranks), rs_bus(ranks), ag_bus(ranks), ar_bus(ranks);
+  std::vector<LinkProbe> per_rank(ranks);
   std::vector<std::exception_ptr> errors(ranks);
   std::vector<int> members(ranks);
   for (int r = 0; r < ranks; ++r) members[r] = r;
@@ -264,9 +275,7 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
         auto backend = make_backend(BackendKind::Gloo, store, r, ranks, std::chrono::seconds(60));
         Communicator comm(backend, "planner probe", members, r, c10::Device(c10::kCPU),
                           has_native_reduce_scatter(BackendKind::Gloo));
-        const LinkProbe mine = time_link(comm, bytes);
-        bus[r] = mine.bus_gbps, latency[r] = mine.latency_us;
-        rs_bus[r] = mine.reduce_scatter_gbps, ag_bus[r] = mine.all_gather_gbps, ar_bus[r] = mine.all_reduce_gbps;
+        per_rank[r] = time_link(comm, bytes);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -274,12 +283,7 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-  probe.bus_gbps = *std::min_element(bus.begin(), bus.end());
-  probe.latency_us = *std::max_element(latency.begin(), latency.end());
-  probe.reduce_scatter_gbps = *std::min_element(rs_bus.begin(), rs_bus.end());
-  probe.all_gather_gbps = *std::min_element(ag_bus.begin(), ag_bus.end());
-  probe.all_reduce_gbps = *std::min_element(ar_bus.begin(), ar_bus.end());
-  return probe;
+  return slowest_of(per_rank);
 }
 
 }  // namespace tessera::planner

@@ -67,4 +67,7 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores = 0);  // cores: as time
 // hosts (engine/cli/probe_link_command.cpp).
 LinkProbe time_link(Communicator& comm, int64_t bytes);
 
+// The job is as fast as its slowest rank: the lowest of each rate and the highest latency.
+LinkProbe slowest_of(const std::vector<LinkProbe>& ranks);
+
 }  // namespace tessera::planner
