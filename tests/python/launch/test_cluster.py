@@ -194,12 +194,13 @@ def write_hostfile(tmp_path, lines):
     return str(path)
 
 
-def launch_on_hosts(ssh_config, hostfile, argv, launcher="ssh", timeout_s=60, flags=()):
+def launch_on_hosts(ssh_config, hostfile, argv, launcher="ssh", timeout_s=60, flags=(), program=sys.executable):
     """`tessera launch --hostfile` from this machine (outside the hosts), reaching them with the
-    cluster's ssh config. GLOO_SOCKET_IFNAME goes to every host with the forwarded variables."""
+    cluster's ssh config: `program argv...` on every rank (a Python script by default).
+    GLOO_SOCKET_IFNAME goes to every host with the forwarded variables."""
     config = {"hosts": {"ssh_args": ["-F", ssh_config], "connect_timeout_s": 5}}
     cmd = [CLI, "launch", "--hostfile", hostfile, "--launcher", launcher, "--master-port", str(free_port()),
-           "--timeout", str(timeout_s), "--config", json.dumps(config)] + list(flags) + ["--", sys.executable] + list(argv)
+           "--timeout", str(timeout_s), "--config", json.dumps(config)] + list(flags) + ["--", program] + list(argv)
     return subprocess.Popen(cmd, env=child_env(GLOO_SOCKET_IFNAME="eth0"), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -451,20 +452,16 @@ def test_probe_link_measures_the_shaped_link_between_two_hosts_and_the_planner_t
     shape = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", "1gbit", "burst", "1mb", "latency", "50ms"]
     cache = tmp_path / "cache"
     hostfile = write_hostfile(tmp_path, ["10.213.0.1 slots=1", "10.213.0.2 slots=1"])
-    config = {"hosts": {"ssh_args": ["-F", ssh_config], "connect_timeout_s": 5}}
     try:
         for k in (1, 2):
             subprocess.run([CLUSTER, "exec", str(k)] + shape, check=True, capture_output=True, text=True, timeout=30)
-        probe = subprocess.run([CLI, "launch", "--hostfile", hostfile, "--master-port", str(free_port()), "--timeout", "60",
-                                "--config", json.dumps(config), "--", CLI, "probe-link", "--cache",
-                                str(cache / "calibration.json")],
-                               env=child_env(GLOO_SOCKET_IFNAME="eth0"), cwd=ROOT, capture_output=True, text=True,
-                               timeout=180)
+        probe = launch_on_hosts(ssh_config, hostfile, ["probe-link", "--cache", str(cache / "calibration.json")],
+                                program=CLI)
+        text = finish([probe], timeout=180)[0]
     finally:
         for k in (1, 2):
             subprocess.run([CLUSTER, "exec", str(k), "tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True,
                            timeout=30)
-    text = probe.stdout + probe.stderr
     assert probe.returncode == 0, text[-4000:]
     m = re.search(r"tessera probe-link: 2 ranks on 2 hosts: reduce-scatter \+ all-gather ([0-9.]+) GB/s", text)
     assert m, text[-4000:]
