@@ -186,6 +186,14 @@ CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
   }, std::move(finish));
 }
 
+CommunicatorOptions with_backend_defaults(CommunicatorOptions options, bool gloo) {
+  if (options.alltoall_reduce_scatter_max_bytes < 0)
+    options.alltoall_reduce_scatter_max_bytes = gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
+  if (options.pairwise_all_gather < 0) options.pairwise_all_gather = gloo ? 1 : 0;
+  if (options.pairwise_reduce_scatter < 0) options.pairwise_reduce_scatter = gloo ? 1 : 0;
+  return options;
+}
+
 CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
   check_tensor(input, "reduce_scatter");
   check_tensor(output, "reduce_scatter");

@@ -133,6 +133,10 @@ struct CommunicatorOptions {
 };
 constexpr int64_t kGlooAlltoallReduceScatterMaxBytes = int64_t(64) << 20;
 
+// `options` with each -1 ("the backend's default") replaced by that default for Gloo (`gloo`) or
+// NCCL: what every group the engine makes runs, and what a probe of its collectives must run.
+CommunicatorOptions with_backend_defaults(CommunicatorOptions options, bool gloo);
+
 class Communicator {
  public:
   // `ranks` are the global ranks of the group's members, in group-rank order. `device` is where the

@@ -148,11 +148,7 @@ std::unique_ptr<Communicator> ParallelContext::make_group(const std::string& nam
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
   int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), info_.rank) - ranks.begin());
   auto backend = make_backend(backend_, store, group_rank, static_cast<int>(ranks.size()), info_.timeout);
-  CommunicatorOptions comm = options.communicator;
-  if (comm.alltoall_reduce_scatter_max_bytes < 0)
-    comm.alltoall_reduce_scatter_max_bytes = backend_ == BackendKind::Gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
-  if (comm.pairwise_all_gather < 0) comm.pairwise_all_gather = backend_ == BackendKind::Gloo ? 1 : 0;
-  if (comm.pairwise_reduce_scatter < 0) comm.pairwise_reduce_scatter = backend_ == BackendKind::Gloo ? 1 : 0;
+  CommunicatorOptions comm = with_backend_defaults(options.communicator, backend_ == BackendKind::Gloo);
   comm.timeout = info_.timeout;
   comm.stage_cuda_through_host = backend_ == BackendKind::Gloo;  // only CUDA tensors are staged
   return std::make_unique<Communicator>(std::move(backend), name, std::move(ranks), group_rank, device_,

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "parallel/communicator.h"
+
 namespace tessera::planner {
 
 using nlohmann::json;
@@ -140,12 +142,29 @@ double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
   return 3 * roofline_seconds(2 * r * K * N, (r * K + K * N + r * N) * c);
 }
 
-double Calibration::collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes) const {
+double Calibration::collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes,
+                                       bool between_compute) const {
   if (ranks < 2) return 0.0;
-  const double probed = collective_gbps_[int(kind)];
+  // Gloo's reduce-scatters above this size run as its own (parallel/communicator.h): an allreduce
+  // of the whole input, then a copy out; the probe times the smaller ones' sends and receives.
+  double probed = collective_gbps_[int(kind)];
+  if (kind == Collective::reduce_scatter && device == "cpu" && bytes > double(kGlooAlltoallReduceScatterMaxBytes)) {
+    if (large_reduce_scatter_gbps_ > 0) probed = large_reduce_scatter_gbps_;
+    else kind = Collective::all_reduce, probed = collective_gbps_[int(kind)];  // a cache without it: at least that
+  }
   const double gbps = spans_nodes ? inter_node_gbps.value : probed > 0 ? probed : intra_node_gbps.value;
   const double ring = double(ranks - 1) / ranks * bytes * (kind == Collective::all_reduce ? 2 : 1);
-  return collective_latency_us.value * 1e-6 + ring / (gbps * 1e9);
+  return latency_seconds(ranks, spans_nodes, between_compute) + ring / (gbps * 1e9);
+}
+
+double Calibration::latency_seconds(int ranks, bool spans_nodes, bool between_compute) const {
+  double latency = collective_latency_us.value;
+  if (between_compute && !spans_nodes) {
+    // The probe's group of that size, or the next larger one it timed.
+    const auto it = synced_latency_us_.lower_bound(ranks);
+    if (it != synced_latency_us_.end()) latency = std::max(latency, it->second);
+  }
+  return latency * 1e-6;
 }
 
 json Calibration::to_json() const {
@@ -163,9 +182,11 @@ json Calibration::to_json() const {
   put("nvme_gbps", nvme_gbps);
   put("collective_latency_us", collective_latency_us);
   put("overlap_exposed", overlap_exposed);
+  for (const auto& [g, us] : synced_latency_us_) j["synced_latency_us"][std::to_string(g)] = us;
   if (collective_gbps_[0] > 0)
     j["intra_node_collectives_gbps"] = {{"reduce_scatter", collective_gbps_[0]}, {"all_gather", collective_gbps_[1]},
-                                        {"all_reduce", collective_gbps_[2]}};
+                                        {"all_reduce", collective_gbps_[2]},
+                                        {"large_reduce_scatter", large_reduce_scatter_gbps_}};
   return j;
 }
 
@@ -187,13 +208,24 @@ std::string Calibration::describe() const {
         << " as long, but one idle in a pipeline bubble leaves its core to the others\n";
   line("links inside a node", intra_node_gbps, "GB/s");
   if (collective_gbps_[0] > 0) {
-    char rates[96];
-    std::snprintf(rates, sizeof rates, "reduce-scatter %.3g, all-gather %.3g, allreduce %.3g GB/s", collective_gbps_[0],
-                  collective_gbps_[1], collective_gbps_[2]);
+    char rates[128];
+    std::snprintf(rates, sizeof rates, "reduce-scatter %.3g (above 64 MiB %.3g), all-gather %.3g, allreduce %.3g GB/s",
+                  collective_gbps_[0], large_reduce_scatter_gbps_, collective_gbps_[1], collective_gbps_[2]);
     out << "    each collective alone (bus bandwidth, same source): " << rates << "\n";
   }
   line("links between nodes", inter_node_gbps, "GB/s");
   line("collective latency", collective_latency_us, "us");
+  if (!synced_latency_us_.empty()) {
+    out << "    between compute segments on every rank (tensor parallelism's, same source):";
+    const char* sep = " ";
+    for (const auto& [g, us] : synced_latency_us_) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%s%d ranks %.0f us", sep, g, us);
+      out << text;
+      sep = ", ";
+    }
+    out << "\n";
+  }
   line("share of an overlapped collective still paid", overlap_exposed, "");
   line("optimizer step memory bandwidth per rank", device_memory_gbps, "GB/s");
   line("host memory per node", host_memory_gbps, "GB/s");
@@ -246,7 +278,7 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   rate(c.device_memory_gbps, "device_memory_bw",
        given("device_memory_bw") ? request["device_memory_bw"].get<double>() : cpu ? hw.host_memory_gbps / hw.gpus_per_node : 1500,
        cpu ? "the host's bandwidth over its ranks" : "an A100's HBM");
-  rate(c.overlap_exposed, "overlap_exposed", given("overlap_exposed") ? request["overlap_exposed"].get<double>() : cpu ? 0.5 : 0.0,
+  rate(c.overlap_exposed, "overlap_exposed", given("overlap_exposed") ? request["overlap_exposed"].get<double>() : cpu ? 0.85 : 0.0,
        cpu ? "Gloo's copies and sums share the ranks' cores: ZeRO-3 on 4 CPU ranks, docs/benchmarks.md"
            : "NCCL on its own channels");
   rate(c.collective_latency_us, "collective_latency_us",
@@ -266,22 +298,32 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
                                                           e.value("across", std::string("across hosts"))};
   }
   const std::string links = std::to_string(c.ranks_per_node) + " ranks on " + std::to_string(c.cores_per_node) + " cores";
+  // The node's ranks step their optimizers at once: the memory bandwidth as that many cores (at
+  // most the ranks) copy together.
+  const int copiers = std::max(1, std::min(c.ranks_per_node, c.cores_per_node));
+  int memory_threads = copiers;
   double one_thread_tflops = 0, memory_gbps = 0;
   std::optional<LinkProbe> link;
+  bool processes = true;  // a cache from before the probe forked its ranks timed threads
   std::string source;
   if (measure) {
     source = "measured now";
     one_thread_tflops = 6.0 * 1024 * 1024 * 1024 / time_linear(1024, 1024, 1024, dtype_of(precision)) / 1e12;
-    memory_gbps = time_copy_gbps();
+    memory_gbps = time_copy_gbps(copiers);
     if (c.ranks_per_node > 1) link = time_gloo(c.ranks_per_node, int64_t(32) << 20, c.cores_per_node);
     json entry = cache.contains(c.cache_key_) ? cache[c.cache_key_] : json::object();
     entry["date"] = now_text();
     entry["tflops_one_thread"] = one_thread_tflops;
     entry["host_memory_gbps"] = memory_gbps;
-    if (link)
-      entry["links"][links] = {{"bus_gbps", link->bus_gbps}, {"latency_us", link->latency_us},
-                               {"reduce_scatter_gbps", link->reduce_scatter_gbps},
-                               {"all_gather_gbps", link->all_gather_gbps}, {"all_reduce_gbps", link->all_reduce_gbps}};
+    entry["host_memory_threads"] = copiers;
+    if (link) {
+      json& l = entry["links"][links];
+      l = {{"bus_gbps", link->bus_gbps}, {"latency_us", link->latency_us},
+           {"reduce_scatter_gbps", link->reduce_scatter_gbps}, {"all_gather_gbps", link->all_gather_gbps},
+           {"all_reduce_gbps", link->all_reduce_gbps}, {"large_reduce_scatter_gbps", link->large_reduce_scatter_gbps},
+           {"processes", true}};
+      for (const auto& [g, us] : link->synced_latency_us) l["synced_latency_us"][std::to_string(g)] = us;
+    }
     entry.erase("layers"), entry.erase("linears");  // timed again, now
     json updated = cache;
     updated[c.cache_key_] = entry;
@@ -291,10 +333,15 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
     source = "cached (" + cache_path + ", " + e.value("date", "") + ")";
     one_thread_tflops = e.value("tflops_one_thread", 0.0);
     memory_gbps = e.value("host_memory_gbps", 0.0);
+    memory_threads = e.value("host_memory_threads", 1);
     if (e.contains("links") && e["links"].contains(links)) {
       const json& l = e["links"][links];
       link = LinkProbe{l.value("bus_gbps", 0.0), l.value("latency_us", 0.0), l.value("reduce_scatter_gbps", 0.0),
-                       l.value("all_gather_gbps", 0.0), l.value("all_reduce_gbps", 0.0)};
+                       l.value("all_gather_gbps", 0.0), l.value("all_reduce_gbps", 0.0),
+                       l.value("large_reduce_scatter_gbps", 0.0), {}};
+      if (l.contains("synced_latency_us") && l["synced_latency_us"].is_object())
+        for (const auto& [g, us] : l["synced_latency_us"].items()) link->synced_latency_us[std::stoi(g)] = us.get<double>();
+      processes = l.value("processes", false);
     }
     if (e.contains("layers")) c.layers_ = e["layers"].get<std::map<std::string, double>>();
     if (e.contains("linears")) c.linears_ = e["linears"].get<std::map<std::string, double>>();
@@ -306,15 +353,21 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
   c.layer_source_ = source;
   if (!given("gpu_tflops"))
     c.tflops = {one_thread_tflops, source + ": a 1024^3 " + precision + " linear layer, one thread"};
-  if (!given("host_mem_bw")) c.host_memory_gbps = {memory_gbps, source + ": a 256 MiB copy"};
+  if (!given("host_mem_bw"))
+    c.host_memory_gbps = {memory_gbps, source + ": 256 MiB copied by " + std::to_string(memory_threads) +
+                                           (memory_threads == 1 ? " thread" : " threads at once")};
+  const std::string among = (processes ? "" : "threads of one process: ") + links;
   if (link && !given("intra_node_bw")) {
-    c.intra_node_gbps = {link->bus_gbps, source + ": Gloo reduce-scatter + all-gather of 32 MiB among " + links};
+    c.intra_node_gbps = {link->bus_gbps, source + ": Gloo reduce-scatter + all-gather of 32 MiB among " + among};
     c.collective_gbps_[0] = link->reduce_scatter_gbps;
     c.collective_gbps_[1] = link->all_gather_gbps;
     c.collective_gbps_[2] = link->all_reduce_gbps;
+    c.large_reduce_scatter_gbps_ = link->large_reduce_scatter_gbps;
   }
-  if (link && !given("collective_latency_us"))
-    c.collective_latency_us = {link->latency_us, source + ": Gloo allreduce of one element among " + links};
+  if (link && !given("collective_latency_us")) {
+    c.collective_latency_us = {link->latency_us, source + ": Gloo allreduce of one element among " + among};
+    c.synced_latency_us_ = link->synced_latency_us;
+  }
   if (!given("device_memory_bw"))
     c.device_memory_gbps = {c.host_memory_gbps.value / c.ranks_per_node,
                             "the host's bandwidth over its " + std::to_string(c.ranks_per_node) + " ranks"};

@@ -70,7 +70,13 @@ class Calibration {
   // scatter's input, the all-gather's output): the latency plus the ring's bytes ((n−1)/n of the
   // buffer, twice for the allreduce) over the bus bandwidth: inter_node_gbps when the group spans
   // nodes; inside a node the probe's rate for that collective when it timed one, else intra_node_gbps.
-  double collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes) const;
+  // `between_compute`: the collective sits between compute segments of every rank (tensor
+  // parallelism's, context parallelism's, the experts' all-to-alls): on CPU ranks sharing cores
+  // its latency is the probe's for a group of that size timed that way (probe.h synced_latency_us).
+  double collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes,
+                            bool between_compute = false) const;
+  // The latency part of it.
+  double latency_seconds(int ranks, bool spans_nodes, bool between_compute) const;
   // The share of a core one CPU rank gets (1 on GPUs and when the node has a core per rank).
   double core_share() const;
 
@@ -91,6 +97,8 @@ class Calibration {
   std::string cache_path_, cache_key_;
   std::string layer_source_;  // "measured now" or "cached (...)"
   double collective_gbps_[3] = {0, 0, 0};                  // by Collective; 0: intra_node_gbps
+  double large_reduce_scatter_gbps_ = 0;                   // above 64 MiB on Gloo (probe.h); 0: not timed
+  std::map<int, double> synced_latency_us_;                // group size -> us (probe.h); empty: the latency
   mutable std::map<std::string, double> layers_;          // LayerShape::key() -> seconds
   mutable std::map<std::string, double> linears_;         // "rows,k,n" -> seconds
   mutable int timed_now_ = 0;

@@ -1,7 +1,11 @@
 #include "engine/planner/probe.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <optional>
@@ -23,11 +27,17 @@
 #include <ATen/ops/silu.h>
 #include <ATen/ops/split.h>
 #include <ATen/ops/zeros.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <ATen/ops/mm.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -200,19 +210,24 @@ double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype) {
   });
 }
 
-double time_copy_gbps() {
-  const size_t bytes = size_t(256) << 20;
-  std::vector<char> from(bytes, 1), to(bytes, 0);
+double time_copy_gbps(int threads) {
+  threads = std::max(1, threads);
+  // Each thread its own 256 MiB / threads, touched first (a page fault is not a copy).
+  const size_t bytes = (size_t(256) << 20) / size_t(threads);
+  std::vector<std::vector<char>> from(threads, std::vector<char>(bytes, 1)), to(threads, std::vector<char>(bytes, 0));
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
+    std::vector<std::thread> copiers;
     const auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(to.data(), from.data(), bytes);
+    for (int t = 0; t < threads; ++t)
+      copiers.emplace_back([&, t] { std::memcpy(to[t].data(), from[t].data(), bytes); });
+    for (auto& c : copiers) c.join();
     best = std::min(best, seconds_since(t0));
   }
-  return 2.0 * double(bytes) / best / 1e9;
+  return 2.0 * double(bytes) * threads / best / 1e9;
 }
 
-LinkProbe time_link(Communicator& comm, int64_t bytes) {
+LinkProbe time_link(Communicator& comm, int64_t bytes, int64_t large_bytes) {
   const int ranks = comm.size();
   LinkProbe mine;
   const int64_t n = bytes / 4 / ranks * ranks;
@@ -244,45 +259,190 @@ LinkProbe time_link(Communicator& comm, int64_t bytes) {
   mine.reduce_scatter_gbps = ring / rs / 1e9;
   mine.all_gather_gbps = ring / ag / 1e9;
   mine.all_reduce_gbps = 2 * ring / ar / 1e9;
+  if (large_bytes > 0) {
+    const int64_t big = large_bytes / 4 / ranks * ranks;
+    at::Tensor whole = at::ones({big}), chunk = at::empty({big / ranks});
+    const double large = best_of_three([&] { comm.reduce_scatter(whole, chunk); });
+    mine.large_reduce_scatter_gbps = double(ranks - 1) / ranks * double(big * 4) / large / 1e9;
+  }
   return mine;
 }
 
 LinkProbe slowest_of(const std::vector<LinkProbe>& ranks) {
-  LinkProbe slowest{1e30, 0, 1e30, 1e30, 1e30};
+  LinkProbe slowest{1e30, 0, 1e30, 1e30, 1e30, 1e30, {}};
   for (const LinkProbe& r : ranks) {
     slowest.bus_gbps = std::min(slowest.bus_gbps, r.bus_gbps);
     slowest.latency_us = std::max(slowest.latency_us, r.latency_us);
     slowest.reduce_scatter_gbps = std::min(slowest.reduce_scatter_gbps, r.reduce_scatter_gbps);
     slowest.all_gather_gbps = std::min(slowest.all_gather_gbps, r.all_gather_gbps);
     slowest.all_reduce_gbps = std::min(slowest.all_reduce_gbps, r.all_reduce_gbps);
+    slowest.large_reduce_scatter_gbps = std::min(slowest.large_reduce_scatter_gbps, r.large_reduce_scatter_gbps);
+    for (const auto& [g, us] : r.synced_latency_us)
+      slowest.synced_latency_us[g] = std::max(slowest.synced_latency_us[g], us);
   }
   return slowest;
 }
 
+namespace {
+
+// What one forked rank of time_gloo sends back through its pipe: plain bytes, no allocation.
+struct RankRecord {
+  int ok = 0;
+  double bus_gbps = 0, latency_us = 0, reduce_scatter_gbps = 0, all_gather_gbps = 0, all_reduce_gbps = 0;
+  double large_reduce_scatter_gbps = 0;
+  int groups = 0;
+  int group_size[16] = {};
+  double synced_latency_us[16] = {};
+  char error[512] = {};
+};
+
+// The latency of a one-element allreduce among the `group`'s ranks issued between compute
+// segments, as tensor parallelism issues them, while every other rank of the node computes too:
+// what the loop with the collectives takes beyond the same loop without them, a call. Ranks that
+// share cores reach each collective at different times (the kernel has not scheduled some of
+// them), which an allreduce among idle ranks does not see: on the 2-core VM 4 ranks paid about
+// 4 ms a call, 2 ranks about 2 ms, where the idle allreduce took 0.8-1 ms.
+double synced_latency_us(Communicator& node, Communicator& group) {
+  constexpr int kCalls = 40;
+  // A segment of a few milliseconds on a shared core: a [512 x 768] by [768 x 768] product.
+  const at::Tensor a = at::randn({512, 768}), b = at::randn({768, 768});
+  at::Tensor one = at::ones({1});
+  auto loop = [&](bool collective) {
+    node.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) {
+      at::mm(a, b);
+      if (collective) group.all_reduce(one);
+    }
+    node.barrier();
+    return seconds_since(t0);
+  };
+  loop(true);  // warm
+  std::vector<double> extra;
+  for (int round = 0; round < 3; ++round) {
+    const double without = loop(false);
+    extra.push_back(std::max(0.0, loop(true) - without) / kCalls * 1e6);
+  }
+  std::sort(extra.begin(), extra.end());
+  return extra[1];
+}
+
+// One rank of time_gloo, in a forked process: the node's collectives over a file store, then the
+// synced latency for every group size that divides the node's ranks.
+RankRecord probe_rank(int rank, int ranks, int64_t bytes, const std::optional<cpu_set_t>& pin,
+                      const std::string& store_path) {
+  RankRecord record;
+  try {
+    if (pin) sched_setaffinity(0, sizeof *pin, &*pin);
+    at::set_num_threads(1);
+    auto store = c10::make_intrusive<c10d::FileStore>(store_path, ranks);
+    std::vector<int> members(ranks);
+    for (int r = 0; r < ranks; ++r) members[r] = r;
+    const bool native = has_native_reduce_scatter(BackendKind::Gloo);
+    // The algorithms the engine's groups run (a Communicator's own -1s would run Gloo's allgather
+    // and its allreduce-based reduce-scatter instead: half the rate on the 2-core VM).
+    const CommunicatorOptions engine_like = with_backend_defaults({}, /*gloo=*/true);
+    Communicator node(make_backend(BackendKind::Gloo, store, rank, ranks, std::chrono::seconds(60)), "planner probe",
+                      members, rank, c10::Device(c10::kCPU), native, engine_like);
+    // Above kGlooAlltoallReduceScatterMaxBytes a reduce-scatter runs as Gloo's own (an allreduce,
+    // then a copy): ZeRO-1/2's buckets of a model that fits one are that size.
+    const LinkProbe link = time_link(node, bytes, kGlooAlltoallReduceScatterMaxBytes + (int64_t(32) << 20));
+    record.bus_gbps = link.bus_gbps, record.latency_us = link.latency_us;
+    record.reduce_scatter_gbps = link.reduce_scatter_gbps, record.all_gather_gbps = link.all_gather_gbps;
+    record.all_reduce_gbps = link.all_reduce_gbps, record.large_reduce_scatter_gbps = link.large_reduce_scatter_gbps;
+    for (int g = 2; g <= ranks && record.groups < 16; g *= 2) {
+      if (ranks % g != 0) continue;
+      const int first = rank / g * g;
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(g) + "-" + std::to_string(first), store);
+      Communicator group(make_backend(BackendKind::Gloo, prefixed, rank - first, g, std::chrono::seconds(60)),
+                         "planner probe group",
+                         std::vector<int>(members.begin() + first, members.begin() + first + g), rank - first,
+                         c10::Device(c10::kCPU), native, engine_like);
+      record.group_size[record.groups] = g;
+      record.synced_latency_us[record.groups] = synced_latency_us(node, group);
+      ++record.groups;
+    }
+    node.barrier();  // no rank leaves while another still talks to it
+    record.ok = 1;
+  } catch (const std::exception& e) {
+    std::snprintf(record.error, sizeof record.error, "%s", e.what());
+  }
+  return record;
+}
+
+}  // namespace
+
 LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
   if (ranks < 2) return LinkProbe{};
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<LinkProbe> per_rank(ranks);
-  std::vector<std::exception_ptr> errors(ranks);
-  std::vector<int> members(ranks);
-  for (int r = 0; r < ranks; ++r) members[r] = r;
   const std::optional<cpu_set_t> pin = node_cores(cores);  // as time_layer's
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      if (pin) pthread_setaffinity_np(pthread_self(), sizeof *pin, &*pin);
-      try {
-        auto backend = make_backend(BackendKind::Gloo, store, r, ranks, std::chrono::seconds(60));
-        Communicator comm(backend, "planner probe", members, r, c10::Device(c10::kCPU),
-                          has_native_reduce_scatter(BackendKind::Gloo));
-        per_rank[r] = time_link(comm, bytes);
-      } catch (...) {
-        errors[r] = std::current_exception();
+  char dir[] = "/tmp/tessera-probe-XXXXXX";
+  if (!mkdtemp(dir)) throw std::runtime_error(std::string("tessera plan --measure: mkdtemp: ") + std::strerror(errno));
+  const std::string store_path = std::string(dir) + "/store";
+  // The ranks are processes, as the launcher starts them: Gloo among threads of one process moved
+  // an all-gather at less than half the rate 4 processes reached on the 2-core VM (0.39 against
+  // 0.88 GB/s), so threads would time a different thing than the engine runs.
+  std::vector<pid_t> children;
+  std::vector<int> pipes;
+  for (int r = 0; r < ranks; ++r) {
+    int fd[2];
+    if (pipe(fd) != 0) break;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fd[0]);
+      const RankRecord record = probe_rank(r, ranks, bytes, pin, store_path);
+      const char* p = reinterpret_cast<const char*>(&record);
+      for (size_t left = sizeof record; left > 0;) {
+        const ssize_t n = write(fd[1], p, left);
+        if (n <= 0) break;
+        p += n, left -= size_t(n);
       }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+      _exit(record.ok ? 0 : 1);  // no atexit handlers or destructors of the parent's state
+    }
+    close(fd[1]);
+    if (pid < 0) {
+      close(fd[0]);
+      break;
+    }
+    children.push_back(pid), pipes.push_back(fd[0]);
+  }
+  // Each rank's record, within a deadline (a rank that hangs is killed, not waited for forever).
+  std::vector<RankRecord> records(children.size());
+  std::string error = int(children.size()) < ranks ? "could not start " + std::to_string(ranks) + " processes" : "";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  for (size_t i = 0; i < children.size() && error.empty(); ++i) {
+    char* p = reinterpret_cast<char*>(&records[i]);
+    size_t left = sizeof(RankRecord);
+    while (left > 0 && error.empty()) {
+      const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd pfd{pipes[i], POLLIN, 0};
+      if (remaining.count() <= 0 || poll(&pfd, 1, int(remaining.count())) <= 0) {
+        error = "rank " + std::to_string(i) + " did not finish within 180 s";
+        break;
+      }
+      const ssize_t n = read(pipes[i], p, left);
+      if (n <= 0) error = "rank " + std::to_string(i) + " ended without its figures";
+      else p += n, left -= size_t(n);
+    }
+  }
+  for (pid_t pid : children) {
+    if (!error.empty()) kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  for (int fd : pipes) close(fd);
+  std::remove(store_path.c_str());
+  rmdir(dir);
+  if (error.empty())
+    for (size_t i = 0; i < records.size(); ++i)
+      if (!records[i].ok) error = "rank " + std::to_string(i) + ": " + records[i].error;
+  if (!error.empty())
+    throw std::runtime_error("tessera plan --measure: Gloo among " + std::to_string(ranks) + " processes: " + error);
+  std::vector<LinkProbe> per_rank;
+  for (const RankRecord& r : records) {
+    LinkProbe l{r.bus_gbps, r.latency_us, r.reduce_scatter_gbps, r.all_gather_gbps, r.all_reduce_gbps,
+                r.large_reduce_scatter_gbps, {}};
+    for (int g = 0; g < r.groups; ++g) l.synced_latency_us[r.group_size[g]] = r.synced_latency_us[g];
+    per_rank.push_back(l);
+  }
   return slowest_of(per_rank);
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,26 +47,36 @@ std::vector<double> time_layers(const std::vector<LayerShape>& shapes, at::Scala
 // Seconds for [rows × k]·[k × n] and the two products of its backward (input and weight gradients).
 double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype);
 
-// The best of three 256 MiB copies, read and written: GB/s.
-double time_copy_gbps();
+// The best of three copies of 256 MiB, read and written, by `threads` threads at once (each its
+// share): GB/s in all. One core does not saturate a host's memory: on the 2-core VM one thread
+// copied at 24 GB/s and two at 49 together, and the optimizer steps of 4 ranks on those 2 cores
+// went at the two cores' rate.
+double time_copy_gbps(int threads = 1);
 
-// Gloo among `ranks` ranks (threads of this process over a shared store, TCP on loopback, as
-// ranks on one host talk): the bus bandwidth of a reduce-scatter plus an all-gather of `bytes`
+// Gloo among `ranks` ranks (processes forked from this one over a file store, TCP on loopback,
+// as the launcher's ranks on one host talk): the bus bandwidth of a reduce-scatter plus an all-gather of `bytes`
 // (ZeRO's pair, ring-equivalent bytes 2(n−1)/n), of each of the three alone (NCCL's convention:
 // (n−1)/n of the buffer for the first two, 2(n−1)/n for the allreduce; Gloo's three are not one
 // ring at one speed: its allreduce took about the reduce-scatter's time on this project's VM), and
-// the latency of a one-element allreduce.
+// the latency of a one-element allreduce among idle ranks; and, by group size (2, 4, ... dividing
+// the node's ranks), that allreduce's latency when it sits between compute segments on every rank
+// (synced_latency_us: tensor parallelism's collectives, where ranks sharing cores arrive at
+// different times).
 struct LinkProbe {
   double bus_gbps = 0;
   double latency_us = 0;
   double reduce_scatter_gbps = 0, all_gather_gbps = 0, all_reduce_gbps = 0;  // 0: not timed (an old cache)
+  // A reduce-scatter above kGlooAlltoallReduceScatterMaxBytes (Gloo's own; 0: not timed).
+  double large_reduce_scatter_gbps = 0;
+  std::map<int, double> synced_latency_us;  // group size -> us; empty: not timed (across hosts, an old cache)
 };
 LinkProbe time_gloo(int ranks, int64_t bytes, int cores = 0);  // cores: as time_layer's
 
 // This rank's view of the same probe over `comm` (every rank of it calls this together): what
-// time_gloo runs in each of its threads, and `tessera probe-link` in each launched rank across
+// time_gloo runs in each of its processes, and `tessera probe-link` in each launched rank across
 // hosts (engine/cli/probe_link_command.cpp).
-LinkProbe time_link(Communicator& comm, int64_t bytes);
+// `large_bytes` > 0: also a reduce-scatter of that size (large_reduce_scatter_gbps).
+LinkProbe time_link(Communicator& comm, int64_t bytes, int64_t large_bytes = 0);
 
 // The job is as fast as its slowest rank: the lowest of each rate and the highest latency.
 LinkProbe slowest_of(const std::vector<LinkProbe>& ranks);

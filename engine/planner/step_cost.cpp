@@ -94,7 +94,8 @@ MoeLayerTimes moe_layer_times(const Layout& l, const TransformerShape& sh, const
               mlp_seconds(cal, sh, tokens, f / l.tp);
   if (l.ep > 1)
     t.all_to_all = 4 * cal.collective_seconds(Calibration::Collective::reduce_scatter,
-                                              rows * double(sh.hidden) * compute_bytes, l.ep, spans_nodes);
+                                              rows * double(sh.hidden) * compute_bytes, l.ep, spans_nodes,
+                                              /*between_compute=*/true);
   return t;
 }
 
@@ -126,10 +127,12 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
   if (l.activation_checkpointing == "full") t.recompute = work / 3;  // the layers' forward once more
   if (head) work += cal.linear_seconds(tokens, h, sh.vocab / tp);
   t.compute = work;  // the backward computes the gradients of inputs and weights: twice the forward
-  const double latency = cal.collective_latency_us.value * 1e-6, bw = cal.intra_node_gbps.value * 1e9;
+  // Tensor and context parallelism's collectives sit between compute segments of every rank.
+  const double latency = cal.latency_seconds(l.cp, false, /*between_compute=*/true), bw = cal.intra_node_gbps.value * 1e9;
   const double activation = double(tokens) * double(h) * compute_bytes;
   if (l.tp > 1) {
-    const double allreduce = cal.collective_seconds(Calibration::Collective::all_reduce, activation, int(tp), false);
+    const double allreduce =
+        cal.collective_seconds(Calibration::Collective::all_reduce, activation, int(tp), false, /*between_compute=*/true);
     t.tensor = 4.0 * double(layers) * allreduce;  // 2 forward, 2 backward per layer
   }
   if (l.cp > 1) {
@@ -157,13 +160,23 @@ StageTimes stage_times(const Layout& l, const TransformerShape& sh, int64_t laye
 // and backward. `backward`: one micro-batch's backward on the busiest stage (what stages 0-2's
 // bucket reductions overlap); `busy`: the step's compute and in-layer communication (ZeRO-3's).
 double zero_collectives(const Layout& l, double params, int ranks, bool spans, const EstimateResult& memory,
-                        const Calibration& cal, const StageOpCost& backward, double busy) {
+                        const Calibration& cal, const StageOpCost& backward, double busy, int64_t units) {
   if (ranks < 2 || params <= 0) return 0.0;
   using Collective = Calibration::Collective;
   const int c = memory.setup.precision == "fp32" ? 4 : 2;
   const int g = memory.setup.communication_dtype == "bf16" || memory.setup.communication_dtype == "fp16" ? 2 : 4;
   const double md = double(l.gradient_accumulation);
-  auto seconds = [&](Collective kind, double bytes) { return cal.collective_seconds(kind, bytes, ranks, spans); };
+  // One collective a bucket: reduce_bucket_size elements (the whole model when it fits one); at
+  // ZeRO-3 a unit's parameters (zero/flat_layout.h: its buckets never mix units), about a layer's,
+  // except under a pipeline, where a stage has no units (engine/pipeline_engine.cpp). The size
+  // picks the algorithm Gloo runs (Calibration::collective_seconds).
+  const bool by_unit = l.zero_stage == 3 && l.pp == 1;
+  const double bucket = std::max(1.0, by_unit ? params / double(std::max<int64_t>(1, units))
+                                              : std::min(params, double(memory.setup.reduce_bucket_size)));
+  auto seconds = [&](Collective kind, double bytes) {
+    const double calls = std::ceil(params / bucket - 1e-9);
+    return calls * cal.collective_seconds(kind, bytes / calls, ranks, spans);
+  };
   // What an overlapped collective still costs: what the compute it runs beside cannot hide, and
   // at least its exposed share (the cores it shares with the compute on CPU ranks).
   auto overlapped = [&](double comm, double window) { return std::max(comm - window, comm * cal.overlap_exposed.value); };
@@ -182,8 +195,9 @@ double zero_collectives(const Layout& l, double params, int ranks, bool spans, c
     case 2: return md * in_backward(reduce) + gather;
     // ZeRO-3 (overlap_comm): gathered for the forward and again for the backward of every
     // micro-batch, prefetched, and reduced in the backward; under a pipeline gathered once a
-    // step (pipeline.zero3_gather "step", kept whole while the stage runs).
-    default: return overlapped(md * reduce + (l.pp > 1 ? 1.0 : 2 * md) * gather, busy);
+    // step before the stage's first forward (pipeline.zero3_gather "step", kept whole while the
+    // stage runs), with nothing to hide behind.
+    default: return l.pp > 1 ? overlapped(md * reduce, busy) + gather : overlapped(md * reduce + 2 * md * gather, busy);
   }
 }
 
@@ -254,8 +268,9 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   expert_params = std::min(expert_params, P);
   const int n = l.dp * l.cp, expert_n = l.dp / l.ep * l.cp;
   const bool dense_spans = int64_t(l.tp) * l.cp * l.dp > memory.hardware.gpus_per_node;
-  cost.data = zero_collectives(l, P - expert_params, n, dense_spans, memory, cal, busiest.backward, busy) +
-              zero_collectives(l, expert_params, expert_n, dense_spans, memory, cal, busiest.backward, busy);
+  cost.data = zero_collectives(l, P - expert_params, n, dense_spans, memory, cal, busiest.backward, busy, busiest_layers) +
+              zero_collectives(l, expert_params, expert_n, dense_spans, memory, cal, busiest.backward, busy,
+                               busiest_layers);
   // The optimizer step over this rank's shard (stage 0: every parameter), memory-bound.
   const double shard = l.zero_stage == 0 ? P : (P - expert_params) / n + expert_params / expert_n;
   const double k = memory.setup.optimizer == "SGD" ? (memory.setup.momentum > 0 ? 4 : 0) : 8;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -14,7 +15,9 @@
 #include "engine/config/config_io.h"
 #include "engine/config/config_support.h"
 #include "engine/planner/planner.h"
+#include "engine/planner/probe.h"
 #include "engine/planner/shared_cores.h"
+#include "parallel/communicator.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulator.h"
 #include "tests/subprocess.h"
@@ -298,10 +301,10 @@ TEST_CASE("planner: ZeRO's collectives - each at its rate - ZeRO-3's overlapped 
   CHECK(stage0.data == Approx(10e-6 + 2 * (n - 1) / n * 4 * P / 2e9));
   // Stage 1: the reduce-scatter and the allgather, each (n-1)/n of the buffer.
   CHECK(cost_at(1, 0.0).first.data == Approx(2 * (10e-6 + (n - 1) / n * 4 * P / 2e9)));
-  // Stage 3: m reduce-scatters and 2m gathers, overlapped with the step's compute: what it cannot
-  // hide, and at least the exposed share.
+  // Stage 3: m reduce-scatters and 2m gathers, one collective a unit (a layer: 4), overlapped with
+  // the step's compute: what it cannot hide, and at least the exposed share.
   const StepCost paid = cost_at(3, 1.0).first;
-  const double comm = 3 * m * (10e-6 + (n - 1) / n * 4 * P / 2e9);
+  const double comm = 3 * m * (4 * 10e-6 + (n - 1) / n * 4 * P / 2e9);
   CHECK(paid.data == Approx(comm));
   CHECK(cost_at(3, 0.25).first.data == Approx(std::max(comm - paid.compute, 0.25 * comm)));
   CHECK(cost_at(3, 0.0).first.data == Approx(std::max(comm - paid.compute, 0.0)));
@@ -378,15 +381,105 @@ TEST_CASE("planner: the links between nodes as tessera probe-link cached them - 
   const PlanInputs given = plan_inputs_from_json(request);
   CHECK(given.calibration.inter_node_gbps.source == "given");
   const PlanResult fast = plan(given);
-  REQUIRE_FALSE(slow.ranked.empty());
-  REQUIRE_FALSE(fast.ranked.empty());
-  CHECK(slow.ranked[0].cost.total() > fast.ranked[0].cost.total());
+  // The same layout with its data group across the nodes, in both.
+  auto spanning = [](const PlanResult& r, const std::string& label) {
+    for (const auto& c : r.ranked)
+      if (c.layout.dp == 2 && (label.empty() || c.layout.label() == label)) return c;
+    FAIL("no layout of dp 2 " + label);
+    return r.ranked.front();
+  };
+  const auto slow_dp = spanning(slow, "");
+  CHECK(slow_dp.cost.total() > spanning(fast, slow_dp.layout.label()).cost.total());
   // The per-CPU probe written later keeps the entry.
   request.erase("inter_node_bw");
   request["measure"] = true;
   plan_inputs_from_json(request);
   request.erase("measure");
   CHECK(plan_inputs_from_json(request).calibration.inter_node_gbps.value == Approx(0.116));
+}
+
+TEST_CASE("planner: a node's collectives timed as the engine runs them - in processes - between compute segments") {
+  // The probe's ranks are processes running the engine's algorithms (the Communicator's defaults
+  // resolved for Gloo as ParallelContext resolves them); every figure is measured, and the latency
+  // between compute segments for each group size that divides the ranks.
+  const CommunicatorOptions gloo = with_backend_defaults({}, true), nccl = with_backend_defaults({}, false);
+  CHECK(gloo.pairwise_all_gather == 1);
+  CHECK(gloo.pairwise_reduce_scatter == 1);
+  CHECK(gloo.alltoall_reduce_scatter_max_bytes == kGlooAlltoallReduceScatterMaxBytes);
+  CHECK(nccl.pairwise_all_gather == 0);
+  CHECK(nccl.alltoall_reduce_scatter_max_bytes == 0);
+  CommunicatorOptions chosen;
+  chosen.pairwise_all_gather = 0;
+  CHECK(with_backend_defaults(chosen, true).pairwise_all_gather == 0);  // a choice is kept
+  const LinkProbe probe = time_gloo(2, int64_t(4) << 20);
+  CHECK(probe.bus_gbps > 0);
+  CHECK(probe.latency_us > 0);
+  CHECK(probe.reduce_scatter_gbps > 0);
+  CHECK(probe.all_gather_gbps > 0);
+  CHECK(probe.all_reduce_gbps > 0);
+  CHECK(probe.large_reduce_scatter_gbps > 0);
+  REQUIRE(probe.synced_latency_us.size() == 1);
+  CHECK(probe.synced_latency_us.count(2) == 1);
+  CHECK(probe.synced_latency_us.at(2) > 0);
+  CHECK(time_copy_gbps(2) > 0);
+}
+
+TEST_CASE("planner: the probed collectives in the cost - Gloo's own reduce-scatter above 64 MiB - the latency between compute segments") {
+  tessera::testing::TempDir dir;
+  const std::string cache = dir.file("calibration.json");
+  json request = {{"preset", "tessera-gpt"}, {"device", "cpu"}, {"gpus_per_node", 4}, {"global_batch", 8},
+                  {"cpu_mem", 16}, {"offload", false}, {"cp_search", false}, {"cores_per_node", 2},
+                  {"calibration_cache", cache}};
+  json links = {{"bus_gbps", 0.8}, {"latency_us", 500.0}, {"reduce_scatter_gbps", 0.7}, {"all_gather_gbps", 1.0},
+                {"all_reduce_gbps", 0.9}, {"large_reduce_scatter_gbps", 0.25}, {"processes", true},
+                {"synced_latency_us", {{"2", 1500.0}, {"4", 2000.0}}}};
+  json entry = {{"date", "2026-11-28 17:00 UTC"}, {"tflops_one_thread", 0.15}, {"host_memory_gbps", 24.0},
+                {"host_memory_threads", 2}, {"links", {{"4 ranks on 2 cores", links}}}};
+  {
+    std::ofstream out(cache);
+    out << json{{cpu_model_name() + " / fp32", entry}}.dump();
+  }
+  const Calibration cal = plan_inputs_from_json(request).calibration;
+  using Collective = Calibration::Collective;
+  const double small = 32 << 20, large = 128 << 20;
+  // Up to 64 MiB the engine's sends and receives at their probed rate; above, Gloo's own.
+  CHECK(cal.collective_seconds(Collective::reduce_scatter, small, 4, false) == Approx(500e-6 + 0.75 * small / 0.7e9));
+  CHECK(cal.collective_seconds(Collective::reduce_scatter, large, 4, false) == Approx(500e-6 + 0.75 * large / 0.25e9));
+  CHECK(cal.collective_seconds(Collective::all_gather, large, 4, false) == Approx(500e-6 + 0.75 * large / 1.0e9));
+  // Between compute segments: the group's size, or the next larger one probed; across nodes and
+  // outside compute the idle latency.
+  CHECK(cal.latency_seconds(2, false, true) == Approx(1500e-6));
+  CHECK(cal.latency_seconds(3, false, true) == Approx(2000e-6));
+  CHECK(cal.latency_seconds(4, false, false) == Approx(500e-6));
+  CHECK(cal.latency_seconds(4, true, true) == Approx(500e-6));
+  CHECK(cal.latency_seconds(8, false, true) == Approx(500e-6));
+  CHECK(cal.collective_seconds(Collective::all_reduce, small, 4, false, true) == Approx(2000e-6 + 1.5 * small / 0.9e9));
+  CHECK(contains(cal.host_memory_gbps.source, "256 MiB copied by 2 threads at once"));
+  CHECK(contains(cal.intra_node_gbps.source, "among 4 ranks on 2 cores"));
+  CHECK_FALSE(contains(cal.intra_node_gbps.source, "threads of one process"));
+  CHECK(contains(cal.describe(), "2 ranks 1500 us, 4 ranks 2000 us"));
+  CHECK(contains(cal.describe(), "above 64 MiB 0.25"));
+  // A tensor-parallel layout pays the synced latency: 4 allreduces a layer each way.
+  request["tp"] = 2, request["pp"] = 1, request["zero"] = 0, request["micro_batch"] = 4;
+  const PlanResult synced = plan(plan_inputs_from_json(request));
+  links.erase("synced_latency_us");
+  links.erase("processes");  // a cache from before the probe forked its ranks
+  entry["links"]["4 ranks on 2 cores"] = links;
+  {
+    std::ofstream out(cache);
+    out << json{{cpu_model_name() + " / fp32", entry}}.dump();
+  }
+  const PlanInputs old = plan_inputs_from_json(request);
+  CHECK(contains(old.calibration.intra_node_gbps.source, "threads of one process"));
+  CHECK(old.calibration.latency_seconds(2, false, true) == Approx(500e-6));
+  const PlanResult idle = plan(old);
+  REQUIRE_FALSE(synced.ranked.empty());
+  const auto& with = synced.ranked[0];
+  const auto without = std::find_if(idle.ranked.begin(), idle.ranked.end(),
+                                    [&](const auto& c) { return c.layout.label() == with.layout.label(); });
+  REQUIRE(without != idle.ranked.end());
+  const double layers = 4, m = double(with.layout.gradient_accumulation);  // tessera-gpt: 4 layers
+  CHECK(with.cost.tensor - without->cost.tensor == Approx(4 * layers * m * (1500e-6 - 500e-6)));
 }
 
 TEST_CASE("tessera plan's table: every row's numbers start in the same column, counted in characters") {
