@@ -378,9 +378,8 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
   char dir[] = "/tmp/tessera-probe-XXXXXX";
   if (!mkdtemp(dir)) throw std::runtime_error(std::string("tessera plan --measure: mkdtemp: ") + std::strerror(errno));
   const std::string store_path = std::string(dir) + "/store";
-  // The ranks are processes, as the launcher starts them: Gloo among threads of one process moved
-  // an all-gather at less than half the rate 4 processes reached on the 2-core VM (0.39 against
-  // 0.88 GB/s), so threads would time a different thing than the engine runs.
+  // The ranks are processes, as the launcher starts them (each its own allocator and address
+  // space), each running the engine's algorithms (probe_rank).
   std::vector<pid_t> children;
   std::vector<int> pipes;
   for (int r = 0; r < ranks; ++r) {
