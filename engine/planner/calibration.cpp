@@ -147,11 +147,12 @@ double Calibration::collective_seconds(Collective kind, double bytes, int ranks,
   if (ranks < 2) return 0.0;
   // Gloo's reduce-scatters above this size run as its own (parallel/communicator.h): an allreduce
   // of the whole input, then a copy out; the probe times the smaller ones' sends and receives.
-  double probed = collective_gbps_[int(kind)];
-  if (kind == Collective::reduce_scatter && device == "cpu" && bytes > double(kGlooAlltoallReduceScatterMaxBytes)) {
-    if (large_reduce_scatter_gbps_ > 0) probed = large_reduce_scatter_gbps_;
-    else kind = Collective::all_reduce, probed = collective_gbps_[int(kind)];  // a cache without it: at least that
-  }
+  const bool gloo_own = kind == Collective::reduce_scatter && device == "cpu" &&
+                        bytes > double(kGlooAlltoallReduceScatterMaxBytes);
+  // Across nodes (or with a cache that lacks the large reduce-scatter's rate) it is the allreduce.
+  if (gloo_own && (spans_nodes || !(large_reduce_scatter_gbps_ > 0))) kind = Collective::all_reduce;
+  const double probed = gloo_own && kind == Collective::reduce_scatter ? large_reduce_scatter_gbps_
+                                                                       : collective_gbps_[int(kind)];
   const double gbps = spans_nodes ? inter_node_gbps.value : probed > 0 ? probed : intra_node_gbps.value;
   const double ring = double(ranks - 1) / ranks * bytes * (kind == Collective::all_reduce ? 2 : 1);
   return latency_seconds(ranks, spans_nodes, between_compute) + ring / (gbps * 1e9);

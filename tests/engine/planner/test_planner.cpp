@@ -446,6 +446,10 @@ TEST_CASE("planner: the probed collectives in the cost - Gloo's own reduce-scatt
   CHECK(cal.collective_seconds(Collective::reduce_scatter, small, 4, false) == Approx(500e-6 + 0.75 * small / 0.7e9));
   CHECK(cal.collective_seconds(Collective::reduce_scatter, large, 4, false) == Approx(500e-6 + 0.75 * large / 0.25e9));
   CHECK(cal.collective_seconds(Collective::all_gather, large, 4, false) == Approx(500e-6 + 0.75 * large / 1.0e9));
+  // Across nodes Gloo's own is an allreduce over the link: twice the ring's bytes.
+  const double link = cal.inter_node_gbps.value * 1e9;
+  CHECK(cal.collective_seconds(Collective::reduce_scatter, large, 4, true) == Approx(500e-6 + 1.5 * large / link));
+  CHECK(cal.collective_seconds(Collective::reduce_scatter, small, 4, true) == Approx(500e-6 + 0.75 * small / link));
   // Between compute segments: the group's size, or the next larger one probed; across nodes and
   // outside compute the idle latency.
   CHECK(cal.latency_seconds(2, false, true) == Approx(1500e-6));
