@@ -48,9 +48,9 @@ std::vector<double> time_layers(const std::vector<LayerShape>& shapes, at::Scala
 double time_linear(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype);
 
 // The best of three copies of 256 MiB, read and written, by `threads` threads at once (each its
-// share): GB/s in all. One core does not saturate a host's memory: on the 2-core VM one thread
-// copied at 24 GB/s and two at 49 together, and the optimizer steps of 4 ranks on those 2 cores
-// went at the two cores' rate.
+// share): GB/s in all, what the node's ranks stepping their optimizers together can move. (On the
+// 2-core VM one thread copied 24 GB/s and two together 25-27: the memory is the limit there; on
+// a host with more cores one core is not.)
 double time_copy_gbps(int threads = 1);
 
 // Gloo among `ranks` ranks (processes forked from this one over a file store, TCP on loopback,
