@@ -173,17 +173,15 @@ double zero_collectives(const Layout& l, double params, int ranks, bool spans, c
   const bool by_unit = l.zero_stage == 3 && l.pp == 1;
   const double bucket = std::max(1.0, by_unit ? params / double(std::max<int64_t>(1, units))
                                               : std::min(params, double(memory.setup.reduce_bucket_size)));
+  const double buckets = std::max(1.0, std::ceil(params / bucket - 1e-9));
   auto seconds = [&](Collective kind, double bytes) {
-    const double calls = std::ceil(params / bucket - 1e-9);
-    return calls * cal.collective_seconds(kind, bytes / calls, ranks, spans);
+    return buckets * cal.collective_seconds(kind, bytes / buckets, ranks, spans);
   };
   // What an overlapped collective still costs: what the compute it runs beside cannot hide, and
   // at least its exposed share (the cores it shares with the compute on CPU ranks).
   auto overlapped = [&](double comm, double window) { return std::max(comm - window, comm * cal.overlap_exposed.value); };
   // Stages 0-2: a bucket is reduced when full, during the backward; the last one after it (all
-  // of them when the parameters fit one bucket: reduce_bucket_size).
-  const double buckets =
-      std::max(1.0, std::ceil(params / double(std::max<int64_t>(1, memory.setup.reduce_bucket_size))));
+  // of them when the parameters fit one bucket).
   const double window = backward.work / cal.core_share() + backward.wait;
   auto in_backward = [&](double reduction) {
     return reduction / buckets + overlapped(reduction * (buckets - 1) / buckets, window);
