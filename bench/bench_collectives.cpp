@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -32,15 +31,20 @@ double time_it(Communicator& c, int iterations, const std::function<void()>& op)
 }  // namespace
 
 int main(int argc, char** argv) {
-  // bench_collectives [MAX_MB] [alltoall]: "alltoall" forces the all-to-all reduce-scatter.
+  // bench_collectives [MAX_MB] [alltoall|pairwise|native]: the reduce-scatter at every size as
+  // Gloo's all-to-all, as direct sends and receives, or as Gloo's own (the engine's default picks
+  // by size and group: parallel/communicator.h).
   int64_t max_mb = argc > 1 ? std::atoll(argv[1]) : 256;
-  const bool alltoall = argc > 2 && std::strcmp(argv[2], "alltoall") == 0;
+  const std::string mode = argc > 2 ? argv[2] : "";
   ParallelOptions options;
   options.backend = "gloo";
-  if (alltoall) {  // Gloo's all-to-all, not the default sends and receives
+  if (mode == "alltoall" || mode == "pairwise") {
     options.communicator.alltoall_reduce_scatter_max_bytes = std::numeric_limits<int64_t>::max();
-    options.communicator.pairwise_reduce_scatter = 0;
+    options.communicator.pairwise_reduce_scatter = mode == "pairwise";
+  } else if (mode == "native") {
+    options.communicator.alltoall_reduce_scatter_max_bytes = 0;
   }
+  const std::string impl = mode.empty() ? "tessera" : "tessera-" + mode + "-rs";
   auto ctx = ParallelContext::from_environment(options);
   Communicator& world = ctx->world();
   const int n = world.size();
@@ -63,7 +67,7 @@ int main(int argc, char** argv) {
       if (ctx->rank() == 0)
         std::printf("{\"impl\": \"%s\", \"collective\": \"%s\", \"ranks\": %d, \"bytes\": %lld, "
                     "\"seconds\": %.6f, \"busbw_gbps\": %.3f}\n",
-                    alltoall ? "tessera-alltoall-rs" : "tessera", c.name, n, (long long)bytes, seconds,
+                    impl.c_str(), c.name, n, (long long)bytes, seconds,
                     bytes * c.factor / seconds / 1e9);
     }
     std::fflush(stdout);

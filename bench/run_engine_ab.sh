@@ -6,6 +6,11 @@
 #
 #   bench/run_engine_ab.sh BUILD_BEFORE BUILD_AFTER [STEPS=50] [MICRO=8] [ROUNDS=3]
 #
+# Environment: RANKS (2), BUCKET (reduce_bucket_size and allgather_bucket_size, 5e6; "default":
+# DeepSpeed's 5e8, the keys left out), CONFIGS (a subset of the names below, space-separated),
+# MODEL ("--n-layer 12 --n-embd 768 --n-head 12 --seq-len 128": train_gpt's size flags; empty: its
+# default).
+#
 # BUILD_*: build folders holding bin/tessera and bin/train_gpt (e.g. one made from the commit
 # before: git worktree add /tmp/before COMMIT && BUILD_DIR=/tmp/before/build /tmp/before/scripts/build.sh
 # train_gpt tessera_cli). Prints one JSON line per configuration: each build's median samples/s and
@@ -20,6 +25,11 @@ after=$(cd "$2" && pwd)
 steps=${3:-50}
 micro=${4:-8}
 rounds=${5:-3}
+ranks=${RANKS:-2}
+bucket=${BUCKET:-5e6}
+buckets="\"reduce_bucket_size\": $bucket, \"allgather_bucket_size\": $bucket, "
+[ "$bucket" = default ] && buckets=""
+read -r -a model <<< "${MODEL:-}"
 interval=$((steps / 5))
 [ "$interval" -ge 1 ] || { echo "STEPS must be at least 5" >&2; exit 2; }
 steps=$((interval * 5))
@@ -42,12 +52,13 @@ config() {  # NAME STAGE OFFLOAD
   "wall_clock_breakdown": true,
   "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
   "gradient_clipping": 1.0,
-  "zero_optimization": {"stage": $2, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6, "overlap_comm": true,
+  "zero_optimization": {"stage": $2, ${buckets}"overlap_comm": true,
                         "stage3_param_persistence_threshold": 0$offload}
 }
 EOF
 }
 names=(zero0 zero1 zero2 zero3 zero2-offload-cpu zero2-offload-nvme)
+[ -n "${CONFIGS:-}" ] && read -r -a names <<< "$CONFIGS"
 config zero0 0 none; config zero1 1 none; config zero2 2 none; config zero3 3 none
 config zero2-offload-cpu 2 cpu; config zero2-offload-nvme 2 nvme
 
@@ -60,8 +71,8 @@ for round in $(seq 1 "$rounds"); do
       dir=$before
       [ "$side" = after ] && dir=$after
       echo "round $round/$rounds: $name ($side)" >&2
-      "$dir/bin/tessera" launch --nproc-per-node 2 --master-port $((port++)) -- "$dir/bin/train_gpt" \
-        --config "$out/$name.json" --steps "$steps" --save-parameters "$out/$name.$side.$round.bin" \
+      "$dir/bin/tessera" launch --nproc-per-node "$ranks" --master-port $((port++)) -- "$dir/bin/train_gpt" \
+        --config "$out/$name.json" --steps "$steps" --save-parameters "$out/$name.$side.$round.bin" "${model[@]}" \
         > "$out/$name.$side.$round.log"
     done
   done

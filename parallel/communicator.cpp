@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 
 #include <ATen/ops/amax.h>
@@ -188,7 +189,7 @@ CommHandle Communicator::all_reduce_async(at::Tensor& tensor, ReduceOp op) {
 
 CommunicatorOptions with_backend_defaults(CommunicatorOptions options, bool gloo) {
   if (options.alltoall_reduce_scatter_max_bytes < 0)
-    options.alltoall_reduce_scatter_max_bytes = gloo ? kGlooAlltoallReduceScatterMaxBytes : 0;
+    options.alltoall_reduce_scatter_max_bytes = gloo ? std::numeric_limits<int64_t>::max() : 0;
   if (options.pairwise_all_gather < 0) options.pairwise_all_gather = gloo ? 1 : 0;
   if (options.pairwise_reduce_scatter < 0) options.pairwise_reduce_scatter = gloo ? 1 : 0;
   return options;

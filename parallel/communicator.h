@@ -107,10 +107,11 @@ class [[nodiscard]] CommHandle {
 };
 
 struct CommunicatorOptions {
-  // Reduce-scatters of at most this many bytes run as the all-to-all even where the backend has a
-  // native one (INT64_MAX: always, as tests and benchmarks ask). -1: the backend's default (kGlooAlltoallReduceScatterMaxBytes for Gloo, whose
-  // native reduce-scatter is an allreduce of the whole input plus copies: on 2 ranks it measured
-  // 1.3–2.7x slower than the all-to-all from 1 to 64 MB and faster only at 256 MB; 0 for NCCL).
+  // Reduce-scatters of at most this many bytes run as the all-to-all (or the sends and receives
+  // below) even where the backend has a native one. -1: the backend's default: always for Gloo
+  // (INT64_MAX), whose native reduce-scatter is an allreduce of the whole input plus copies; on the
+  // 2-core VM, 1 to 256 MB, the sends and receives ran it 1.6-2.1x faster on 2 ranks and 1.6-2.5x
+  // on 4 (bench/bench_collectives); 0 (never) for NCCL.
   int64_t alltoall_reduce_scatter_max_bytes = -1;
   // All-gather by direct sends and receives: this rank's chunk goes to every peer and each peer's
   // chunk is received straight into its place in the output (no copy; uneven chunks need no
@@ -131,7 +132,6 @@ struct CommunicatorOptions {
   // share one GPU (where NCCL refuses two ranks per device) train on it; NCCL never needs it.
   bool stage_cuda_through_host = false;
 };
-constexpr int64_t kGlooAlltoallReduceScatterMaxBytes = int64_t(64) << 20;
 
 // `options` with each -1 ("the backend's default") replaced by that default for Gloo (`gloo`) or
 // NCCL: what every group the engine makes runs, and what a probe of its collectives must run.

@@ -64,7 +64,7 @@ int run_probe_link(const ProbeLinkFlags& f) {
   std::vector<planner::LinkProbe> per_rank;
   for (int r = 0; r < n; ++r) {
     const float* v = all.data_ptr<float>() + 5 * r;
-    per_rank.push_back({v[0], v[1], v[2], v[3], v[4], 0, {}});
+    per_rank.push_back({v[0], v[1], v[2], v[3], v[4], {}});
   }
   const planner::LinkProbe slowest = planner::slowest_of(per_rank);
   const std::string across = "of " + std::to_string(f.mib) + " MiB across " + std::to_string(n) + " ranks (" +

@@ -145,14 +145,7 @@ double Calibration::linear_seconds(int64_t rows, int64_t k, int64_t n) const {
 double Calibration::collective_seconds(Collective kind, double bytes, int ranks, bool spans_nodes,
                                        bool between_compute) const {
   if (ranks < 2) return 0.0;
-  // Gloo's reduce-scatters above this size run as its own (parallel/communicator.h): an allreduce
-  // of the whole input, then a copy out; the probe times the smaller ones' sends and receives.
-  const bool gloo_own = kind == Collective::reduce_scatter && device == "cpu" &&
-                        bytes > double(kGlooAlltoallReduceScatterMaxBytes);
-  // Across nodes (or with a cache that lacks the large reduce-scatter's rate) it is the allreduce.
-  if (gloo_own && (spans_nodes || !(large_reduce_scatter_gbps_ > 0))) kind = Collective::all_reduce;
-  const double probed = gloo_own && kind == Collective::reduce_scatter ? large_reduce_scatter_gbps_
-                                                                       : collective_gbps_[int(kind)];
+  const double probed = collective_gbps_[int(kind)];
   const double gbps = spans_nodes ? inter_node_gbps.value : probed > 0 ? probed : intra_node_gbps.value;
   const double ring = double(ranks - 1) / ranks * bytes * (kind == Collective::all_reduce ? 2 : 1);
   return latency_seconds(ranks, spans_nodes, between_compute) + ring / (gbps * 1e9);
@@ -186,8 +179,7 @@ json Calibration::to_json() const {
   for (const auto& [g, us] : synced_latency_us_) j["synced_latency_us"][std::to_string(g)] = us;
   if (collective_gbps_[0] > 0)
     j["intra_node_collectives_gbps"] = {{"reduce_scatter", collective_gbps_[0]}, {"all_gather", collective_gbps_[1]},
-                                        {"all_reduce", collective_gbps_[2]},
-                                        {"large_reduce_scatter", large_reduce_scatter_gbps_}};
+                                        {"all_reduce", collective_gbps_[2]}};
   return j;
 }
 
@@ -210,8 +202,8 @@ std::string Calibration::describe() const {
   line("links inside a node", intra_node_gbps, "GB/s");
   if (collective_gbps_[0] > 0) {
     char rates[128];
-    std::snprintf(rates, sizeof rates, "reduce-scatter %.3g (above 64 MiB %.3g), all-gather %.3g, allreduce %.3g GB/s",
-                  collective_gbps_[0], large_reduce_scatter_gbps_, collective_gbps_[1], collective_gbps_[2]);
+    std::snprintf(rates, sizeof rates, "reduce-scatter %.3g, all-gather %.3g, allreduce %.3g GB/s",
+                  collective_gbps_[0], collective_gbps_[1], collective_gbps_[2]);
     out << "    each collective alone (bus bandwidth, same source): " << rates << "\n";
   }
   line("links between nodes", inter_node_gbps, "GB/s");
@@ -321,8 +313,7 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
       json& l = entry["links"][links];
       l = {{"bus_gbps", link->bus_gbps}, {"latency_us", link->latency_us},
            {"reduce_scatter_gbps", link->reduce_scatter_gbps}, {"all_gather_gbps", link->all_gather_gbps},
-           {"all_reduce_gbps", link->all_reduce_gbps}, {"large_reduce_scatter_gbps", link->large_reduce_scatter_gbps},
-           {"processes", true}};
+           {"all_reduce_gbps", link->all_reduce_gbps}, {"processes", true}};
       for (const auto& [g, us] : link->synced_latency_us) l["synced_latency_us"][std::to_string(g)] = us;
     }
     entry.erase("layers"), entry.erase("linears");  // timed again, now
@@ -338,8 +329,7 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
     if (e.contains("links") && e["links"].contains(links)) {
       const json& l = e["links"][links];
       link = LinkProbe{l.value("bus_gbps", 0.0), l.value("latency_us", 0.0), l.value("reduce_scatter_gbps", 0.0),
-                       l.value("all_gather_gbps", 0.0), l.value("all_reduce_gbps", 0.0),
-                       l.value("large_reduce_scatter_gbps", 0.0), {}};
+                       l.value("all_gather_gbps", 0.0), l.value("all_reduce_gbps", 0.0), {}};
       if (l.contains("synced_latency_us") && l["synced_latency_us"].is_object())
         for (const auto& [g, us] : l["synced_latency_us"].items()) link->synced_latency_us[std::stoi(g)] = us.get<double>();
       processes = l.value("processes", false);
@@ -363,7 +353,6 @@ Calibration Calibration::from(const Hardware& hw, const std::string& precision, 
     c.collective_gbps_[0] = link->reduce_scatter_gbps;
     c.collective_gbps_[1] = link->all_gather_gbps;
     c.collective_gbps_[2] = link->all_reduce_gbps;
-    c.large_reduce_scatter_gbps_ = link->large_reduce_scatter_gbps;
   }
   if (link && !given("collective_latency_us")) {
     c.collective_latency_us = {link->latency_us, source + ": Gloo allreduce of one element among " + among};

@@ -97,7 +97,6 @@ class Calibration {
   std::string cache_path_, cache_key_;
   std::string layer_source_;  // "measured now" or "cached (...)"
   double collective_gbps_[3] = {0, 0, 0};                  // by Collective; 0: intra_node_gbps
-  double large_reduce_scatter_gbps_ = 0;                   // above 64 MiB on Gloo (probe.h); 0: not timed
   std::map<int, double> synced_latency_us_;                // group size -> us (probe.h); empty: the latency
   mutable std::map<std::string, double> layers_;          // LayerShape::key() -> seconds
   mutable std::map<std::string, double> linears_;         // "rows,k,n" -> seconds

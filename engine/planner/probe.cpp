@@ -227,7 +227,7 @@ double time_copy_gbps(int threads) {
   return 2.0 * double(bytes) * threads / best / 1e9;
 }
 
-LinkProbe time_link(Communicator& comm, int64_t bytes, int64_t large_bytes) {
+LinkProbe time_link(Communicator& comm, int64_t bytes) {
   const int ranks = comm.size();
   LinkProbe mine;
   const int64_t n = bytes / 4 / ranks * ranks;
@@ -259,24 +259,17 @@ LinkProbe time_link(Communicator& comm, int64_t bytes, int64_t large_bytes) {
   mine.reduce_scatter_gbps = ring / rs / 1e9;
   mine.all_gather_gbps = ring / ag / 1e9;
   mine.all_reduce_gbps = 2 * ring / ar / 1e9;
-  if (large_bytes > 0) {
-    const int64_t big = large_bytes / 4 / ranks * ranks;
-    at::Tensor whole = at::ones({big}), chunk = at::empty({big / ranks});
-    const double large = best_of_three([&] { comm.reduce_scatter(whole, chunk); });
-    mine.large_reduce_scatter_gbps = double(ranks - 1) / ranks * double(big * 4) / large / 1e9;
-  }
   return mine;
 }
 
 LinkProbe slowest_of(const std::vector<LinkProbe>& ranks) {
-  LinkProbe slowest{1e30, 0, 1e30, 1e30, 1e30, 1e30, {}};
+  LinkProbe slowest{1e30, 0, 1e30, 1e30, 1e30, {}};
   for (const LinkProbe& r : ranks) {
     slowest.bus_gbps = std::min(slowest.bus_gbps, r.bus_gbps);
     slowest.latency_us = std::max(slowest.latency_us, r.latency_us);
     slowest.reduce_scatter_gbps = std::min(slowest.reduce_scatter_gbps, r.reduce_scatter_gbps);
     slowest.all_gather_gbps = std::min(slowest.all_gather_gbps, r.all_gather_gbps);
     slowest.all_reduce_gbps = std::min(slowest.all_reduce_gbps, r.all_reduce_gbps);
-    slowest.large_reduce_scatter_gbps = std::min(slowest.large_reduce_scatter_gbps, r.large_reduce_scatter_gbps);
     for (const auto& [g, us] : r.synced_latency_us)
       slowest.synced_latency_us[g] = std::max(slowest.synced_latency_us[g], us);
   }
@@ -289,7 +282,6 @@ namespace {
 struct RankRecord {
   int ok = 0;
   double bus_gbps = 0, latency_us = 0, reduce_scatter_gbps = 0, all_gather_gbps = 0, all_reduce_gbps = 0;
-  double large_reduce_scatter_gbps = 0;
   int groups = 0;
   int group_size[16] = {};
   double synced_latency_us[16] = {};
@@ -345,12 +337,10 @@ RankRecord probe_rank(int rank, int ranks, int64_t bytes, const std::optional<cp
     const CommunicatorOptions engine_like = with_backend_defaults({}, /*gloo=*/true);
     Communicator node(make_backend(BackendKind::Gloo, store, rank, ranks, std::chrono::seconds(60)), "planner probe",
                       members, rank, c10::Device(c10::kCPU), native, engine_like);
-    // Above kGlooAlltoallReduceScatterMaxBytes a reduce-scatter runs as Gloo's own (an allreduce,
-    // then a copy): ZeRO-1/2's buckets of a model that fits one are that size.
-    const LinkProbe link = time_link(node, bytes, kGlooAlltoallReduceScatterMaxBytes + (int64_t(32) << 20));
+    const LinkProbe link = time_link(node, bytes);
     record.bus_gbps = link.bus_gbps, record.latency_us = link.latency_us;
     record.reduce_scatter_gbps = link.reduce_scatter_gbps, record.all_gather_gbps = link.all_gather_gbps;
-    record.all_reduce_gbps = link.all_reduce_gbps, record.large_reduce_scatter_gbps = link.large_reduce_scatter_gbps;
+    record.all_reduce_gbps = link.all_reduce_gbps;
     for (int g = 2; g <= ranks && record.groups < 16; g *= 2) {
       if (ranks % g != 0) continue;
       const int first = rank / g * g;
@@ -438,8 +428,7 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores) {
     throw std::runtime_error("tessera plan --measure: Gloo among " + std::to_string(ranks) + " processes: " + error);
   std::vector<LinkProbe> per_rank;
   for (const RankRecord& r : records) {
-    LinkProbe l{r.bus_gbps, r.latency_us, r.reduce_scatter_gbps, r.all_gather_gbps, r.all_reduce_gbps,
-                r.large_reduce_scatter_gbps, {}};
+    LinkProbe l{r.bus_gbps, r.latency_us, r.reduce_scatter_gbps, r.all_gather_gbps, r.all_reduce_gbps, {}};
     for (int g = 0; g < r.groups; ++g) l.synced_latency_us[r.group_size[g]] = r.synced_latency_us[g];
     per_rank.push_back(l);
   }

@@ -66,8 +66,6 @@ struct LinkProbe {
   double bus_gbps = 0;
   double latency_us = 0;
   double reduce_scatter_gbps = 0, all_gather_gbps = 0, all_reduce_gbps = 0;  // 0: not timed (an old cache)
-  // A reduce-scatter above kGlooAlltoallReduceScatterMaxBytes (Gloo's own; 0: not timed).
-  double large_reduce_scatter_gbps = 0;
   std::map<int, double> synced_latency_us;  // group size -> us; empty: not timed (across hosts, an old cache)
 };
 LinkProbe time_gloo(int ranks, int64_t bytes, int cores = 0);  // cores: as time_layer's
@@ -75,8 +73,7 @@ LinkProbe time_gloo(int ranks, int64_t bytes, int cores = 0);  // cores: as time
 // This rank's view of the same probe over `comm` (every rank of it calls this together): what
 // time_gloo runs in each of its processes, and `tessera probe-link` in each launched rank across
 // hosts (engine/cli/probe_link_command.cpp).
-// `large_bytes` > 0: also a reduce-scatter of that size (large_reduce_scatter_gbps).
-LinkProbe time_link(Communicator& comm, int64_t bytes, int64_t large_bytes = 0);
+LinkProbe time_link(Communicator& comm, int64_t bytes);
 
 // The job is as fast as its slowest rank: the lowest of each rate and the highest latency.
 LinkProbe slowest_of(const std::vector<LinkProbe>& ranks);

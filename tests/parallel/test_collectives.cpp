@@ -46,8 +46,9 @@ TEST_CASE("collectives on 4 ranks with tensor-parallel groups of 2") {
   auto r = launch(4, {"collectives", "--tp", "2"}, tessera::testing::free_port());
   INFO(r.output);
   CHECK(r.status == 0);
-  // Gloo's defaults: reduce-scatters up to 64 MiB and allgathers run as sends and receives.
+  // Gloo's defaults: reduce-scatters of every size and allgathers run as sends and receives.
   CHECK(!contains(r.output, "pairwise 0)"));
+  CHECK(contains(r.output, "native reduce-scatters 0,"));
   CHECK(contains(r.output, "all-to-all 0,"));
   for (int rank = 0; rank < 4; ++rank) CHECK(contains(r.output, "collectives ok on rank " + std::to_string(rank)));
 }
