@@ -209,7 +209,7 @@ CommHandle Communicator::reduce_scatter_async(const at::Tensor& input, at::Tenso
               output.numel(), " elements, this rank's chunk of ", n, " has ", chunk_range(n, size(), rank_).size());
   const bool even = n % size() == 0;
   if (!even || !native_reduce_scatter_ || op == ReduceOp::Min ||
-      input.nbytes() <= options_.alltoall_reduce_scatter_max_bytes)
+      int64_t(input.nbytes()) <= options_.alltoall_reduce_scatter_max_bytes)
     return options_.pairwise_reduce_scatter > 0 ? reduce_scatter_pairwise(input, output, op)
                                                 : reduce_scatter_by_alltoall(input, output, op);
   std::function<void()> finish;

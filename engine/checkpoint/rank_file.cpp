@@ -13,6 +13,7 @@ namespace tessera::checkpoint {
 using nlohmann::json;
 
 int64_t RankFile::bytes() const {
+  if (image) return static_cast<int64_t>(image->buffer.nbytes());
   int64_t n = 0;
   for (const auto& [name, t] : tensors) n += static_cast<int64_t>(t.nbytes());
   return n;
@@ -25,10 +26,24 @@ void RankFile::add_piece(const std::string& name, const std::vector<int64_t>& sh
   if (split.sharded()) params.back()["split"] = {split.dim, split.fused};
 }
 
+std::map<std::string, std::string> rank_file_metadata(int rank) {
+  return {{"format", "tessera-checkpoint"}, {"rank", std::to_string(rank)}};
+}
+
+void RankFile::snapshot(int rank, const std::string& path) {
+  image = make_file_image(tensors, rank_file_metadata(rank), path);
+  tensors.clear();
+}
+
 json write_rank_file(const RankFile& f, const std::string& path, const std::string& file, int rank) {
   json sums = json::object();
-  for (const auto& [name, t] : f.tensors) sums[name] = xxh64_hex(t.data_ptr(), t.nbytes());
-  write_safetensors(path, f.tensors, {{"format", "tessera-checkpoint"}, {"rank", std::to_string(rank)}});
+  if (f.image) {
+    for (const FileImage::Range& r : f.image->tensors) sums[r.name] = xxh64_hex(f.image->data() + r.begin, r.bytes);
+    write_file_image(*f.image, path);
+  } else {
+    for (const auto& [name, t] : f.tensors) sums[name] = xxh64_hex(t.data_ptr(), t.nbytes());
+    write_safetensors(path, f.tensors, rank_file_metadata(rank));
+  }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("tessera: " + path + " vanished after it was written");
   return {{"file", file}, {"rank", rank}, {"bytes", static_cast<int64_t>(st.st_size)}, {"xxh64", sums},

@@ -49,36 +49,40 @@ at::ScalarType scalar_type_of(const std::string& dtype) {
   throw SafetensorsError("tessera: unsupported safetensors dtype \"" + dtype + "\"");
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string safetensors_prefix(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata, int64_t align, const std::string& path) {
   json header = json::object();
-  std::vector<at::Tensor> data;
   std::set<std::string> names;
   int64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || !names.insert(name).second)
       throw SafetensorsError("tessera: writing " + path + ": the tensor name \"" + name + "\" is " +
                              (name == "__metadata__" ? "reserved" : "used twice"));
-    at::Tensor host = tensor.detach().to(at::kCPU).contiguous();
-    const int64_t bytes = host.numel() * static_cast<int64_t>(host.element_size());
-    header[name] = {{"dtype", safetensors_dtype(host.scalar_type())},
-                    {"shape", host.sizes().vec()},
+    const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+    header[name] = {{"dtype", safetensors_dtype(tensor.scalar_type())},
+                    {"shape", tensor.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    data.push_back(std::move(host));
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
+  text.append(static_cast<size_t>((align - static_cast<int64_t>(8 + text.size()) % align) % align), ' ');
+  const uint64_t size = text.size();
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((size >> (8 * i)) & 0xff);
+  return prefix + text;
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, at::Tensor>> host;
+  for (const auto& [name, tensor] : tensors) host.emplace_back(name, tensor.detach().to(at::kCPU).contiguous());
+  const std::string prefix = safetensors_prefix(host, metadata, 8, path);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw os_error("cannot create", path);
   try {
-    uint64_t size = text.size();
-    char prefix[8];
-    for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((size >> (8 * i)) & 0xff);
-    write_all(fd, prefix, 8, path);
-    write_all(fd, text.data(), static_cast<int64_t>(text.size()), path);
-    for (const at::Tensor& t : data)
+    write_all(fd, prefix.data(), static_cast<int64_t>(prefix.size()), path);
+    for (const auto& [name, t] : host)
       write_all(fd, static_cast<const char*>(t.const_data_ptr()), t.numel() * static_cast<int64_t>(t.element_size()), path);
     if (::fsync(fd) != 0) throw os_error("fsync of", path);
   } catch (...) {

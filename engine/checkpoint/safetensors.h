@@ -39,6 +39,13 @@ struct TensorRecord {
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The file's first bytes for `tensors` (names, dtypes and shapes; their values are not read, so
+// they may be anywhere) laid out back to back in order: the 8-byte size, then the JSON header
+// padded with spaces (which the format allows) so that the data starts at a multiple of `align`
+// bytes: 8 for write_safetensors, 4096 for a file image written with O_DIRECT (file_image.h).
+std::string safetensors_prefix(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata, int64_t align, const std::string& path);
+
 // write_safetensors into `path`.tmp, renamed to `path`: a file that is never half-written under its
 // own name (exported models, save_16bit_model).
 void write_safetensors_replacing(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,

@@ -1,9 +1,6 @@
 // Engine save (engine_checkpoint.h): each rank writes its file into the partial directory, the
 // ranks exchange what they wrote (names, ranges, checksums), and global rank 0 writes
 // metadata.json and commits.
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -13,7 +10,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "engine/checkpoint/background_save.h"
@@ -44,46 +40,11 @@ json loss_scaler_json(const LossScaler& scaler) {
   return {{"type", scaler.dynamic() ? "dynamic" : (scaler.scale() == 1.0 ? "none" : "static")}, {"scale", scaler.scale()}};
 }
 
-// An asynchronous save's host copy: one mapping for all of this rank's tensors (pinned when some
-// are on a device), given back to the system when the last view of it goes, so that neither the
-// CPU allocator's block cache nor glibc keeps its pages after the save.
-at::Tensor snapshot_buffer(int64_t bytes, bool pinned) {
-  const auto options = at::TensorOptions().dtype(at::kByte);
-  if (pinned || bytes == 0) return at::empty({bytes}, options.pinned_memory(pinned));
-  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    throw std::runtime_error("tessera: save_checkpoint: cannot map " + std::to_string(bytes) +
-                             " bytes of host memory for the asynchronous save's copy");
-  return at::from_blob(p, {bytes}, [bytes](void* q) { ::munmap(q, static_cast<size_t>(bytes)); }, options);
-}
-
-// On the host and contiguous: what is written is what is hashed. A snapshot (an asynchronous save)
-// copies every tensor into one buffer whatever its device, since training goes on changing the
-// engine's buffers; otherwise host tensors are written from where they are.
-void to_host(NamedTensors& tensors, bool snapshot) {
-  if (!snapshot) {
-    for (auto& [name, t] : tensors) t = t.detach().to(at::kCPU).contiguous();
-    return;
-  }
-  constexpr int64_t kAlign = 64;
-  int64_t bytes = 0;
-  bool on_device = false;
-  for (const auto& [name, t] : tensors) {
-    bytes += (static_cast<int64_t>(t.nbytes()) + kAlign - 1) / kAlign * kAlign;
-    on_device = on_device || !t.is_cpu();
-  }
-  const at::Tensor buffer = snapshot_buffer(bytes, on_device);
-  int64_t offset = 0;
-  for (auto& [name, t] : tensors) {
-    const int64_t n = static_cast<int64_t>(t.nbytes());
-    at::Tensor copy = buffer.narrow(0, offset, n).view(t.scalar_type()).view(t.sizes());
-    copy.copy_(t.detach());
-    t = copy;
-    offset += (n + kAlign - 1) / kAlign * kAlign;
-  }
-}
-
-RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool snapshot) {
+// On the host and contiguous: what is written is what is hashed. A snapshot (an asynchronous save,
+// `rank`'s file at `path`) copies every tensor into the file's image whatever its device, since
+// training goes on changing the engine's buffers; otherwise host tensors are written from where
+// they are.
+RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool snapshot, int rank, const std::string& path) {
   RankFile f;
   for (size_t i = 0; i < rs.pieces.size(); ++i) {
     if (!rs.writes_piece[i]) continue;
@@ -106,7 +67,9 @@ RankFile collect_rank_file(const RankState& rs, const c10::Device& device, bool 
                         {"tensor_rank", g.tensor_rank}, {"states", states}});
   }
   for (auto& e : rng_states(device)) f.tensors.push_back(std::move(e));
-  to_host(f.tensors, snapshot);
+  if (snapshot) f.snapshot(rank, path);
+  else
+    for (auto& [name, t] : f.tensors) t = t.detach().to(at::kCPU).contiguous();
   return f;
 }
 
@@ -127,7 +90,7 @@ struct SaveJob {
     } catch (const std::exception& e) {
       error = e.what();
     }
-    file.tensors.clear();  // a snapshot's memory goes once it is written
+    file.tensors.clear(), file.image.reset();  // a snapshot's memory goes once it is written
     crash_point(crash_at, "after_shard_write");
     std::vector<std::string> entries = all_gather_strings(comm, error.empty() ? entry : "");
     agree(comm, error, "writing checkpoint " + tag);
@@ -196,7 +159,7 @@ SaveResult save_checkpoint(TrainingState& s, const SaveOptions& options) {
     // NVMe parameter offload: the shards in memory while the rank's view reads them.
     ZeroOptimizer::ResidentParameters resident(s.zero, /*modifies=*/false);
     const RankState rs = rank_state(s.zero, s.parallel);
-    job->file = collect_rank_file(rs, s.parallel.device(), options.async);
+    job->file = collect_rank_file(rs, s.parallel.device(), options.async, job->rank, job->path);
     if (job->rank == 0) {
       job->base.tag = tag;
       job->base.layout = current_layout(s, rs.shard_states);

@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "engine/checkpoint/engine_checkpoint.h"
+#include "engine/checkpoint/file_image.h"
 #include "engine/checkpoint/import_writer.h"
 #include "engine/checkpoint/safetensors.h"
 
@@ -21,13 +22,16 @@ namespace tessera {
 void bind_checkpoint(py::module& m) {
   py::module ckpt = m.def_submodule("checkpoint", "checkpoint files: safetensors read and written by the C++ side");
   py::register_exception<checkpoint::SafetensorsError>(ckpt, "SafetensorsError", PyExc_ValueError);
+  // direct=True: as an asynchronous save writes its rank file (file_image.h: data at 4 KiB, O_DIRECT).
   ckpt.def("write_safetensors",
            [](const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-              const std::map<std::string, std::string>& metadata) {
+              const std::map<std::string, std::string>& metadata, bool direct) {
              py::gil_scoped_release release;
-             checkpoint::write_safetensors(path, tensors, metadata);
+             if (direct) checkpoint::write_file_image(checkpoint::make_file_image(tensors, metadata, path), path);
+             else checkpoint::write_safetensors(path, tensors, metadata);
            },
-           py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{});
+           py::arg("path"), py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{},
+           py::arg("direct") = false);
   ckpt.def("read_safetensors",  // -> ({name: CPU tensor}, {metadata})
            [](const std::string& path) {
              checkpoint::SafetensorsReader reader(path);

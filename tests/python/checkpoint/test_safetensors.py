@@ -31,6 +31,20 @@ def test_the_package_reads_what_tessera_writes(tmp_path):
         assert f.metadata() == {"format": "pt", "step": "3"}
 
 
+def test_the_package_reads_an_asynchronous_saves_file_image(tmp_path):
+    # engine/checkpoint/file_image.h: the header padded with spaces to 4 KiB, written with O_DIRECT.
+    path = str(tmp_path / "image.safetensors")
+    _C.checkpoint.write_safetensors(path, list(TENSORS.items()), {"format": "pt", "rank": "1"}, direct=True)
+    header_bytes = int.from_bytes(open(path, "rb").read(8), "little")
+    assert (8 + header_bytes) % 4096 == 0
+    loaded = load_file(path)
+    assert set(loaded) == set(TENSORS)
+    for name, t in TENSORS.items():
+        assert same(loaded[name], t), name
+    with safe_open(path, framework="pt") as f:
+        assert f.metadata() == {"format": "pt", "rank": "1"}
+
+
 def test_tessera_reads_what_the_package_writes(tmp_path):
     path = str(tmp_path / "p.safetensors")
     save_file(TENSORS, path, metadata={"writer": "safetensors"})
