@@ -25,7 +25,10 @@ at::Tensor aligned_host_bytes(int64_t bytes, bool pinned) {
     return whole.narrow(0, skew == 0 ? 0 : kDirectAlignment - skew, bytes);
   }
   if (bytes == 0) return at::empty({0}, options);
-  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // MAP_POPULATE: the pages come in one call, not one fault each during the copy (740 MB on the
+  // 2-core VM: 0.25 s mapped and copied against 0.49 s).
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                   -1, 0);
   if (p == MAP_FAILED)
     throw std::runtime_error("tessera: save_checkpoint: cannot map " + std::to_string(bytes) +
                              " bytes of host memory for the asynchronous save's copy");
