@@ -220,6 +220,15 @@ def test_speculated_host_step_matches_plain_pytorch(stage, dtype, clip):
     assert got["speculation"]["chunks"] > 0
 
 
+@pytest.mark.parametrize("stage,dtype", [(1, "fp32"), (3, "bf16")])
+def test_an_asynchronous_save_from_the_gpu_loads_back_exactly(stage, dtype, tmp_path):
+    # checkpoint.async_save: the file's image in pinned host memory, copied from the device, written
+    # with O_DIRECT while the next step changes the device's buffers (engine/checkpoint/file_image.h).
+    got, _ = run_worker("--stage", stage, "--dtype", dtype, "--async-save", tmp_path / "ckpt")
+    assert got["checkpoint_max_abs"] == 0, got
+    assert got["param_max_abs"] <= (FP32_TOL if dtype == "fp32" else BF16_PARAM_TOL), got
+
+
 def test_the_accelerator_answers_for_the_gpu():
     """tessera.accelerator on a GPU machine: CUDA's names, NCCL, torch.cuda's figures."""
     from tessera.accelerator import get_accelerator

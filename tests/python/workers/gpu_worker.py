@@ -10,7 +10,8 @@ the bf16 gradients widened to fp32, then copied back (what DeepSpeed's bf16 mode
 module's (bf16) parameters are compared. With --delayed N (offload_optimizer.delayed_param_update)
 the plain loop steps fp32 master copies in both dtypes and, after N steps, copies them into the
 model just before each step rather than after it, so each forward and backward runs one update
-behind (ZeRO-Offload's DPU); the last update reaches the model at the end.
+behind (ZeRO-Offload's DPU); the last update reaches the model at the end. With --async-save DIR the
+engine then saves asynchronously, steps once more while the file is written, and loads the save back.
 Before each of tessera's steps after the first, the worker writes "tessera-step N" to stderr; CUDA's
 sync debug mode ("warn") writes a line for each synchronizing call, so the test counts them.
 """
@@ -144,6 +145,20 @@ def tessera_run(model, data, args):
             torch.cuda.set_sync_debug_mode("default")
         losses.append(loss.item())
     print("tessera-done", file=sys.stderr, flush=True)
+    tessera_run.checkpoint_max_abs = None
+    if args.async_save:
+        # An asynchronous save (its image pinned, copied from the device), a step that changes every
+        # buffer while the thread writes, then the checkpoint loaded back: the parameters at the save.
+        with engine.gathered_parameters():
+            saved = [p.detach().float().clone() for p in engine.module.parameters()]
+        engine.save_checkpoint(args.async_save, tag="async", async_save=True)
+        engine.backward(engine(data[0][:, :-1], data[0][:, 1:]))
+        engine.step()
+        engine.wait_for_checkpoint()
+        engine.load_checkpoint(args.async_save, tag="async")
+        with engine.gathered_parameters():
+            loaded = [p.detach().float().clone() for p in engine.module.parameters()]
+        tessera_run.checkpoint_max_abs = max((a - b).abs().max().item() for a, b in zip(saved, loaded))
     tessera_run.speculation = engine.speculation_counts()
     with engine.gathered_parameters():  # ZeRO-3: whole while read (no-op at stages 0-2)
         params = [p.detach().float().clone() for p in engine.module.parameters()]
@@ -177,6 +192,7 @@ def main():
     ap.add_argument("--delayed", type=int, help="offload_optimizer.delayed_param_update after this many steps")
     ap.add_argument("--super-offload", action="store_true", help="offload_optimizer.super_offload (the host step "
                     "speculated during the backward)")
+    ap.add_argument("--async-save", help="a directory: save asynchronously after training, step, load it back")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the worker itself (TESSERA_HOST_STAGING=1)")
     args = ap.parse_args()
     warnings.simplefilter("always")  # every synchronizing call, not the first per line
@@ -201,6 +217,7 @@ def main():
         "loss_max_abs": max(abs(a - b) for a, b in zip(got_losses, ref_losses)),
         "param_max_abs": max((a - b).abs().max().item() for a, b in zip(got_params, ref_params)),
         "speculation": tessera_run.speculation,
+        "checkpoint_max_abs": tessera_run.checkpoint_max_abs,
     }), flush=True)
 
 
