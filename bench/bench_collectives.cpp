@@ -32,8 +32,8 @@ double time_it(Communicator& c, int iterations, const std::function<void()>& op)
 
 int main(int argc, char** argv) {
   // bench_collectives [MAX_MB] [alltoall|pairwise|native]: the reduce-scatter at every size as
-  // Gloo's all-to-all, as direct sends and receives, or as Gloo's own (the engine's default picks
-  // by size and group: parallel/communicator.h).
+  // Gloo's all-to-all, as direct sends and receives (the engine's default on Gloo:
+  // parallel/communicator.h), or as Gloo's own.
   int64_t max_mb = argc > 1 ? std::atoll(argv[1]) : 256;
   const std::string mode = argc > 2 ? argv[2] : "";
   ParallelOptions options;

@@ -14,15 +14,15 @@ namespace tessera::checkpoint {
 
 namespace {
 
-// `bytes` (a multiple of kDirectAlignment) of zeroed host memory aligned to kDirectAlignment: a
+// `bytes` (a multiple of kAioAlignment) of zeroed host memory aligned to kAioAlignment: a
 // mapping of its own (neither the CPU allocator's block cache nor glibc keeps its pages after the
 // save), or pinned memory, over-allocated by an alignment and cut to it, when `pinned`.
 at::Tensor aligned_host_bytes(int64_t bytes, bool pinned) {
   const auto options = at::TensorOptions().dtype(at::kByte);
   if (pinned) {
-    const at::Tensor whole = at::empty({bytes + kDirectAlignment}, options.pinned_memory(true));
-    const int64_t skew = static_cast<int64_t>(reinterpret_cast<uintptr_t>(whole.const_data_ptr()) % kDirectAlignment);
-    return whole.narrow(0, skew == 0 ? 0 : kDirectAlignment - skew, bytes);
+    const at::Tensor whole = at::empty({bytes + kAioAlignment}, options.pinned_memory(true));
+    const int64_t skew = static_cast<int64_t>(reinterpret_cast<uintptr_t>(whole.const_data_ptr()) % kAioAlignment);
+    return whole.narrow(0, skew == 0 ? 0 : kAioAlignment - skew, bytes);
   }
   if (bytes == 0) return at::empty({0}, options);
   // MAP_POPULATE: the pages come in one call, not one fault each during the copy (740 MB on the
@@ -39,7 +39,7 @@ at::Tensor aligned_host_bytes(int64_t bytes, bool pinned) {
 
 FileImage make_file_image(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
                           const std::string& path) {
-  const std::string prefix = safetensors_prefix(tensors, metadata, kDirectAlignment, path);
+  const std::string prefix = safetensors_prefix(tensors, metadata, kAioAlignment, path);
   FileImage image;
   image.size = static_cast<int64_t>(prefix.size());
   bool on_device = false;
@@ -48,7 +48,7 @@ FileImage make_file_image(const NamedTensors& tensors, const std::map<std::strin
     image.size += static_cast<int64_t>(t.nbytes());
     on_device = on_device || !t.is_cpu();
   }
-  image.buffer = aligned_host_bytes(direct_aligned(image.size), on_device);
+  image.buffer = aligned_host_bytes(aio_aligned(image.size), on_device);
   char* out = static_cast<char*>(image.buffer.data_ptr());
   std::memcpy(out, prefix.data(), prefix.size());
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -23,7 +23,7 @@ struct FileImage {
     std::string name;
     int64_t begin = 0, bytes = 0;  // where the tensor's bytes are in the image (and the file)
   };
-  // uint8, aligned to kDirectAlignment and direct_aligned(size) long (the tail zeros); its own
+  // uint8, aligned to kAioAlignment and aio_aligned(size) long (the tail zeros); its own
   // mapping, given back to the system when the last view of it goes (pinned host memory when a
   // tensor is on a device).
   at::Tensor buffer;

@@ -58,7 +58,7 @@ void write_buffered(const std::string& path, const char* data, int64_t size) {
 }  // namespace
 
 bool write_file_direct(const std::string& path, const char* data, int64_t size) {
-  if (reinterpret_cast<uintptr_t>(data) % kDirectAlignment != 0) {
+  if (reinterpret_cast<uintptr_t>(data) % kAioAlignment != 0) {
     write_buffered(path, data, size);
     return false;
   }
@@ -70,7 +70,7 @@ bool write_file_direct(const std::string& path, const char* data, int64_t size) 
   if (fd < 0) throw os_error("cannot create", path);
   // Transfers of 64 MiB: large enough that the device queues many requests from each.
   constexpr int64_t kTransfer = int64_t(64) << 20;
-  const int64_t whole = direct_aligned(size);
+  const int64_t whole = aio_aligned(size);
   try {
     for (int64_t offset = 0; offset < whole;) {
       const ssize_t w = ::pwrite(fd, data + offset, static_cast<size_t>(std::min(kTransfer, whole - offset)), offset);

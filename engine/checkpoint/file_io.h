@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "csrc/aio/async_io.h"
+
 namespace tessera::checkpoint {
 
 // "tessera: <what> <path>: <strerror(errno)>".
@@ -19,14 +21,10 @@ void read_all(int fd, char* data, int64_t n, int64_t offset, const std::string& 
 // fsync of the file or directory at `path`.
 void fsync_path(const std::string& path);
 
-// O_DIRECT's alignment of buffers, offsets and lengths (4096 covers every device in use).
-constexpr int64_t kDirectAlignment = 4096;
-inline int64_t direct_aligned(int64_t bytes) { return (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment; }
-
 // A new file at `path` holding the first `size` bytes of `data`, written with O_DIRECT (the page
 // cache neither copies the bytes nor keeps them: the disk reads them from `data` itself) and
-// fsynced. `data` must be aligned to kDirectAlignment and readable for direct_aligned(size) bytes:
-// the tail is written, then cut off. Where the file system refuses O_DIRECT (tmpfs) or `data` is
+// fsynced. `data` must be aligned to kAioAlignment (csrc/aio/async_io.h: O_DIRECT's alignment, as
+// for NVMe offload) and readable for aio_aligned(size) bytes: the tail is written, then cut off. Where the file system refuses O_DIRECT (tmpfs) or `data` is
 // not aligned, ordinary writes. Returns whether the writes were direct.
 bool write_file_direct(const std::string& path, const char* data, int64_t size);
 

@@ -26,6 +26,8 @@
 #include "tests/subprocess.h"
 
 using namespace tessera::checkpoint;
+using tessera::aio_aligned;
+using tessera::kAioAlignment;
 using tessera::testing::read_file;
 
 namespace {
@@ -94,15 +96,15 @@ TEST_CASE("file image: the file write_safetensors writes, its data at 4 KiB, wri
   const std::string plain = dir.file("plain.safetensors"), direct = dir.file("direct.safetensors");
   write_safetensors(plain, tensors, rank_file_metadata(3));
   const FileImage image = make_file_image(tensors, rank_file_metadata(3), direct);
-  CHECK(reinterpret_cast<uintptr_t>(image.data()) % kDirectAlignment == 0);
-  CHECK(image.buffer.numel() == direct_aligned(image.size));
+  CHECK(reinterpret_cast<uintptr_t>(image.data()) % kAioAlignment == 0);
+  CHECK(image.buffer.numel() == aio_aligned(image.size));
   const bool was_direct = write_file_image(image, direct);
   CHECK(file_size(direct) == image.size);
   check_reads_back(direct, tensors);
   // The same data bytes as write_safetensors' file, after a header padded to 4096.
   const std::string a = read_file(plain), b = read_file(direct);
-  CHECK(data_start(b) % kDirectAlignment == 0);
-  CHECK(data_start(b) >= kDirectAlignment);
+  CHECK(data_start(b) % kAioAlignment == 0);
+  CHECK(data_start(b) >= kAioAlignment);
   CHECK(a.substr(static_cast<size_t>(data_start(a))) == b.substr(static_cast<size_t>(data_start(b))));
   CHECK(image.tensors.front().begin == data_start(b));
   // A file system with direct I/O (the test directory's, usually ext4 or xfs) keeps none of it
