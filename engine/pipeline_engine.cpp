@@ -36,7 +36,7 @@ class PipelineEngine::Stage final : public pipeline::PipelineStage {
   void load(int micro_batch) override {
     MicroBatch batch = data_();
     if (owner_.stage() == 0) inputs_[micro_batch] = batch.inputs;
-    if (owner_.stage() == owner_.stages() - 1) labels_[micro_batch] = batch.labels;
+    if (owner_.stage() == owner_.last_stage()) labels_[micro_batch] = batch.labels;
   }
 
   at::Tensor forward(int micro_batch, const at::Tensor& input) override { return forward(micro_batch, 0, input); }
@@ -88,11 +88,10 @@ class PipelineEngine::Stage final : public pipeline::PipelineStage {
   void step() override {}  // PipelineEngine::train_batch steps once the batch's loss is known
 
  private:
-  // The model's first and last chunks (interleaved schedules: stage 0's chunk 0, the last stage's v − 1).
-  bool first(int chunk) const { return owner_.stage() == 0 && chunk == 0; }
-  bool last(int chunk) const {
-    return owner_.stage() == owner_.stages() - 1 && chunk == owner_.executor_->schedule().chunks - 1;
-  }
+  // The model's first and last chunks (interleaved schedules: stage 0's chunk 0, the last stage's
+  // v − 1; V: stage 0's chunks 0 and 1).
+  bool first(int chunk) const { return owner_.schedule().layout().first(owner_.stage(), chunk); }
+  bool last(int chunk) const { return owner_.schedule().layout().last(owner_.stage(), chunk); }
   static at::Tensor take(std::map<int, at::Tensor>& by_micro_batch, int micro_batch) {
     auto it = by_micro_batch.find(micro_batch);
     if (it == by_micro_batch.end())
@@ -121,12 +120,12 @@ PipelineEngine::PipelineEngine(Config config, ParallelContext& parallel, Pipelin
     if (std::find(t.stages.begin(), t.stages.end(), stage()) == t.stages.end())
       throw std::invalid_argument("PipelineEngine: a tied group lists stages without this one (" + std::to_string(stage()) + ")");
   }
-  if (config.pipeline.activation_checkpoint_interval > 0 && config.pipeline.schedule == "zb_h1")
-    throw std::invalid_argument("pipeline.activation_checkpoint_interval " +
-                                std::to_string(config.pipeline.activation_checkpoint_interval) +
-                                " with pipeline.schedule \"zb_h1\": a recomputed segment computes its weights' "
-                                "gradients with its input's, which ZB-H1 splits; use \"1f1b\" or \"interleaved_1f1b\"");
   auto schedule = pipeline::make_schedule(config.pipeline.schedule, stages, static_cast<int>(m), config.pipeline.virtual_stages);
+  if (config.pipeline.activation_checkpoint_interval > 0 && schedule.split_backward)
+    throw std::invalid_argument("pipeline.activation_checkpoint_interval " +
+                                std::to_string(config.pipeline.activation_checkpoint_interval) + " with pipeline.schedule \"" +
+                                schedule.name + "\": a recomputed segment computes its weights' gradients with its input's, "
+                                "which a zero-bubble schedule splits; use \"1f1b\" or \"interleaved_1f1b\"");
   const bool dynamic_shape = config.pipeline.dynamic_shape;
   const bool zero3 = config.zero_optimization.stage == 3;
   gather_per_instruction_ = zero3 && config.pipeline.zero3_gather == "micro_batch";
@@ -142,17 +141,19 @@ PipelineEngine::~PipelineEngine() = default;
 
 int PipelineEngine::stage() const { return parallel_.pipe().rank(); }
 int PipelineEngine::stages() const { return parallel_.pipe().size(); }
+int PipelineEngine::last_stage() const { return schedule().layout().last_stage(); }
 
 double PipelineEngine::mean_loss(const std::vector<double>& losses) {
-  // The last stage has the losses; its data group averages them; it tells the other stages.
+  // The loss's stage (the last; stage 0 with the V placement) has the losses; its data group
+  // averages them; it tells the other stages.
   at::Tensor mean = at::zeros({1}, parallel_.data().options(at::kDouble));
-  if (stage() == stages() - 1) {
+  if (stage() == last_stage()) {
     double sum = 0;
     for (double l : losses) sum += l;
     mean.fill_(losses.empty() ? 0.0 : sum / double(losses.size()));
     if (parallel_.data().size() > 1) parallel_.data().all_reduce(mean, ReduceOp::Avg);
   }
-  if (stages() > 1) parallel_.pipe().broadcast(mean, stages() - 1);
+  if (stages() > 1) parallel_.pipe().broadcast(mean, last_stage());
   return mean.item<double>();
 }
 
@@ -176,7 +177,8 @@ double PipelineEngine::eval_batch(const MicroBatchSource& data) {
   at::NoGradGuard no_grad;
   if (!eval_executor_)
     eval_executor_ = std::make_unique<PipelineExecutor>(
-        parallel_.pipe(), pipeline::forward_only(stages(), executor_->schedule().micro_batches, executor_->schedule().chunks),
+        parallel_.pipe(),
+        pipeline::forward_only(stages(), schedule().micro_batches, schedule().chunks, schedule().placement),
         engine_->config().pipeline.dynamic_shape);
   Stage stage(*this, data);
   engine_->wait_for_parameters();

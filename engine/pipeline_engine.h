@@ -1,8 +1,9 @@
 // PipelineEngine: DeepSpeed's pipeline engine for a C++ model cut into stages. Each rank holds
 // one stage (its layers, from partition_layers) and an Engine over that stage's parameters; one
 // train_batch() runs gradient_accumulation_steps micro-batches through the pipeline by the
-// configured schedule (pipeline.schedule: 1F1B, GPipe, ZB-H1 or interleaved 1F1B over
-// pipeline.virtual_stages model chunks, parallel/pipeline/schedule.h) and the optimizer step, and
+// configured schedule (pipeline.schedule: 1F1B, GPipe, ZB-H1, interleaved 1F1B over
+// pipeline.virtual_stages model chunks, or ZB-V with two chunks a stage in a V,
+// parallel/pipeline/schedule.h) and the optimizer step, and
 // returns the batch's mean loss on every rank:
 //
 //   PipelineEngine pipe(config, ctx, stage_model, stage_params);
@@ -36,10 +37,11 @@ class PipelineStageModel {
   // stage's output.
   virtual at::Tensor forward(const at::Tensor& input) = 0;
   // Interleaved schedules (pipeline.virtual_stages v): this rank's model chunk `chunk` of v, the
-  // model's chunk stage + chunk·p (partition.h's stage_layer_ranges). The default is forward()
+  // model's chunk stage + chunk·p; zb_v: chunk 0 the model's chunk `stage`, chunk 1 its
+  // 2p − 1 − stage (partition.h's stage_layer_ranges). The default is forward()
   // for chunk 0, and an error for the others (a stage of one chunk).
   virtual at::Tensor forward(int chunk, const at::Tensor& input);
-  // The last stage: the micro-batch's mean loss from its output and the labels.
+  // The loss's stage (the last; stage 0 under zb_v): the micro-batch's mean loss from its output and the labels.
   virtual at::Tensor loss(const at::Tensor& output, const at::Tensor& labels) = 0;
   // Losses the forward just run added inside the stage (an MoE block's load-balancing loss), with
   // their graph, or undefined: back-propagated with the micro-batch's output at the loss's scale,
@@ -51,7 +53,7 @@ struct MicroBatch {
   at::Tensor inputs, labels;
 };
 // DeepSpeed's data iterator: the next micro-batch. Called on the first stage (which reads the
-// inputs) and the last (the labels), once per micro-batch, in order; both must see the same data.
+// inputs) and the loss's (the labels), once per micro-batch, in order; both must see the same data.
 using MicroBatchSource = std::function<MicroBatch()>;
 
 // A group of weights tied across stages: its index in each holding stage's ModelDescription, and
@@ -78,6 +80,7 @@ class PipelineEngine {
   const pipeline::Schedule& schedule() const { return executor_->schedule(); }
   int stage() const;
   int stages() const;
+  int last_stage() const;  // the stage that computes the loss: the last (stage 0 with zb_v's V placement)
 
  private:
   class Stage;

@@ -155,10 +155,11 @@ int run(int argc, char** argv) {
   // --checkpoint-activations, or a config that asks for it (pipeline.activation_checkpoint_interval,
   // or an activation_checkpointing section: the estimator's rule, so what the planner writes runs).
   args.checkpoint_activations = args.checkpoint_activations || setup_from_config(config).activation_checkpointing != "none";
-  if (args.checkpoint_activations && config.pipeline.stages > 1 && config.pipeline.schedule == "zb_h1")
-    throw std::invalid_argument("--checkpoint-activations with pipeline.schedule \"zb_h1\": a recomputed block "
-                                "computes its weights' gradients with its input's, which ZB-H1 splits; use \"1f1b\" "
-                                "or \"interleaved_1f1b\" with checkpointing");
+  if (args.checkpoint_activations && config.pipeline.stages > 1 &&
+      (config.pipeline.schedule == "zb_h1" || config.pipeline.schedule == "zb_v"))
+    throw std::invalid_argument("--checkpoint-activations with pipeline.schedule \"" + config.pipeline.schedule +
+                                "\": a recomputed block computes its weights' gradients with its input's, which a "
+                                "zero-bubble schedule splits; use \"1f1b\" or \"interleaved_1f1b\" with checkpointing");
   if (args.checkpoint_activations) {
     // partition_activations splits the kept inputs over the tensor group, unless sequence
     // parallelism split them already (they then differ by tensor rank).
@@ -338,7 +339,7 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
 
 // pipeline.stages > 1: this rank runs its stage of the GPT's layers (embedding, blocks, head, cut
 // by pipeline.partition_method) through PipelineEngine; the tied wte is held by the first and the
-// last stage, its gradients summed between them.
+// last stage, its gradients summed between them (under zb_v stage 0 holds both ends of the model).
 int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, Gpt& model, const FortunesCorpus& corpus,
                     PartitionedInit* init) {
   const bool leader = ctx.rank() == 0;
@@ -349,22 +350,26 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
   const int64_t seq_len = model.config().block_size;
   const double weight_decay = config.optimizer ? config.optimizer->params.weight_decay : 0.0;
   // stages·v model chunks (v = pipeline.virtual_stages); this rank holds chunks stage, stage + stages, ...
+  // (zb_v: stage and 2·stages − 1 − stage).
+  const pipeline::Placement placement = pipeline::placement_of(config.pipeline.schedule);
   const std::vector<int> bounds = pipeline::partition_chunks(model.layer_infos(), stages, config.pipeline.virtual_stages,
                                                              config.pipeline.partition_method);
   if (leader) {
     std::printf("train_gpt: %d pipeline stages (%s, %s schedule, %lld micro-batches):\n%s", stages,
                 config.pipeline.partition_method.c_str(), config.pipeline.schedule.c_str(), (long long)accumulation,
-                pipeline::describe_partition(model.layer_infos(), bounds, stages).c_str());
+                pipeline::describe_partition(model.layer_infos(), bounds, stages, placement).c_str());
     std::fflush(stdout);
   }
-  const Gpt::LayerRanges chunks = pipeline::stage_layer_ranges(bounds, stage, stages);
+  const Gpt::LayerRanges chunks = pipeline::stage_layer_ranges(bounds, stage, stages, placement);
   model.keep_only_layers(chunks);  // the other stages' parameters are freed
   GptStage stage_model(model, chunks);
-  // The embedding is on stage 0 and the head on the last: the tied wte is in a group of its own there.
-  const bool holds_wte = stage == 0 || stage == stages - 1;
-  ModelDescription params = model.stage_param_groups(weight_decay, chunks, holds_wte);
+  // The embedding is on stage 0 and the head on the loss's stage (the last; stage 0 too under zb_v):
+  // where those differ, the tied wte is in a group of its own on both.
+  const int loss_stage = pipeline::ChunkLayout{stages, config.pipeline.virtual_stages, placement}.last_stage();
+  const bool tied_across = loss_stage != 0 && (stage == 0 || stage == loss_stage);
+  ModelDescription params = model.stage_param_groups(weight_decay, chunks, tied_across);
   std::vector<TiedGroup> tied;
-  if (holds_wte) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, stages - 1}});
+  if (tied_across) tied.push_back({static_cast<int>(params.groups.size()) - 1, {0, loss_stage}});
   if (init) init->take_shards(params);  // ZeRO-3: the stage's chunks, built partitioned over its data group
   PipelineEngine engine(std::move(config), ctx, stage_model, std::move(params), tied);
   int64_t first_step = engine.engine().global_step();  // checkpoint.auto_resume loaded it already
@@ -415,7 +420,7 @@ int train_pipelined(const TrainArgs& args, Config config, ParallelContext& ctx, 
     auto gathered = engine.engine().gathered_parameters();  // ZeRO-3: the stage's partitions made whole
     std::vector<at::Tensor> whole = model.full_parameters();
     for (int s = 0; s < stages; ++s) {
-      const std::vector<int64_t> owned = model.full_parameters_of_layers(pipeline::stage_layer_ranges(bounds, s, stages));
+      const std::vector<int64_t> owned = model.full_parameters_of_layers(pipeline::stage_layer_ranges(bounds, s, stages, placement));
       std::vector<at::Tensor> parts;
       for (int64_t i : owned) parts.push_back(whole[i].reshape({-1}).to(at::kFloat));
       at::Tensor flat = at::cat(parts).contiguous();

@@ -153,12 +153,18 @@ ResolvedLayout resolve_config(Config& c, int world_size, ConfigReport& report) {
                                                "; a pipeline runs one micro-batch per accumulation step");
   if (!c.pipeline.micro_batches) c.pipeline.micro_batches = c.gradient_accumulation_steps;
   // The schedule's own needs (parallel/pipeline/schedule.h): model chunks only for the interleaved
-  // schedule, whose micro-batches go through the chunks in groups of pipeline.stages.
+  // schedule, whose micro-batches go through the chunks in groups of pipeline.stages, and for zb_v,
+  // whose V is two chunks a stage (virtual_stages resolves to 2 there).
   if (c.pipeline.stages > 1 && !unparsed({"pipeline.schedule", "pipeline.virtual_stages", "pipeline.stages"})) {
-    const PipelineConfig& pc = c.pipeline;
-    if (pc.virtual_stages > 1 && pc.schedule != "interleaved_1f1b")
+    PipelineConfig& pc = c.pipeline;
+    if (pc.schedule == "zb_v") {
+      if (pc.virtual_stages == 1) pc.virtual_stages = 2;
+      if (pc.virtual_stages != 2)
+        report.error("pipeline.virtual_stages", "pipeline.schedule \"zb_v\" places 2 model chunks on each stage (a V): "
+                                                "pipeline.virtual_stages must be 2 (or left out), got " + s(pc.virtual_stages));
+    } else if (pc.virtual_stages > 1 && pc.schedule != "interleaved_1f1b")
       report.error("pipeline.virtual_stages", "pipeline.virtual_stages " + s(pc.virtual_stages) +
-                                                  " needs pipeline.schedule \"interleaved_1f1b\", got \"" + pc.schedule + "\"");
+                                                  " needs pipeline.schedule \"interleaved_1f1b\" (or 2 with \"zb_v\"), got \"" + pc.schedule + "\"");
     else if (pc.virtual_stages > 1 && pc.micro_batches && *pc.micro_batches % pc.stages != 0)
       report.error("gradient_accumulation_steps", "interleaved_1f1b runs the micro-batches through the model chunks in "
                                                   "groups of pipeline.stages: gradient_accumulation_steps (pipeline.micro_batches) " +

@@ -29,8 +29,9 @@ struct PipelineConfig {
   std::optional<int64_t> micro_batches;  // resolved: gradient_accumulation_steps
   int activation_checkpoint_interval = 0;
   // tessera's keys (parallel/pipeline/schedule.h): "1f1b" (PipeDream-flush), "gpipe", "zb_h1" (zero
-  // bubble: each backward split, weight gradients deferred) or "interleaved_1f1b" with
-  // virtual_stages model chunks per stage (Megatron's virtual pipeline size).
+  // bubble: each backward split, weight gradients deferred), "interleaved_1f1b" with
+  // virtual_stages model chunks per stage (Megatron's virtual pipeline size) or "zb_v" (zero bubble
+  // with two chunks a stage in a V; virtual_stages resolves to 2).
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   // tessera's key: at ZeRO-3, when a stage's partitioned parameters are gathered: "step" (once per
@@ -44,7 +45,7 @@ struct PipelineConfig {
     v("partition_method", partition_method, partition_method_rule());
     v("micro_batches", micro_batches, at_least<int64_t>(1));
     v("activation_checkpoint_interval", activation_checkpoint_interval, at_least(0));
-    v("schedule", schedule, one_of({"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"}));
+    v("schedule", schedule, one_of({"1f1b", "gpipe", "interleaved_1f1b", "zb_h1", "zb_v"}));
     v("virtual_stages", virtual_stages, at_least(1));
     v("zero3_gather", zero3_gather, one_of({"step", "micro_batch"}));
     v("dynamic_shape", dynamic_shape);

@@ -60,7 +60,7 @@ double shared_core_makespan(const pipeline::Schedule& schedule, StageOpCost forw
         case Op::SendGrad: sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + send; break;
         case Op::RecvActivation:
         case Op::RecvGrad: {
-          auto it = sent.find(pipeline::matching_send(ins, s, p));
+          auto it = sent.find(pipeline::matching_send(schedule.layout(), ins, s));
           if (it == sent.end()) return std::numeric_limits<double>::infinity();
           if (it->second > now + eps) return it->second;
           sent.erase(it);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -40,9 +41,23 @@ PipelineExecutor::PipelineExecutor(Communicator& pipe, Schedule schedule, bool d
 BatchReport PipelineExecutor::run(PipelineStage& stage) {
   using clock = std::chrono::steady_clock;
   const int s = pipe_.rank(), p = schedule_.stages, m = schedule_.micro_batches, v = schedule_.chunks;
-  // The neighbours, across the wrap-around of interleaved schedules (the last stage's chunk c feeds
-  // the first stage's chunk c + 1).
-  const int next = (s + 1) % p, previous = (s + p - 1) % p;
+  // Each chunk's neighbours: the previous and next stages (across the loop placement's wrap-around,
+  // the last stage's chunk c feeds the first stage's chunk c + 1), or this stage itself at V's turn.
+  const ChunkLayout layout = schedule_.layout();
+  // V's turn: chunk 0's output and chunk 1's input gradient handed over in-process, by micro-batch.
+  std::map<std::pair<Stream, int>, at::Tensor> handed;
+  auto send = [&](const at::Tensor& t, int peer, Stream stream, int mb) {
+    if (peer == s) handed[{stream, mb}] = stream == Stream::Activation ? t.detach() : t;
+    else link_.send(t, peer, stream);
+  };
+  auto recv = [&](int peer, Stream stream, int mb) {
+    if (peer != s) return link_.recv(peer, stream);
+    auto it = handed.find({stream, mb});
+    if (it == handed.end()) throw std::logic_error("pipeline: a receive from this stage before its send");
+    at::Tensor t = std::move(it->second);
+    handed.erase(it);
+    return t;
+  };
   // Per (chunk, micro-batch), from its Forward to its Backward: the stage's input (a leaf whose
   // gradient goes back) and its output (or the loss); then the input's gradient until SendGrad.
   std::vector<at::Tensor> inputs(v * m), outputs(v * m), grads(v * m), input_grads(v * m);
@@ -59,10 +74,10 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
   for (const Instruction& ins : schedule_.stage[s]) {
     const auto start = clock::now();
     const int mb = ins.micro_batch, c = ins.chunk, at = c * m + std::max(mb, 0);
-    const bool first = s == 0 && c == 0, last = s == p - 1 && c == v - 1;  // the model's first and last chunks
+    const bool first = layout.first(s, c), last = layout.last(s, c);  // the model's first and last chunks
     switch (ins.op) {
       case Op::LoadMicroBatch: stage.load(mb); break;
-      case Op::RecvActivation: inputs[at] = link_.recv(previous, Stream::Activation).requires_grad_(true); break;
+      case Op::RecvActivation: inputs[at] = recv(layout.previous_stage(s, c), Stream::Activation, mb).requires_grad_(true); break;
       case Op::Forward: {
         stage.compute([&] { outputs[at] = stage.forward(mb, c, inputs[at]); });
         if (!last && outputs[at].dim() == 0)
@@ -83,13 +98,13 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         break;
       }
       case Op::SendActivation:
-        link_.send(outputs[at], next, Stream::Activation);
+        send(outputs[at], layout.next_stage(s, c), Stream::Activation, mb);
         if (!schedule_.training) {  // evaluation: nothing is kept for a backward
           inputs[at] = outputs[at] = at::Tensor();
           --held;
         }
         break;
-      case Op::RecvGrad: grads[at] = link_.recv(next, Stream::Gradient); break;
+      case Op::RecvGrad: grads[at] = recv(layout.next_stage(s, c), Stream::Gradient, mb); break;
       case Op::Backward: {
         PipelineStage::BackwardRoots roots = stage.backward_roots(mb, c, outputs[at], grads[at]);
         if (schedule_.split_backward) {  // B: the input's gradient now, the weights' at BackwardWeight
@@ -127,7 +142,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
         --held;
         break;
       case Op::SendGrad:
-        link_.send(input_grads[at], previous, Stream::Gradient);
+        send(input_grads[at], layout.previous_stage(s, c), Stream::Gradient, mb);
         input_grads[at] = at::Tensor();  // the link keeps it until sent
         break;
       case Op::ReduceTiedGrads: stage.reduce_tied_grads(); break;

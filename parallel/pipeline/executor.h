@@ -20,7 +20,8 @@ namespace tessera::pipeline {
 class PipelineStage {
  public:
   virtual ~PipelineStage() = default;
-  // LoadMicroBatch: the first stage takes its inputs, the last its labels (both on one stage).
+  // LoadMicroBatch: the first stage takes its inputs, the loss's stage (the last, or stage 0 under
+  // zb_v) its labels; once per micro-batch where one stage does both.
   virtual void load(int micro_batch) = 0;
   // This stage's layers on `input` (undefined on the first stage: it reads what load() took).
   // The last stage returns the micro-batch's loss (a scalar the executor back-propagates as is:

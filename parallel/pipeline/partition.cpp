@@ -114,14 +114,19 @@ std::vector<int> partition_chunks(const std::vector<LayerInfo>& layers, int stag
   return partition_layers(layers, parts, method);
 }
 
-std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int>& bounds, int stage, int stages) {
+std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int>& bounds, int stage, int stages, Placement placement) {
+  const int chunks = (static_cast<int>(bounds.size()) - 1) / stages;
+  const ChunkLayout layout{stages, chunks, placement};
   std::vector<std::pair<int, int>> ranges;
-  for (int chunk = stage; chunk + 1 < static_cast<int>(bounds.size()); chunk += stages)
-    ranges.push_back({bounds[chunk], bounds[chunk + 1]});
+  for (int c = 0; c < chunks; ++c) {
+    const int g = layout.model_chunk(stage, c);
+    ranges.push_back({bounds[g], bounds[g + 1]});
+  }
   return ranges;
 }
 
-std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds, int stages) {
+std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds, int stages,
+                               Placement placement) {
   std::string text;
   const bool chunked = stages > 0 && static_cast<int>(bounds.size()) - 1 > stages;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
@@ -131,7 +136,8 @@ std::string describe_partition(const std::vector<LayerInfo>& layers, const std::
       params += layers[i].parameters;
       names += (names.empty() ? "" : " ") + std::to_string(i) + ":" + layers[i].type;
     }
-    text += (chunked ? "chunk " + std::to_string(s) + " (stage " + std::to_string(s % stages) + ")" : "stage " + std::to_string(s)) +
+    const int holder = chunked ? ChunkLayout{stages, static_cast<int>(bounds.size() - 1) / stages, placement}.place(static_cast<int>(s)).first : 0;
+    text += (chunked ? "chunk " + std::to_string(s) + " (stage " + std::to_string(holder) + ")" : "stage " + std::to_string(s)) +
             ": layers " + std::to_string(bounds[s]) + "-" + std::to_string(bounds[s + 1] - 1) +
             " (" + std::to_string(params) + " parameters): " + names + "\n";
   }

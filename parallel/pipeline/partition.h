@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/pipeline/schedule.h"
+
 namespace tessera::pipeline {
 
 struct LayerInfo {
@@ -28,9 +30,11 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stag
 // chunks (the schedule assumes chunks of equal cost); errors name pipeline.virtual_stages.
 std::vector<int> partition_chunks(const std::vector<LayerInfo>& layers, int stages, int chunks, const std::string& method);
 
-// Stage `stage`'s layer ranges [begin, end) under `bounds` of stages·v chunks: chunks stage,
-// stage + stages, ... (rank r holds the non-adjacent chunks r, r + p, ...), in chunk order.
-std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int>& bounds, int stage, int stages);
+// Stage `stage`'s layer ranges [begin, end) under `bounds` of stages·v chunks, in its local chunk
+// order: with the loop placement chunks stage, stage + stages, ... (rank r holds the non-adjacent
+// chunks r, r + p, ...); with the V placement (zb_v, two chunks) stage and 2·stages − 1 − stage.
+std::vector<std::pair<int, int>> stage_layer_ranges(const std::vector<int>& bounds, int stage, int stages,
+                                                    Placement placement = Placement::Loop);
 
 // Contiguous parts of `weights` (as many as `parts`, none empty) whose largest sum is the
 // smallest possible; the bounds as above.
@@ -38,6 +42,7 @@ std::vector<int> partition_balanced(const std::vector<int64_t>& weights, int par
 
 // The partition as printed once at start: one line per stage with its layers and parameters (with
 // more bounds than `stages`, one per model chunk, naming the stage that holds it).
-std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds, int stages = 0);
+std::string describe_partition(const std::vector<LayerInfo>& layers, const std::vector<int>& bounds, int stages = 0,
+                               Placement placement = Placement::Loop);
 
 }  // namespace tessera::pipeline

@@ -30,18 +30,28 @@ std::string to_string(const Instruction& i) {
 
 std::ostream& operator<<(std::ostream& out, const Instruction& i) { return out << to_string(i); }
 
-std::vector<Instruction> forward_pass(int s, int stages, int mb, int chunk, int chunks) {
-  const bool first = s == 0 && chunk == 0, last = s == stages - 1 && chunk == chunks - 1;
+int ChunkLayout::model_chunk(int s, int chunk) const {
+  if (placement == Placement::V) return chunk == 0 ? s : 2 * stages - 1 - s;
+  return s + chunk * stages;
+}
+
+std::pair<int, int> ChunkLayout::place(int g) const {
+  if (placement == Placement::V) return g < stages ? std::pair{g, 0} : std::pair{2 * stages - 1 - g, 1};
+  return {g % stages, g / stages};
+}
+
+std::vector<Instruction> forward_pass(int s, const ChunkLayout& layout, int mb, int chunk) {
+  const bool first = layout.first(s, chunk), last = layout.last(s, chunk);
   std::vector<Instruction> out;
-  if (first || last) out.push_back({Op::LoadMicroBatch, mb, chunk});  // inputs / labels
+  if (layout.loads(s, chunk)) out.push_back({Op::LoadMicroBatch, mb, chunk});  // inputs / labels
   if (!first) out.push_back({Op::RecvActivation, mb, chunk});
   out.push_back({Op::Forward, mb, chunk});
   if (!last) out.push_back({Op::SendActivation, mb, chunk});
   return out;
 }
 
-std::vector<Instruction> backward_pass(int s, int stages, int mb, int chunk, int chunks) {
-  const bool first = s == 0 && chunk == 0, last = s == stages - 1 && chunk == chunks - 1;
+std::vector<Instruction> backward_pass(int s, const ChunkLayout& layout, int mb, int chunk) {
+  const bool first = layout.first(s, chunk), last = layout.last(s, chunk);
   std::vector<Instruction> out;
   if (!last) out.push_back({Op::RecvGrad, mb, chunk});
   out.push_back({Op::Backward, mb, chunk});
@@ -82,13 +92,14 @@ Schedule gpipe(int stages, int micro_batches) {
   return schedule;
 }
 
-Schedule forward_only(int stages, int micro_batches, int chunks) {
+Schedule forward_only(int stages, int micro_batches, int chunks, Placement placement) {
   check_sizes("forward_only", stages, micro_batches);
   Schedule schedule{"forward_only", stages, micro_batches, std::vector<std::vector<Instruction>>(stages), false};
   schedule.chunks = chunks;
+  schedule.placement = placement;
   for (int s = 0; s < stages; ++s)
     for (int c = 0; c < chunks; ++c)
-      for (int mb = 0; mb < micro_batches; ++mb) append(schedule.stage[s], forward_pass(s, stages, mb, c, chunks));
+      for (int mb = 0; mb < micro_batches; ++mb) append(schedule.stage[s], forward_pass(s, schedule.layout(), mb, c));
   return schedule;
 }
 
@@ -188,20 +199,118 @@ Schedule zb_h1(int stages, int micro_batches) {
   return schedule;
 }
 
+Schedule zb_v(int stages, int micro_batches) {
+  check_sizes("zb_v", stages, micro_batches);
+  const int p = stages, m = micro_batches, limit = 2 * p;  // chunk activations held: 1F1B's peak
+  Schedule schedule{"zb_v", p, m, std::vector<std::vector<Instruction>>(p)};
+  schedule.chunks = 2;
+  schedule.split_backward = true;
+  schedule.placement = Placement::V;
+  const ChunkLayout layout = schedule.layout();
+  // The list scheduler: time in units of one chunk's F (= B = W). When each model chunk's forward
+  // and B of each micro-batch finished (-1: not yet).
+  std::vector<std::vector<double>> forward_done(2 * p, std::vector<double>(m, -1)), input_grad_done = forward_done;
+  struct StageState {
+    double free_at = 0;
+    int next_forward[2] = {0, 0}, next_backward[2] = {0, 0};
+    std::vector<std::pair<int, int>> deferred;  // (micro-batch, chunk) whose W waits, oldest first
+    int held = 0;                               // chunk activations from F to W
+  };
+  std::vector<StageState> state(p);
+  struct Choice {
+    Op op;
+    int chunk, micro_batch;
+    double ready;
+  };
+  // Stage s's candidates in priority order: B's (chunk 1 first: its gradient feeds a stage that
+  // still has a B to run), F's (chunk 1 first: nearer the loss), then the oldest deferred W.
+  auto candidates = [&](int s) {
+    std::vector<Choice> out;
+    const StageState& st = state[s];
+    for (int c : {1, 0}) {
+      const int mb = st.next_backward[c], g = layout.model_chunk(s, c);
+      if (mb >= m || forward_done[g][mb] < 0) continue;
+      const double ready = g == 2 * p - 1 ? forward_done[g][mb] : input_grad_done[g + 1][mb];
+      if (ready >= 0) out.push_back({Op::Backward, c, mb, ready});
+    }
+    for (int c : {1, 0}) {
+      const int mb = st.next_forward[c], g = layout.model_chunk(s, c);
+      if (mb >= m || st.held >= limit) continue;
+      const double ready = g == 0 ? 0.0 : forward_done[g - 1][mb];
+      if (ready >= 0) out.push_back({Op::Forward, c, mb, ready});
+    }
+    if (!st.deferred.empty()) out.push_back({Op::BackwardWeight, st.deferred.front().second, st.deferred.front().first, 0.0});
+    return out;
+  };
+  for (int remaining = 3 * 2 * m * p; remaining > 0; --remaining) {
+    // The stage that can start something soonest runs it: the first candidate ready when the stage
+    // is free, else the one that becomes ready first.
+    int best_stage = -1;
+    Choice best{};
+    double best_start = 0;
+    for (int s = 0; s < p; ++s) {
+      const std::vector<Choice> options = candidates(s);
+      if (options.empty()) continue;
+      const double now = state[s].free_at;
+      auto it = std::find_if(options.begin(), options.end(), [&](const Choice& c) { return c.ready <= now; });
+      const Choice pick = it != options.end()
+                              ? *it
+                              : *std::min_element(options.begin(), options.end(),
+                                                  [](const Choice& a, const Choice& b) { return a.ready < b.ready; });
+      const double start = std::max(now, pick.ready);
+      if (best_stage < 0 || start < best_start) best_stage = s, best = pick, best_start = start;
+    }
+    if (best_stage < 0) throw std::logic_error("zb_v: the list scheduler found nothing to run");  // unreachable: W's always free memory
+    StageState& st = state[best_stage];
+    const int g = layout.model_chunk(best_stage, best.chunk), mb = best.micro_batch;
+    std::vector<Instruction>& program = schedule.stage[best_stage];
+    st.free_at = best_start + 1.0;
+    switch (best.op) {
+      case Op::Forward:
+        append(program, forward_pass(best_stage, layout, mb, best.chunk));
+        forward_done[g][mb] = st.free_at;
+        ++st.next_forward[best.chunk];
+        ++st.held;
+        break;
+      case Op::Backward:
+        append(program, backward_pass(best_stage, layout, mb, best.chunk));
+        input_grad_done[g][mb] = st.free_at;
+        ++st.next_backward[best.chunk];
+        st.deferred.push_back({mb, best.chunk});
+        break;
+      default:
+        program.push_back({Op::BackwardWeight, mb, best.chunk});
+        st.deferred.erase(st.deferred.begin());
+        --st.held;
+        break;
+    }
+  }
+  for (std::vector<Instruction>& program : schedule.stage) finish(program);
+  return schedule;
+}
+
+Placement placement_of(const std::string& schedule) { return schedule == "zb_v" ? Placement::V : Placement::Loop; }
+
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names{"1f1b", "gpipe", "interleaved_1f1b", "zb_h1"};
+  static const std::vector<std::string> names{"1f1b", "gpipe", "interleaved_1f1b", "zb_h1", "zb_v"};
   return names;
 }
 
 Schedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks) {
   if (name == "interleaved_1f1b") return interleaved_one_f_one_b(stages, micro_batches, chunks);
+  if (name == "zb_v") {
+    if (chunks != 2)
+      throw std::invalid_argument("pipeline.virtual_stages: \"zb_v\" places 2 model chunks on each stage (a V); set "
+                                  "pipeline.virtual_stages to 2, got " + std::to_string(chunks));
+    return zb_v(stages, micro_batches);
+  }
   if (chunks != 1)
     throw std::invalid_argument("pipeline.virtual_stages: " + std::to_string(chunks) + " model chunks per stage need "
-                                "pipeline.schedule \"interleaved_1f1b\", got \"" + name + "\"");
+                                "pipeline.schedule \"interleaved_1f1b\" (or 2 with \"zb_v\"), got \"" + name + "\"");
   if (name == "1f1b") return one_f_one_b(stages, micro_batches);
   if (name == "gpipe") return gpipe(stages, micro_batches);
   if (name == "zb_h1") return zb_h1(stages, micro_batches);
-  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\", \"gpipe\", \"interleaved_1f1b\" or \"zb_h1\", got \"" +
+  throw std::invalid_argument("pipeline.schedule: expected \"1f1b\", \"gpipe\", \"interleaved_1f1b\", \"zb_h1\" or \"zb_v\", got \"" +
                               name + "\"");
 }
 

@@ -26,13 +26,25 @@
 //   idle time per stage falls from 1F1B's (p − 1)(F + B + W) to (p − 1)(F + B − W) (the paper's
 //   figure; with F = B = W, a third).
 //
-// Instructions name a micro-batch and a model chunk (0 but for interleaved schedules). Backward is
+//   ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", the V-shape zero bubble;
+//   the same placement as DualPipeV): two chunks per stage placed in a V — stage s holds the model's
+//   chunks s and 2p − 1 − s — so a micro-batch goes down the stages and back up: the last stage hands
+//   chunk p − 1's output to its own chunk p without a send, and stage 0 holds both the embedding side
+//   and the loss. Each backward split into B and W as in ZB-H1. The lists come from a list scheduler
+//   (zb_v below) that runs the stages forward in time with F = B = W per chunk and lets each stage,
+//   when free, run a ready B first (the critical path), else a ready F while it holds fewer than 2p
+//   chunk activations (1F1B's peak: p stage-sized micro-batches), else a deferred W, else wait; the
+//   order found is deadlock-free under any costs (every receive follows its send in one timing).
+//   With m >= 2p its bubble is a fraction of ZB-H1's at the same peak activations.
+//
+// Instructions name a micro-batch and a model chunk (0 but for interleaved and V schedules). Backward is
 // the whole backward of a micro-batch, or in a split schedule (Schedule::split_backward) its B, with
 // BackwardWeight its W.
 #pragma once
 
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::pipeline {
@@ -64,28 +76,58 @@ struct Instruction {
 std::string to_string(const Instruction& i);  // "Forward(3)", "OptimizerStep"
 std::ostream& operator<<(std::ostream& out, const Instruction& i);
 
+// Where the model's stages·chunks chunks sit (torchtitan calls it the stage style). Loop: stage s
+// holds chunks s, s + p, ... (one chunk, interleaved 1F1B). V (zb_v, two chunks): s and 2p − 1 − s.
+enum class Placement { Loop, V };
+
+// Stage s's local chunk `chunk` in the model: p stages, v chunks each.
+struct ChunkLayout {
+  int stages = 1, chunks = 1;
+  Placement placement = Placement::Loop;
+  int model_chunk(int s, int chunk) const;
+  // The (stage, local chunk) that holds model chunk g.
+  std::pair<int, int> place(int g) const;
+  bool first(int s, int chunk) const { return model_chunk(s, chunk) == 0; }
+  bool last(int s, int chunk) const { return model_chunk(s, chunk) == stages * chunks - 1; }
+  int last_stage() const { return place(stages * chunks - 1).first; }  // the loss's stage
+  // LoadMicroBatch before this chunk's forward: the first chunk's (inputs), and the last chunk's
+  // (labels) where its stage does not hold the first too (V: stage 0 loads once per micro-batch).
+  bool loads(int s, int chunk) const { return first(s, chunk) || (last(s, chunk) && last_stage() != 0); }
+  // The stages a chunk's activations come from and go to (its own stage at V's turn).
+  int previous_stage(int s, int chunk) const { return place(model_chunk(s, chunk) - 1).first; }
+  int next_stage(int s, int chunk) const { return place(model_chunk(s, chunk) + 1).first; }
+};
+
 struct Schedule {
   std::string name;                              // "1f1b", "gpipe", "forward_only"
   int stages = 0;
   int micro_batches = 0;
   std::vector<std::vector<Instruction>> stage;   // stage[s]: what stage s runs, in order
   bool training = true;                          // false: forwards only (evaluation), no step
-  int chunks = 1;                                // model chunks per stage (interleaved: v)
+  int chunks = 1;                                // model chunks per stage (interleaved: v; V: 2)
   bool split_backward = false;                   // Backward is B (input gradient); BackwardWeight is W
+  Placement placement = Placement::Loop;
+  ChunkLayout layout() const { return {stages, chunks, placement}; }
 };
 
 // Stage s's instructions to run micro-batch mb's forward / backward through its model chunk `chunk`
-// of `chunks`, with the loads, receives and sends that chunk's place in the pipeline needs (the
-// first chunk of stage 0 loads the inputs, the last chunk of the last stage the labels; chunk c
-// of the last stage sends to chunk c + 1 of stage 0). The schedules below are made of these two
-// and the closing pair.
-std::vector<Instruction> forward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1);
-std::vector<Instruction> backward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1);
+// of `layout`, with the loads, receives and sends that chunk's place in the pipeline needs (the
+// model's first chunk loads the inputs, its last the labels; with the loop placement chunk c of the
+// last stage sends to chunk c + 1 of stage 0). The schedules below are made of these two and the
+// closing pair.
+std::vector<Instruction> forward_pass(int s, const ChunkLayout& layout, int mb, int chunk = 0);
+std::vector<Instruction> backward_pass(int s, const ChunkLayout& layout, int mb, int chunk = 0);
+inline std::vector<Instruction> forward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1) {
+  return forward_pass(s, ChunkLayout{stages, chunks}, mb, chunk);
+}
+inline std::vector<Instruction> backward_pass(int s, int stages, int mb, int chunk = 0, int chunks = 1) {
+  return backward_pass(s, ChunkLayout{stages, chunks}, mb, chunk);
+}
 
 Schedule gpipe(int stages, int micro_batches);
 // Evaluation: every micro-batch's forward pass, nothing held after its send, no backward or step;
 // with chunks, every micro-batch through chunk 0, then through chunk 1, ...
-Schedule forward_only(int stages, int micro_batches, int chunks = 1);
+Schedule forward_only(int stages, int micro_batches, int chunks = 1, Placement placement = Placement::Loop);
 Schedule one_f_one_b(int stages, int micro_batches);
 // Interleaved 1F1B with `chunks` (v) model chunks per stage; micro_batches a multiple of stages.
 Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks);
@@ -93,8 +135,14 @@ Schedule interleaved_one_f_one_b(int stages, int micro_batches, int chunks);
 // ZB-H1: 1F1B with each backward split into B and W, W's deferred into the bubbles.
 Schedule zb_h1(int stages, int micro_batches);
 
-// By the config's name (`pipeline.schedule`): "1f1b", "gpipe", "zb_h1" or "interleaved_1f1b" (with `chunks`,
-// pipeline.virtual_stages). Errors name the path and the expected values, and ask for at least one
+// ZB-V: two chunks per stage in a V, each backward split, W's deferred into the bubbles.
+Schedule zb_v(int stages, int micro_batches);
+
+// The placement a schedule name implies ("zb_v": V; the others: loop), for cutting the model.
+Placement placement_of(const std::string& schedule);
+
+// By the config's name (`pipeline.schedule`): "1f1b", "gpipe", "zb_h1", "interleaved_1f1b" (with `chunks`,
+// pipeline.virtual_stages) or "zb_v" (chunks 2). Errors name the path and the expected values, and ask for at least one
 // stage and one micro-batch.
 Schedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks = 1);
 

@@ -47,12 +47,13 @@ std::vector<std::string> check(const Schedule& schedule) {
         errors.push_back(where + to_string(ins) + " names a model chunk outside 0.." + std::to_string(v - 1));
       pos.at[{ins.op, ins.micro_batch, ins.chunk}].push_back(i);
     }
+    const ChunkLayout layout = schedule.layout();
     for (int c = 0; c < v; ++c) {
-    // The first chunk of the first stage and the last chunk of the last stage are the pipeline's ends.
-    const bool first = s == 0 && c == 0, last = s == p - 1 && c == v - 1;
+    // The model's first and last chunks are the pipeline's ends.
+    const bool first = layout.first(s, c), last = layout.last(s, c);
     // What this stage's position needs for each micro-batch: (op, needed?), in the order they must run.
     const std::vector<std::pair<Op, bool>> forward_side{
-        {Op::LoadMicroBatch, first || last}, {Op::RecvActivation, !first}, {Op::Forward, true}, {Op::SendActivation, !last}};
+        {Op::LoadMicroBatch, layout.loads(s, c)}, {Op::RecvActivation, !first}, {Op::Forward, true}, {Op::SendActivation, !last}};
     const bool t = schedule.training;  // forward-only schedules have no backward side
     const std::vector<std::pair<Op, bool>> backward_side{
         {Op::RecvGrad, t && !last}, {Op::Backward, t}, {Op::SendGrad, t && !first}};
@@ -102,20 +103,25 @@ std::vector<std::string> check(const Schedule& schedule) {
 // receiver, activations or gradients): the (micro-batch, receiving chunk) sequence both ways.
 std::vector<std::string> stream_order_errors(const Schedule& schedule) {
   const int p = schedule.stages;
+  const ChunkLayout layout = schedule.layout();
   using Stream = std::tuple<int, int, bool>;  // (from, to, gradient)
   std::map<Stream, std::vector<std::pair<int, int>>> sends, receives;
   for (int s = 0; s < p; ++s)
     for (const Instruction& ins : schedule.stage[s]) {
-      const int mb = ins.micro_batch, c = ins.chunk;
-      switch (ins.op) {  // the peer and the receiving chunk, across the wrap-around
-        case Op::SendActivation:
-          sends[{s, s + 1 < p ? s + 1 : 0, false}].push_back({mb, s + 1 < p ? c : c + 1});
+      const int mb = ins.micro_batch, c = ins.chunk, g = layout.model_chunk(s, c);
+      switch (ins.op) {  // the peer and the receiving chunk (across the loop's wrap-around, or V's turn)
+        case Op::SendActivation: {
+          const auto [to, chunk] = layout.place(g + 1);
+          sends[{s, to, false}].push_back({mb, chunk});
           break;
-        case Op::SendGrad:
-          sends[{s, s > 0 ? s - 1 : p - 1, true}].push_back({mb, s > 0 ? c : c - 1});
+        }
+        case Op::SendGrad: {
+          const auto [to, chunk] = layout.place(g - 1);
+          sends[{s, to, true}].push_back({mb, chunk});
           break;
-        case Op::RecvActivation: receives[{s > 0 ? s - 1 : p - 1, s, false}].push_back({mb, c}); break;
-        case Op::RecvGrad: receives[{s + 1 < p ? s + 1 : 0, s, true}].push_back({mb, c}); break;
+        }
+        case Op::RecvActivation: receives[{layout.previous_stage(s, c), s, false}].push_back({mb, c}); break;
+        case Op::RecvGrad: receives[{layout.next_stage(s, c), s, true}].push_back({mb, c}); break;
         default: break;
       }
     }
@@ -134,11 +140,9 @@ bool SendKey::operator<(const SendKey& o) const {
   return std::tie(stage, op, micro_batch, chunk) < std::tie(o.stage, o.op, o.micro_batch, o.chunk);
 }
 
-SendKey matching_send(const Instruction& receive, int s, int stages) {
+SendKey matching_send(const ChunkLayout& layout, const Instruction& receive, int s) {
   const bool activation = receive.op == Op::RecvActivation;
-  int from = activation ? s - 1 : s + 1, chunk = receive.chunk;
-  if (from < 0) from = stages - 1, chunk -= 1;
-  if (from >= stages) from = 0, chunk += 1;
+  const auto [from, chunk] = layout.place(layout.model_chunk(s, receive.chunk) + (activation ? -1 : 1));
   return {from, activation ? Op::SendActivation : Op::SendGrad, receive.micro_batch, chunk};
 }
 
@@ -180,7 +184,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
       case Op::Forward:
         held[s] += 1;
         sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
-        if (!schedule.training && s == p - 1) held[s] -= 1;
+        if (!schedule.training && schedule.layout().last(s, ins.chunk)) held[s] -= 1;
         sim.busy[s] += forward_cost;
         record(s, ins, now, now + forward_cost);
         return true;
@@ -202,7 +206,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         return true;
       case Op::RecvActivation:
       case Op::RecvGrad: {
-        auto it = sent.find(matching_send(ins, s, p));
+        auto it = sent.find(matching_send(schedule.layout(), ins, s));
         if (it == sent.end()) return false;
         record(s, ins, now, std::max(now, it->second));
         sent.erase(it);

@@ -55,16 +55,17 @@ std::vector<std::string> check(const Schedule& schedule);
 // that passes check().
 std::vector<std::string> stream_order_errors(const Schedule& schedule);
 
-// The send a receive on stage `s` matches: (sending stage, its op, micro-batch, chunk). From the
-// previous (next) stage's same chunk; across the wrap-around between the last stage and the
-// first, from the previous (next) chunk.
+// The send a receive on stage `s` matches: (sending stage, its op, micro-batch, chunk): the
+// holder of the model chunk before (activations) or after (gradients) the receiving one (with the
+// loop placement the previous stage's same chunk, or across the wrap-around the previous chunk; at
+// V's turn the stage itself).
 struct SendKey {
   int stage;
   Op op;
   int micro_batch, chunk;
   bool operator<(const SendKey& o) const;
 };
-SendKey matching_send(const Instruction& receive, int s, int stages);
+SendKey matching_send(const ChunkLayout& layout, const Instruction& receive, int s);
 
 // Times `schedule`. Throws std::invalid_argument with check()'s and stream_order_errors()'s
 // errors, or std::runtime_error naming each stage's blocked instruction when the stages deadlock.

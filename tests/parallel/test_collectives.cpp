@@ -185,6 +185,21 @@ TEST_CASE("pipeline executor: interleaved 1f1b with 2 chunks on 2 and 4 stages t
   }
 }
 
+// ZB-V: the 8 layers in stages × 2 chunks placed in a V (stage s holds chunks s and 2p − 1 − s):
+// the last stage hands its first chunk's output to its second in-process, stage 0 computes the
+// loss, and every backward is split into B and W.
+TEST_CASE("pipeline executor: zb_v on 2 and 4 stages trains as one process does") {
+  struct Run { int stages, micro; };
+  for (const Run& r : {Run{2, 4}, Run{2, 3}, Run{4, 8}, Run{4, 2}}) {
+    auto out = launch(r.stages, {"pipeline", "--pp", std::to_string(r.stages), "--schedule", "zb_v", "--micro",
+                                 std::to_string(r.micro), "--chunks", "2"},
+                      tessera::testing::free_port());
+    INFO(out.output);
+    REQUIRE(out.status == 0);
+    for (int rank = 0; rank < r.stages; ++rank) CHECK(contains(out.output, "pipeline ok on rank " + std::to_string(rank)));
+  }
+}
+
 TEST_CASE("pipeline executor: a loss computed on a non-final stage is named") {
   auto out = launch(2, {"pipeline", "--pp", "2", "--loss-on-first-stage"}, tessera::testing::free_port());
   INFO(out.output);

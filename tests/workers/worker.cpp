@@ -2,7 +2,7 @@
 //
 //   tessera_test_worker collectives [--tp N]   every collective against values computed by hand
 //   tessera_test_worker context                rendezvous, print the context, exit
-//   tessera_test_worker pipeline --pp N [--schedule 1f1b|gpipe] [--micro M] [--dynamic-shape]
+//   tessera_test_worker pipeline --pp N [--schedule NAME] [--micro M] [--chunks V] [--dynamic-shape]
 //                                              [--loss-on-first-stage]
 //                                              an MLP through the pipeline executor against the
 //                                              same MLP in one process (worker_pipeline.cpp)

@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -66,18 +67,19 @@ class MlpStage final : public PipelineStage {
   MlpStage(std::vector<Layer>& layers, std::vector<std::pair<int, int>> chunks, bool first, bool last, int micro_batches)
       : layers_(layers), chunks_(std::move(chunks)), first_(first), last_(last), m_(micro_batches) {}
   void set_step(int step) { step_ = step; }
+  // By micro-batch: under zb_v stage 0 loads a micro-batch's targets long before its last chunk runs.
   void load(int mb) override {
-    if (first_) input_ = inputs_of(step_, mb);
-    if (last_) target_ = targets_of(step_, mb);
+    if (first_) input_[mb] = inputs_of(step_, mb);
+    if (last_) target_[mb] = targets_of(step_, mb);
   }
   at::Tensor forward(int mb, const at::Tensor& input) override { return forward(mb, 0, input); }
-  at::Tensor forward(int, int chunk, const at::Tensor& input) override {
+  at::Tensor forward(int mb, int chunk, const at::Tensor& input) override {
     const int c = static_cast<int>(chunks_.size());
     const bool first = first_ && chunk == 0, last = last_ && chunk == c - 1;
-    at::Tensor x = first ? input_ : input;
+    at::Tensor x = first ? input_.at(mb) : input;
     for (int l = chunks_[chunk].first; l < chunks_[chunk].second; ++l) x = apply(layers_[l], l, x);
     if (loss_on_first_ && first) return x.sum();  // the mistake the executor must name
-    return last ? at::mse_loss(x, target_) / m_ : x;  // the batch's loss is the mean over micro-batches
+    return last ? at::mse_loss(x, target_.at(mb)) / m_ : x;  // the batch's loss is the mean over micro-batches
   }
   bool loss_on_first_ = false;
   void step() override {
@@ -89,7 +91,7 @@ class MlpStage final : public PipelineStage {
   std::vector<std::pair<int, int>> chunks_;
   bool first_, last_;
   int m_, step_ = 0;
-  at::Tensor input_, target_;
+  std::map<int, at::Tensor> input_, target_;
 };
 
 void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
@@ -105,11 +107,12 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
   const int p = pipe.size(), s = pipe.rank();
   std::vector<LayerInfo> infos(kLayers, LayerInfo{"Linear", kWidth * kWidth + kWidth});
   infos.back().parameters = kOut * kWidth + kOut;
-  // p·v model chunks; stage s holds chunks s, s + p, ... (one chunk, s, without interleaving).
+  // p·v model chunks; stage s holds chunks s, s + p, ... (one chunk, s, without interleaving; zb_v:
+  // s and 2p − 1 − s).
+  const Placement placement = placement_of(schedule_name);
   const std::vector<int> bounds = partition_layers(infos, p * v, v > 1 ? "uniform" : "parameters");
-  if (ctx.rank() == 0) std::printf("%s", describe_partition(infos, bounds).c_str());
-  std::vector<std::pair<int, int>> mine;
-  for (int c = 0; c < v; ++c) mine.push_back({bounds[s + c * p], bounds[s + c * p + 1]});
+  if (ctx.rank() == 0) std::printf("%s", describe_partition(infos, bounds, p, placement).c_str());
+  const std::vector<std::pair<int, int>> mine = stage_layer_ranges(bounds, s, p, placement);
 
   // The reference: the whole model in this process, micro-batches accumulated in order.
   std::vector<Layer> reference = build_model();
@@ -129,15 +132,16 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
 
   // The pipeline: each stage holds every layer's initial values (same seed) but trains only its own.
   std::vector<Layer> model = build_model();
-  MlpStage stage(model, mine, s == 0, s == p - 1, m);
-  stage.loss_on_first_ = loss_on_first_stage;
   PipelineExecutor executor(pipe, make_schedule(schedule_name, p, m, v), dynamic_shape);
+  const ChunkLayout layout = executor.schedule().layout();
+  MlpStage stage(model, mine, s == 0, s == layout.last_stage(), m);
+  stage.loss_on_first_ = loss_on_first_stage;
   const Simulation simulated = simulate(executor.schedule());
   BatchReport report;
   for (int step = 0; step < kSteps; ++step) {
     stage.set_step(step);
     report = executor.run(stage);
-    if (s == p - 1) {
+    if (s == layout.last_stage()) {
       double loss = 0;
       for (double l : report.losses) loss += l;
       if (std::abs(loss - reference_losses[step]) > 1e-6)

@@ -145,6 +145,73 @@ TEST_CASE("zb_h1: well formed - B before W - idle (p - 1)(F + B - W) per stage -
   CHECK_THAT(check(bad).front(), Catch::Contains("BackwardWeight(0) comes before Backward(0)"));
 }
 
+TEST_CASE("zb_v: the V placement - stage 0 loads once and computes the loss - the turn stays on the last stage", "[pipeline]") {
+  const ChunkLayout v{3, 2, Placement::V};
+  CHECK(v.model_chunk(0, 0) == 0);
+  CHECK(v.model_chunk(0, 1) == 5);
+  CHECK(v.model_chunk(2, 0) == 2);
+  CHECK(v.model_chunk(2, 1) == 3);
+  for (int g = 0; g < 6; ++g) CHECK(v.model_chunk(v.place(g).first, v.place(g).second) == g);
+  CHECK(v.last_stage() == 0);
+  CHECK(v.next_stage(2, 0) == 2);  // the turn: chunk 2's output goes to chunk 3 on the same stage
+  CHECK(v.previous_stage(1, 1) == 2);
+  const ChunkLayout loop{3, 2, Placement::Loop};
+  CHECK(loop.model_chunk(1, 1) == 4);
+  CHECK(loop.last_stage() == 2);
+  CHECK(loop.next_stage(2, 0) == 0);  // the wrap-around
+
+  const Schedule zb = zb_v(2, 3);
+  CHECK(zb.chunks == 2);
+  CHECK(zb.split_backward);
+  // Stage 0 holds the model's first and last chunks: one load per micro-batch, before chunk 0's
+  // forward; no activation crosses off either end.
+  const auto& first = zb.stage[0];
+  CHECK(std::count_if(first.begin(), first.end(), [](const Instruction& i) { return i.op == Op::LoadMicroBatch; }) == 3);
+  CHECK(std::count(first.begin(), first.end(), Instruction{Op::LoadMicroBatch, 0, 0}) == 1);
+  CHECK(std::count(first.begin(), first.end(), Instruction{Op::SendActivation, 0, 1}) == 0);
+  CHECK(std::count(first.begin(), first.end(), Instruction{Op::SendGrad, 0, 0}) == 0);
+  // The last stage sends chunk 0's output to its own chunk 1 (the executor hands it over in-process).
+  CHECK(matching_send(zb.layout(), Instruction{Op::RecvActivation, 0, 1}, 1).stage == 1);
+  CHECK(matching_send(zb.layout(), Instruction{Op::RecvGrad, 0, 0}, 1).stage == 1);
+  CHECK(matching_send(zb.layout(), Instruction{Op::RecvGrad, 0, 1}, 1).stage == 0);  // chunk 3's gradient back up the V
+  // Cut 8 layers into 4 chunks: stage 0 runs layers 0-1 and 6-7, stage 1 layers 2-3 and 4-5.
+  const std::vector<int> bounds{0, 2, 4, 6, 8};
+  CHECK(stage_layer_ranges(bounds, 0, 2, Placement::V) == std::vector<std::pair<int, int>>{{0, 2}, {6, 8}});
+  CHECK(stage_layer_ranges(bounds, 1, 2, Placement::V) == std::vector<std::pair<int, int>>{{2, 4}, {4, 6}});
+  CHECK(stage_layer_ranges(bounds, 1, 2) == std::vector<std::pair<int, int>>{{2, 4}, {6, 8}});
+}
+
+TEST_CASE("zb_v: well formed - no deadlock - 1F1B's peak activations - a fraction of ZB-H1's bubble", "[pipeline]") {
+  Costs costs;  // F = B = W
+  costs.forward = 1.0;
+  costs.backward = 2.0;
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 7, 8, 16, 33}) {
+      INFO("p " << p << " m " << m);
+      const Schedule zb = zb_v(p, m);
+      REQUIRE(check(zb).empty());
+      CHECK(stream_order_errors(zb).empty());
+      const Simulation v = simulate(zb, costs), h1 = simulate(zb_h1(p, m), costs), one = simulate(one_f_one_b(p, m), costs);
+      // Chunk activations are half a stage's: at most 1F1B's peak of whole micro-batches, 2p chunks.
+      const int peak = *std::max_element(one.peak_activations.begin(), one.peak_activations.end());
+      for (int s = 0; s < p; ++s) CHECK(v.peak_activations[s] <= 2 * peak);
+      CHECK(v.makespan <= one.makespan + 1e-9);
+      if (p > 1 && m >= 2 * p) {
+        CHECK(v.makespan < h1.makespan);
+        // The bubble left is within one chunk forward of the least any schedule leaves, the p − 1
+        // chunk forwards before the first micro-batch reaches the last stage: about half of ZB-H1's
+        // (p − 1)(F + B − W).
+        CHECK(h1.makespan - 3.0 * m == Approx((p - 1) * 1.0));
+        CHECK(v.makespan - 3.0 * m <= p * 0.5 + 1e-9);
+      }
+    }
+  // The same lists run under other costs (a slow W, sends with latency) without deadlock.
+  Costs other;
+  other.weight_share = 0.8;
+  other.send = 0.3;
+  CHECK(simulate(zb_v(4, 8), other).makespan > 0);
+}
+
 TEST_CASE("simulator: a send costs the receiver its latency on every hop of the warm-up", "[pipeline]") {
   Costs costs;
   costs.send = 0.5;
@@ -222,6 +289,8 @@ TEST_CASE("make_schedule: by the config's name - and bad sizes and names are err
   CHECK_THROWS_WITH(make_schedule("interleaved_1f1b", 4, 6, 2),
                     Catch::Contains("pipeline.micro_batches (gradient_accumulation_steps) 6 must be a multiple of pipeline.stages 4"));
   CHECK_THROWS_WITH(make_schedule("1f1b", 4, 8, 2), Catch::Contains("pipeline.virtual_stages") && Catch::Contains("interleaved_1f1b"));
+  CHECK(make_schedule("zb_v", 4, 8, 2).stage == zb_v(4, 8).stage);
+  CHECK_THROWS_WITH(make_schedule("zb_v", 4, 8, 3), Catch::Contains("pipeline.virtual_stages") && Catch::Contains("got 3"));
   CHECK_THROWS_WITH(make_schedule("1f1b", 4, 0), Catch::Contains("pipeline.micro_batches") && Catch::Contains("got 0"));
   CHECK_THROWS_WITH(make_schedule("gpipe", 0, 4), Catch::Contains("pipeline.stages"));
 }
