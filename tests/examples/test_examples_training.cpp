@@ -152,6 +152,35 @@ TEST_CASE("train_gpt: interleaved 1F1B and ZB-H1 (pp 2 and 4 - pp 2 x dp 2 at Ze
   }
 }
 
+// ZB-V (parallel/pipeline/schedule.h): two chunks a stage in a V, stage s holding chunks s and
+// 2p − 1 − s, so stage 0 holds both the embedding and the head (the tied wte used by both of its
+// chunks, no copy to sum) and computes the loss; each backward split as ZB-H1's. Against the same
+// 1-rank run, with data parallelism at ZeRO 0-3 and tensor parallelism.
+TEST_CASE("train_gpt: ZB-V (pp 2 and 4 - pp 2 x dp 2 at ZeRO 0-3 - pp 2 x tp 2) reaches the 1-rank loss and parameters",
+          "[slow]") {
+  struct Run { int ranks, pp, tp, micro, accumulation, stage; const char* n_layer; const char* extra; };
+  for (Run r : {Run{2, 2, 1, 4, 4, 1, "", ""}, Run{4, 4, 1, 4, 4, 2, "6", ""}, Run{4, 2, 1, 2, 4, 0, "", ""},
+                Run{4, 2, 1, 2, 4, 3, "", R"(, "zero3_gather": "micro_batch")"}, Run{4, 2, 2, 4, 4, 1, "", ""}}) {
+    const std::string config = with_sections(
+        gpt_config(r.micro, r.stage, r.accumulation),
+        "\"pipeline\": {\"stages\": " + std::to_string(r.pp) + ", \"schedule\": \"zb_v\"" + r.extra +
+            "}, \"tensor_parallel\": {\"tp_size\": " + std::to_string(r.tp) +
+            ", \"sequence_parallel\": " + (r.tp > 1 ? "true" : "false") + "}");
+    std::vector<std::string> flags;
+    if (*r.n_layer) flags = {"--n-layer", r.n_layer};
+    const std::string output = check_against_reference(
+        r.ranks, config,
+        "ranks " + std::to_string(r.ranks) + " pp " + std::to_string(r.pp) + " tp " + std::to_string(r.tp) + " ZeRO " +
+            std::to_string(r.stage) + " zb_v",
+        flags);
+    CHECK(contains(output, "zb_v schedule"));
+    CHECK(contains(output, "chunk " + std::to_string(2 * r.pp - 1) + " (stage 0)"));  // the V's last chunk
+    const std::regex held("held (\\d+) micro-batches \\(simulated (\\d+)\\)");
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), held); it != std::sregex_iterator(); ++it)
+      CHECK((*it)[1] == (*it)[2]);
+  }
+}
+
 // ZeRO-3 under the pipeline (DeepSpeed refuses it): each stage's parameters partitioned over its
 // data group, gathered once per batch (pipeline.zero3_gather "step") or around each forward and
 // backward ("micro_batch"), by every schedule; the tied wte partitioned on both stages that hold it.
@@ -192,7 +221,8 @@ TEST_CASE("train_gpt: bf16 through the pipeline by every schedule ends where 1F1
   REQUIRE(one.status == 0);
   double one_f_one_b = 0;
   for (const char* pipeline : {R"({"stages": 2})", R"({"stages": 2, "schedule": "gpipe"})", R"({"stages": 2, "schedule": "zb_h1"})",
-                               R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2})"}) {
+                               R"({"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2})",
+                               R"({"stages": 2, "schedule": "zb_v"})"}) {
     auto run = run_gpt(2, bf16(4, 4, pipeline), 10, tessera::testing::free_port());
     INFO(pipeline << "\n" << run.output);
     REQUIRE(run.status == 0);
@@ -203,7 +233,7 @@ TEST_CASE("train_gpt: bf16 through the pipeline by every schedule ends where 1F1
 }
 
 TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without interleaving, micro-batches not a "
-          "multiple of the stages, chunks that do not divide the layers - name the keys and the values") {
+          "multiple of the stages, chunks that do not divide the layers, a V of 3 chunks - name the keys and the values") {
   auto run = [](int ranks, const std::string& pipeline, int accumulation) {
     return run_example(TESSERA_TRAIN_GPT_PATH, ranks,
                        with_sections(gpt_config(4, 1, accumulation), "\"pipeline\": " + pipeline), 1,
@@ -226,7 +256,11 @@ TEST_CASE("train_gpt: the pipeline's schedule errors - virtual stages without in
                                 tessera::testing::free_port(), {"--checkpoint-activations"});
   CHECK(recomputed.status != 0);
   CHECK(contains(recomputed.output, "--checkpoint-activations with pipeline.schedule \"zb_h1\""));
-  auto unknown = run(2, R"({"stages": 2, "schedule": "zb_v"})", 4);
+  auto v_of_three = run(2, R"({"stages": 2, "schedule": "zb_v", "virtual_stages": 3})", 4);
+  CHECK(v_of_three.status != 0);
+  CHECK(contains(v_of_three.output, "pipeline.schedule \"zb_v\" places 2 model chunks on each stage (a V): "
+                                    "pipeline.virtual_stages must be 2 (or left out), got 3"));
+  auto unknown = run(2, R"({"stages": 2, "schedule": "dualpipe"})", 4);
   CHECK(unknown.status != 0);
   CHECK(contains(unknown.output, "pipeline.schedule"));
   CHECK(contains(unknown.output, "zb_h1"));
