@@ -145,8 +145,8 @@ void register_plan_command(CLI::App& app, int& exit_code, const std::vector<std:
   sub->add_option("--cp", f->cp, "Fix the context-parallel degree")->group("Layout");
   sub->add_option("--cp-method", f->cp_method, "ulysses (default) or ring")->check(CLI::IsMember({"ulysses", "ring"}))->group("Layout");
   sub->add_option("--ep", f->ep, "Fix the expert-parallel degree (an MoE model)")->group("Layout");
-  sub->add_option("--schedule", f->schedule, "Fix the pipeline schedule: 1f1b, zb_h1, interleaved_1f1b or gpipe")
-      ->check(CLI::IsMember({"1f1b", "zb_h1", "interleaved_1f1b", "gpipe"}))
+  sub->add_option("--schedule", f->schedule, "Fix the pipeline schedule: 1f1b, zb_h1, interleaved_1f1b, zb_v or gpipe")
+      ->check(CLI::IsMember({"1f1b", "zb_h1", "interleaved_1f1b", "zb_v", "gpipe"}))
       ->group("Layout");
   sub->add_option("--virtual-stages", f->virtual_stages, "Model chunks a stage for interleaved 1F1B (2)")->group("Layout");
   sub->add_option("--micro-batch", f->micro_batch, "Fix the micro-batch per rank")->group("Layout");

@@ -86,7 +86,8 @@ std::pair<int64_t, int64_t> stage_layers(int64_t layers, int pp, int stage) {  /
 StageModel stage_model(const Resolved& r, const TrainingSetup& s, int stage) {
   StageModel m;
   m.first = stage == 0;
-  m.last = stage == s.pp - 1;
+  // The head and the loss: the last stage's, or stage 0's under zb_v (its V ends where it began).
+  m.last = stage == (pipeline::placement_of(s.pipeline_schedule) == pipeline::Placement::V ? 0 : s.pp - 1);
   int64_t first_layer = 0, count = 0;
   if (r.shape) std::tie(first_layer, count) = stage_layers(r.shape->layers, s.pp, stage);
   m.layers = count;

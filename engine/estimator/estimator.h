@@ -57,7 +57,8 @@ struct TrainingSetup : ZeroSizeParams {
   int64_t gradient_accumulation = 1;
   int64_t pipeline_micro_batches = 0;      // 0: gradient_accumulation (DeepSpeed's default)
   // pipeline.schedule and virtual_stages: what a stage holds in flight (the schedule's simulated
-  // peak: 1F1B min(pp - stage, m); ZB-H1 up to pp; interleaved more than 1F1B).
+  // peak: 1F1B min(pp - stage, m); ZB-H1 up to pp; interleaved more than 1F1B; zb_v (virtual_stages
+  // 2) up to pp on every stage, the head and the loss on stage 0).
   std::string pipeline_schedule = "1f1b";
   int virtual_stages = 1;
   int tp = 1;

@@ -66,7 +66,7 @@ TrainingSetup setup_from_config(const Config& c) {
   s.gradient_accumulation = c.gradient_accumulation_steps.value_or(1);
   s.pipeline_micro_batches = c.pipeline.micro_batches.value_or(0);
   s.pipeline_schedule = c.pipeline.schedule;
-  s.virtual_stages = c.pipeline.schedule == "interleaved_1f1b" ? c.pipeline.virtual_stages : 1;
+  s.virtual_stages = c.pipeline.schedule == "interleaved_1f1b" || c.pipeline.schedule == "zb_v" ? c.pipeline.virtual_stages : 1;
   s.tp = c.tensor_parallel.tp_size;
   s.sequence_parallel = c.tensor_parallel.sequence_parallel;
   s.pp = c.pipeline.stages;

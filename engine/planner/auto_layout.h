@@ -3,7 +3,7 @@
 // degrees, the optimizer and parameter offload devices, and activation checkpointing
 // (activation_checkpointing.number_checkpoints or pipeline.activation_checkpoint_interval), and an
 // MoE model's expert degree (moe.ep_size), and the pipeline's schedule (pipeline.schedule: 1F1B,
-// ZB-H1 or interleaved with pipeline.virtual_stages chunks, 2 unless given). Only the keys that say "auto" are
+// ZB-H1, ZB-V or interleaved with pipeline.virtual_stages chunks, 2 unless given). Only the keys that say "auto" are
 // searched; every other layout key keeps its value (or its default). The answer is the config with
 // the chosen values written in, and one line that says what was chosen and why.
 //

@@ -12,6 +12,7 @@ std::string Layout::label() const {
   if (pp > 1) add("pp " + std::to_string(pp));
   if (pp > 1 && schedule == "zb_h1") add("zb-h1");
   if (pp > 1 && schedule == "interleaved_1f1b") add("interleaved × " + std::to_string(virtual_stages));
+  if (pp > 1 && schedule == "zb_v") add("zb-v");
   if (pp > 1 && schedule == "gpipe") add("gpipe");
   if (cp > 1) add("cp " + std::to_string(cp));
   if (ep > 1) add("ep " + std::to_string(ep));

@@ -17,8 +17,8 @@ struct Layout {
   // MoE models: the data-parallel ranks an MoE layer's experts are spread over (moe.ep_size,
   // carved out of dp: it divides dp and the experts); 1 for a dense model.
   int ep = 1;
-  // pipeline.schedule: "1f1b" (always without a pipeline), "zb_h1" or "interleaved_1f1b" with
-  // virtual_stages model chunks a stage (GPipe has 1F1B's bubble and holds more: searched only when asked).
+  // pipeline.schedule: "1f1b" (always without a pipeline), "zb_h1", "interleaved_1f1b" with
+  // virtual_stages model chunks a stage, or "zb_v" (virtual_stages 2) (GPipe has 1F1B's bubble and holds more: searched only when asked).
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   int zero_stage = 0;

@@ -45,11 +45,11 @@ std::vector<std::pair<std::string, std::string>> offload_choices(const SpaceLimi
 }
 
 // The pipeline schedules searched on `pp` stages (one without a pipeline): 1F1B, ZB-H1 (Qi et al.
-// 2023) and interleaved 1F1B (Narayanan et al. 2021); GPipe only when asked (1F1B's bubble, more
-// activations held).
+// 2023), interleaved 1F1B (Narayanan et al. 2021) and ZB-V (two chunks a stage in a V); GPipe only
+// when asked (1F1B's bubble, more activations held).
 std::vector<std::pair<std::string, int>> schedule_choices(int pp, const SpaceLimits& lim) {
   if (pp == 1) return {{"1f1b", 1}};
-  std::vector<std::pair<std::string, int>> all = {{"1f1b", 1}, {"zb_h1", 1}, {"interleaved_1f1b", lim.virtual_stages}};
+  std::vector<std::pair<std::string, int>> all = {{"1f1b", 1}, {"zb_h1", 1}, {"interleaved_1f1b", lim.virtual_stages}, {"zb_v", 2}};
   if (lim.schedule && *lim.schedule == "gpipe") all.push_back({"gpipe", 1});
   std::vector<std::pair<std::string, int>> out;
   for (const auto& choice : all)
@@ -64,7 +64,7 @@ void add_choices(const Layout& grid, int64_t per_rank, bool has_shape, const Spa
   const auto offloads = offload_choices(lim);
   for (int micro : divisors(per_rank)) {
     if (lim.micro_batch && *lim.micro_batch != micro) continue;
-    if (grid.virtual_stages > 1 && (per_rank / micro) % grid.pp != 0) {
+    if (grid.schedule == "interleaved_1f1b" && grid.virtual_stages > 1 && (per_rank / micro) % grid.pp != 0) {
       if (rejected) {
         Layout l = grid;
         l.micro_batch = micro, l.gradient_accumulation = per_rank / micro;
@@ -146,7 +146,7 @@ std::vector<Layout> enumerate_layouts(int world, int gpus_per_node, int64_t glob
           for (const auto& [schedule, chunks] : schedule_choices(pp, lim)) {
             grid.schedule = schedule, grid.virtual_stages = chunks;
             if (shape && chunks > 1 && shape->layers < int64_t(pp) * chunks) {
-              reject(grid, "interleaved 1F1B with " + std::to_string(chunks) + " chunks a stage needs " +
+              reject(grid, schedule + " with " + std::to_string(chunks) + " chunks a stage needs " +
                                std::to_string(pp * chunks) + " layers, the model has " + std::to_string(shape->layers),
                      "shape");
               continue;

@@ -23,7 +23,7 @@ struct SpaceLimits {
   std::optional<int> tp, pp, cp, ep, zero_stage;
   std::optional<int64_t> micro_batch;
   std::optional<std::string> offload_optimizer, offload_param, activation_checkpointing;
-  std::optional<std::string> schedule;  // under a pipeline: "1f1b", "zb_h1", "interleaved_1f1b" (or "gpipe")
+  std::optional<std::string> schedule;  // under a pipeline: "1f1b", "zb_h1", "interleaved_1f1b", "zb_v" (or "gpipe")
   int virtual_stages = 2;               // the interleaved schedule's model chunks a stage
   int max_tp = 0;                // 0: the ranks of one node (tensor parallelism stays inside a node)
   bool offload = true;           // try optimizer/parameter offload

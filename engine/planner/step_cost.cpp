@@ -236,8 +236,8 @@ StepCost predict_step(const Layout& l, const EstimateResult& memory, const Calib
   const double busy = cost.compute + cost.recompute + cost.tensor + cost.context + cost.experts;
   const double latency = cal.collective_latency_us.value * 1e-6;
   if (l.pp > 1) {
-    // The layout's schedule on the node's shared cores (an interleaved chunk 1/v of the stage's
-    // work, ZB-H1's B and W half of its backward each); what it adds beyond the stage's own work
+    // The layout's schedule on the node's shared cores (an interleaved or V chunk 1/v of the
+    // stage's work, a split backward's B and W half of it each); what it adds beyond the stage's own work
     // is bubble and sends.
     const double send = latency + double(l.micro_batch * sh.seq_len / l.cp) * double(sh.hidden) * c /
                                       (cal.intra_node_gbps.value * 1e9);

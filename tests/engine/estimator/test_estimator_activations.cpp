@@ -149,6 +149,13 @@ TEST_CASE("activations: a 1F1B pipeline's first stage holds `stages` micro-batch
   in.setup.virtual_stages = 1;
   CHECK(estimate(in).activations.in_flight == 2);
   CHECK(pipeline::simulate(pipeline::zb_h1(2, 4)).peak_activations[1] == 2);
+  // ZB-V: two half-stage chunks a stage; stage 0 holds at most 1F1B's 2 micro-batches' worth, and the
+  // head's logits (the V's last chunk is on stage 0).
+  in.setup.pipeline_schedule = "zb_v";
+  in.setup.virtual_stages = 2;
+  CHECK(pipeline::simulate(pipeline::zb_v(2, 4)).peak_activations[0] <= 4);
+  const EstimateResult v = estimate(in);
+  CHECK(v.activations.in_flight <= 2);
 }
 
 TEST_CASE("MoE: experts counted over ep - activations at the capacity or the stated dropless worst case - the flags' errors") {

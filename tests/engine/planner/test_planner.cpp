@@ -205,9 +205,9 @@ TEST_CASE("planner: the pipeline bubble is the simulator's idle time - 1F1B (p-1
     CHECK(c.bubble == Approx(3.0 / m * c.compute).epsilon(1e-6));
     CHECK(c.bubble / (c.compute + c.bubble) == Approx(one_f_one_b_bubble(4, m)).epsilon(1e-6));
   }
-  // ZB-H1 (B and W half a backward each) and interleaved 1F1B (two chunks a stage, each half the
+  // ZB-H1 (B and W half a backward each), interleaved 1F1B and ZB-V (two chunks a stage, each half the
   // stage's work) are timed by their own schedules: the simulator's idle share, below 1F1B's.
-  for (const std::string schedule : {"zb_h1", "interleaved_1f1b"})
+  for (const std::string schedule : {"zb_h1", "interleaved_1f1b", "zb_v"})
     for (int micro : {1, 2}) {
       request["schedule"] = schedule;
       request["micro_batch"] = micro;
@@ -216,6 +216,7 @@ TEST_CASE("planner: the pipeline bubble is the simulator's idle time - 1F1B (p-1
       const Layout& l = r.ranked[0].layout;
       CHECK(l.schedule == schedule);
       CHECK(l.virtual_stages == (schedule == "zb_h1" ? 1 : 2));
+      if (schedule == "zb_v") CHECK_THAT(l.label(), Catch::Contains("zb-v"));
       CHECK(r.ranked[0].config["pipeline"]["schedule"] == schedule);
       const int m = 8 / micro;
       pipeline::Costs costs;
@@ -227,12 +228,12 @@ TEST_CASE("planner: the pipeline bubble is the simulator's idle time - 1F1B (p-1
       CHECK(c.bubble / (c.compute + c.bubble) == Approx(idle).epsilon(1e-6));
       CHECK(idle < one_f_one_b_bubble(4, m));
     }
-  // Searched when not fixed: the three schedules under a pipeline, none without one.
+  // Searched when not fixed: the four schedules under a pipeline, none without one.
   request.erase("schedule");
   request["micro_batch"] = 1;
   std::set<std::string> schedules;
   for (const auto& c : plan(plan_inputs_from_json(request)).ranked) schedules.insert(c.layout.schedule);
-  CHECK(schedules == std::set<std::string>{"1f1b", "interleaved_1f1b", "zb_h1"});
+  CHECK(schedules == std::set<std::string>{"1f1b", "interleaved_1f1b", "zb_h1", "zb_v"});
 }
 
 TEST_CASE("planner: ranks sharing cores - the pipeline timed with the busy ranks sharing them") {
