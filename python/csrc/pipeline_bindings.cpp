@@ -61,10 +61,12 @@ void bind_pipeline(py::module& m) {
            },
            py::arg("layers"), py::arg("stages"), py::arg("chunks"), py::arg("method"));
   pipe.def("describe_partition",
-           [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds, int stages) {
-             return pipeline::describe_partition(layer_infos_of(layers), bounds, stages);
+           [](const std::vector<std::pair<std::string, int64_t>>& layers, const std::vector<int>& bounds, int stages,
+              const std::string& placement) {
+             return pipeline::describe_partition(layer_infos_of(layers), bounds, stages,
+                                                 placement == "v" ? pipeline::Placement::V : pipeline::Placement::Loop);
            },
-           py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0);
+           py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0, py::arg("placement") = "loop");
   // The simulator (parallel/pipeline/simulator.h) for a schedule by its config name: each stage's idle
   // fraction and peak activations with the given costs (a stage's forward, its whole backward, W's
   // share of it in split schedules).

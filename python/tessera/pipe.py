@@ -14,11 +14,12 @@ parameters on the meta device). The first stage reads the inputs of each (inputs
 iterator yields, the last stage the labels; train_batch returns the batch's mean loss on every rank.
 Weights of a TiedLayerSpec key used on several stages start equal (broadcast from the first) and
 have their gradients summed between those stages before each step (engine/pipeline_engine.h).
-The schedule (pipeline.schedule: "1f1b", "gpipe", "zb_h1" or "interleaved_1f1b"), the executor and
+The schedule (pipeline.schedule: "1f1b", "gpipe", "zb_h1", "interleaved_1f1b" or "zb_v"), the executor and
 the engines are C++. ZB-H1 splits each backward of a stage's layers into its input's gradient and its
 weights' with autograd itself (no change to the modules). Interleaved 1F1B needs the module cut into
 num_stages × virtual_stages chunks: PipelineModule(..., virtual_stages=v) with pipeline.virtual_stages
-v in the config; stage s then holds chunks s, s + num_stages, ...
+v in the config; stage s then holds chunks s, s + num_stages, ... ZB-V needs PipelineModule(...,
+placement="v"): stage s holds chunks s and 2·num_stages − 1 − s, stage 0 reads the labels too.
 """
 import functools
 import json
@@ -88,11 +89,23 @@ class PipelineModule(nn.Module):
     tessera.tensor_parallel.parallelize(model, {"local_layers.*.<linear>": "colwise", ...}).
     `virtual_stages` v (pipeline.virtual_stages, for the "interleaved_1f1b" schedule) cuts the layers
     into num_stages·v chunks; this stage holds chunks stage_id, stage_id + num_stages, ... (Megatron's
-    virtual pipeline), forward(x) runs its first and forward_chunk(c, x) its c-th."""
+    virtual pipeline), forward(x) runs its first and forward_chunk(c, x) its c-th. `placement="v"`
+    (for the "zb_v" schedule) cuts them into 2·num_stages chunks placed in a V: this stage holds
+    chunks stage_id and 2·num_stages − 1 − stage_id, so stage 0 holds both ends of the model and
+    computes the loss (loss_fn is needed there)."""
 
     def __init__(self, layers, num_stages=None, loss_fn=None, partition_method="parameters", seed_layers=False,
-                 base_seed=1234, activation_checkpoint_interval=0, tensor_parallel=None, virtual_stages=1):
+                 base_seed=1234, activation_checkpoint_interval=0, tensor_parallel=None, virtual_stages=1,
+                 placement="loop"):
         super().__init__()
+        if placement not in ("loop", "v"):
+            raise ValueError("tessera.pipe.PipelineModule: placement must be \"loop\" or \"v\" (zb_v), got %r" % (placement,))
+        self.placement = placement
+        if placement == "v" and int(virtual_stages) == 1:
+            virtual_stages = 2  # the V: two chunks a stage
+        if placement == "v" and int(virtual_stages) != 2:
+            raise ValueError("tessera.pipe.PipelineModule: placement \"v\" holds 2 chunks a stage; virtual_stages must "
+                             "be 2, got %r" % virtual_stages)
         if int(virtual_stages) < 1:
             raise ValueError("tessera.pipe.PipelineModule: virtual_stages must be >= 1 (pipeline.virtual_stages), got %r"
                              % virtual_stages)
@@ -123,9 +136,13 @@ class PipelineModule(nn.Module):
         if comm.get_rank() == 0:
             print("tessera.pipe: %d stages by %s\n%s" % (
                 self.num_stages, partition_method,
-                _C.pipeline.describe_partition(infos, self.parts, self.num_stages)), end="", flush=True)
-        chunks = len(self.parts) - 1
-        holder = {i: c % self.num_stages for c in range(chunks) for i in range(self.parts[c], self.parts[c + 1])}
+                _C.pipeline.describe_partition(infos, self.parts, self.num_stages, placement)), end="", flush=True)
+        chunks, p = len(self.parts) - 1, self.num_stages
+
+        def stage_of(c):  # the stage that holds model chunk c
+            return (c if c < p else 2 * p - 1 - c) if placement == "v" else c % p
+        self.loss_stage = stage_of(chunks - 1)
+        holder = {i: stage_of(c) for c in range(chunks) for i in range(self.parts[c], self.parts[c + 1])}
         # Which stages hold each tied key (its weights' gradients are summed over them).
         self._tied_stages = {}
         for i, layer in enumerate(layers):
@@ -137,15 +154,16 @@ class PipelineModule(nn.Module):
         self.local_layers = nn.ModuleList()  # the stage's modules, in order, for parameters()
         self._global_index = []  # per local layer: its index in the whole model's layers
         self.layers_by_index = {}  # layer index -> its module (or callable) on this stage
-        for chunk in range(self.stage_id, chunks, self.num_stages):
+        mine = [self.stage_id, 2 * p - 1 - self.stage_id] if placement == "v" else range(self.stage_id, chunks, p)
+        for chunk in mine:
             funcs = []
             for i in range(self.parts[chunk], self.parts[chunk + 1]):
                 funcs.append(self._build(layers[i], i, seed_layers, base_seed))
                 self.layers_by_index[i] = self.tied_modules[layers[i].key] if isinstance(layers[i], TiedLayerSpec) \
                     else funcs[-1]
             self.chunk_funcs.append(funcs)
-        if self.stage_id == self.num_stages - 1 and loss_fn is None:
-            raise ValueError("tessera.pipe.PipelineModule: loss_fn is required (the last stage computes the loss)")
+        if self.stage_id == self.loss_stage and loss_fn is None:
+            raise ValueError("tessera.pipe.PipelineModule: loss_fn is required (stage %d computes the loss)" % self.loss_stage)
         self._context = ctx
         self._synchronize_tied_weights()
 
@@ -233,6 +251,10 @@ class PipelineModule(nn.Module):
 
     def is_last_stage(self):
         return self.stage_id == self.num_stages - 1
+
+    def is_loss_stage(self):
+        """The stage that computes the loss: the last, or stage 0 with placement "v"."""
+        return self.stage_id == self.loss_stage
 
 
 class _StageModel(_C.pipeline.StageModel):
@@ -338,10 +360,16 @@ def initialize_pipeline(module, cfg, weight_decay_groups=None):
     interval = pipeline.get("activation_checkpoint_interval", 0)
     if interval and not module.activation_checkpoint_interval:
         module.activation_checkpoint_interval = int(interval)  # the config's, where the module set none
-    if pipeline.get("schedule") == "zb_h1" and module.activation_checkpoint_interval:
-        raise ValueError("tessera.initialize: activation_checkpoint_interval %d with pipeline.schedule \"zb_h1\": a "
-                         "recomputed segment computes its weights' gradients with its input's, which ZB-H1 splits; "
-                         "use \"1f1b\" or \"interleaved_1f1b\"" % module.activation_checkpoint_interval)
+    schedule = pipeline.get("schedule", "1f1b")
+    if schedule in ("zb_h1", "zb_v") and module.activation_checkpoint_interval:
+        raise ValueError("tessera.initialize: activation_checkpoint_interval %d with pipeline.schedule \"%s\": a "
+                         "recomputed segment computes its weights' gradients with its input's, which a zero-bubble "
+                         "schedule splits; use \"1f1b\" or \"interleaved_1f1b\"" % (module.activation_checkpoint_interval,
+                                                                                 schedule))
+    if cfg.pipe > 1 and (schedule == "zb_v") != (module.placement == "v"):
+        raise ValueError("tessera.initialize: pipeline.schedule \"%s\" with a PipelineModule placed %r; \"zb_v\" runs "
+                         "the chunks placed in a V (PipelineModule(..., placement=\"v\")) and the other schedules "
+                         "the loop placement" % (schedule, module.placement))
     virtual = pipeline.get("virtual_stages", 1)
     if virtual != module.virtual_stages:
         raise ValueError("tessera.initialize: the config's pipeline.virtual_stages is %d but the PipelineModule was cut "

@@ -2,7 +2,7 @@
 pipeline_worker.py trains a tied-embedding language model cut into stages and checks, on every
 rank, each step's loss and global gradient norm (clipping active) and its stage's parameters
 against the same layers trained whole in one process — SGD (a wrong gradient scale shows) and
-AdamW; 1F1B, GPipe, ZB-H1 and interleaved 1F1B (2 chunks per stage); pp 2 and 4; pp 2 x dp 2 with ZeRO 2
+AdamW; 1F1B, GPipe, ZB-H1, interleaved 1F1B and ZB-V (2 chunks per stage); pp 2 and 4; pp 2 x dp 2 with ZeRO 2
 and 3 (gathered per batch, and per micro-batch under ZB-H1); pp 2 x tp 2 and pp 2 x dp 2 x tp 2;
 activation_checkpoint_interval; and
 fp16's overflow decision shared by the stages."""
@@ -13,20 +13,22 @@ import pytest
 from conftest import check, launch
 
 # Each launch runs the cases of one grid (ranks, stages, tp) one after the other (a process's first
-# initialize fixes its process groups' degrees): 5 launches for 17 cases.
+# initialize fixes its process groups' degrees): 5 launches for 20 cases.
 # (stages, schedule, ZeRO stage, optimizer, activation_checkpoint_interval, tp) and what each shows.
 GRIDS = {
     "pp2": (2, [(2, "1f1b", 0, "SGD", 0, 1, "pp2-1f1b-z0-sgd"), (2, "gpipe", 1, "AdamW", 0, 1, "pp2-gpipe-z1-adamw"),
                 (2, "1f1b", 1, "SGD", 2, 1, "pp2-checkpoint-every-2"), (2, "1f1b", 1, "bf16", 0, 1, "pp2-bf16-sgd"),
                 (2, "zb_h1", 0, "SGD", 0, 1, "pp2-zbh1-z0-sgd"),
-                (2, "interleaved_1f1b", 1, "SGD", 0, 1, "pp2-interleaved-z1-sgd")]),
+                (2, "interleaved_1f1b", 1, "SGD", 0, 1, "pp2-interleaved-z1-sgd"), (2, "zb_v", 1, "SGD", 0, 1, "pp2-zbv-z1-sgd")]),
     "pp2xdp2": (4, [(2, "1f1b", 2, "AdamW", 0, 1, "pp2xdp2-z2-adamw"),
                     (2, "interleaved_1f1b", 2, "AdamW", 0, 1, "pp2xdp2-interleaved-z2-adamw"),
                     (2, "1f1b", 3, "AdamW", 0, 1, "pp2xdp2-z3-adamw"),
-                    (2, "zb_h1", 3, "SGD", 0, 1, "pp2xdp2-zbh1-z3-per-micro-batch-sgd")]),
+                    (2, "zb_h1", 3, "SGD", 0, 1, "pp2xdp2-zbh1-z3-per-micro-batch-sgd"),
+                    (2, "zb_v", 3, "AdamW", 0, 1, "pp2xdp2-zbv-z3-adamw")]),
     "pp4": (4, [(4, "1f1b", 1, "SGD", 0, 1, "pp4-z1-sgd"), (4, "zb_h1", 1, "AdamW", 0, 1, "pp4-zbh1-z1-adamw")]),
     "pp2xtp2": (4, [(2, "1f1b", 1, "SGD", 0, 2, "pp2xtp2-z1-sgd"), (2, "zb_h1", 2, "SGD", 0, 2, "pp2xtp2-zbh1-z2-sgd"),
-                    (2, "interleaved_1f1b", 1, "SGD", 0, 2, "pp2xtp2-interleaved-z1-sgd")]),
+                    (2, "interleaved_1f1b", 1, "SGD", 0, 2, "pp2xtp2-interleaved-z1-sgd"),
+                    (2, "zb_v", 2, "SGD", 0, 2, "pp2xtp2-zbv-z2-sgd")]),
     "pp2xdp2xtp2": (8, [(2, "1f1b", 2, "AdamW", 0, 2, "pp2xdp2xtp2-z2-adamw"),
                         (2, "interleaved_1f1b", 3, "SGD", 0, 2, "pp2xdp2xtp2-interleaved-z3-sgd")]),
 }
@@ -34,7 +36,7 @@ GRIDS = {
 
 @pytest.mark.parametrize("grid", list(GRIDS))
 def test_pipeline_module_matches_plain_pytorch(grid):
-    """1F1B, GPipe, ZB-H1 and interleaved 1F1B at ZeRO 0-3 with SGD and AdamW (with
+    """1F1B, GPipe, ZB-H1, interleaved 1F1B and ZB-V at ZeRO 0-3 with SGD and AdamW (with
     activation_checkpoint_interval 2: every 2 layers recomputed in backward, same results; with tp
     2: each block's MLP split over the tensor group, parameters gathered for the comparison; bf16:
     against the fp32 reference within bf16's rounding, 2% of the loss)"""
@@ -85,9 +87,20 @@ def test_simulator_and_chunk_partition_from_python():
     assert all(z < o for z, o in zip(zb["idle_fraction"], one["idle_fraction"]))
     assert max(zb["peak_activations"]) == max(one["peak_activations"]) == 4
     assert abs(zb["makespan"] - (3 * 8 + 3)) < 1e-9
+    v = pipeline.simulate("zb_v", 4, 8, 2, 1.0, 2.0, 0.5)  # two half-stage chunks a stage, in a V
+    assert v["makespan"] < zb["makespan"] and max(v["peak_activations"]) <= 2 * 4
     blocks = [("Embedding", 10)] + [("Block", 100)] * 12 + [("Head", 10)]
     # 12 chunks of one block each, the embedding with the first and the head with the last
     assert pipeline.partition_chunks(blocks, 4, 3, "type:Block") == [0] + list(range(2, 13)) + [14]
     with pytest.raises(ValueError, match=r"pipeline.virtual_stages 2 x pipeline.stages 4 = 8 model chunks do not "
                                          r"divide the 12 layers matching \"type:Block\""):
         pipeline.partition_chunks(blocks, 4, 2, "type:Block")
+
+
+def test_a_v_placed_module_and_the_schedule_must_agree():
+    """PipelineModule(placement="v") cuts 2·num_stages chunks in a V (stage 0 holds the first and the
+    last, and needs loss_fn); pipeline.schedule "zb_v" without it, or it without "zb_v", is refused
+    naming both."""
+    result = check(launch(2, ["tests/python/workers/pipeline_worker.py", "2", "zb_v", "1", "placement"]))
+    for rank in range(2):
+        assert "pipeline placement ok on rank %d" % rank in result.stdout, result.stdout

@@ -6,11 +6,13 @@ rank's stage; prints "pipeline ok on rank R case I". Exits non-zero with the fir
 
     pipeline_worker.py STAGES SCHEDULE ZERO_STAGE OPTIMIZER [CHECKPOINT_INTERVAL [TP]] [+ STAGES ...]
         (OPTIMIZER: SGD, AdamW or bf16 (SGD in bf16); TP > 1 splits each block's MLP over a tensor
-        group of TP ranks; SCHEDULE interleaved_1f1b cuts the model into 2 chunks per stage). Cases
+        group of TP ranks; SCHEDULE interleaved_1f1b cuts the model into 2 chunks per stage, zb_v into
+        2 per stage placed in a V). Cases
         separated by "+" run one after the other by the same ranks, each with its own model and
         engine (one grid: a process's first initialize fixes the degrees of its process groups).
     pipeline_worker.py STAGES SCHEDULE ZERO_STAGE fp16     the loss scaler under a pipeline: an initial
         scale of 2^20 overflows; every stage must skip the same steps and agree on the scale
+    pipeline_worker.py STAGES zb_v 1 placement     PipelineModule(placement="v") and its errors
 """
 import os
 import sys
@@ -104,6 +106,28 @@ def run_reference(layers, optimizer_name, dp):
     return losses, norms
 
 
+def check_placement(stages):
+    """placement "v": stage 0 holds chunks 0 and 2p - 1 and the loss; the schedule must agree."""
+    model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, seed_layers=True, base_seed=SEED, placement="v")
+    stage = tessera.comm.parallel_context().group_rank("pipe")
+    assert model.virtual_stages == 2 and model.loss_stage == 0 and model.is_loss_stage() == (stage == 0)
+    # stage 0 runs the embedding first and the tied head last: one module, not a group tied across stages
+    assert model.tied_groups() == [], model.tied_groups()
+    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUMULATION,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "pipeline": {"stages": stages, "schedule": "1f1b"}}
+    try:
+        tessera.initialize(model=model, config=config)
+        raise AssertionError("a V-placed module ran under 1f1b")
+    except ValueError as e:
+        assert "pipeline.schedule \"1f1b\" with a PipelineModule placed 'v'" in str(e), e
+    try:
+        PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, placement="v", virtual_stages=3)
+        raise AssertionError("a V of 3 chunks")
+    except ValueError as e:
+        assert "placement \"v\" holds 2 chunks a stage; virtual_stages must be 2, got 3" in str(e), e
+    print("pipeline placement ok on rank %d" % int(os.environ["RANK"]), flush=True)
+
+
 def check_fp16(stages, schedule, zero_stage):
     model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, seed_layers=True, base_seed=SEED)
     engine, _, _, _ = tessera.initialize(model=model, config={
@@ -140,6 +164,8 @@ def check_fp16(stages, schedule, zero_stage):
 def main():
     if sys.argv[4] == "fp16":
         check_fp16(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[4] == "placement":
+        check_placement(int(sys.argv[1]))
     else:
         cases = [[]]
         for arg in sys.argv[1:]:
@@ -156,10 +182,11 @@ def main():
 def run_case(case, stages, schedule, zero_stage, optimizer_name, interval, tp):
     world = int(os.environ["WORLD_SIZE"])
     dp = world // (stages * tp)
-    virtual = 2 if schedule == "interleaved_1f1b" else 1  # each stage holds 2 model chunks
+    virtual = 2 if schedule in ("interleaved_1f1b", "zb_v") else 1  # each stage holds 2 model chunks
+    # zb_v: the chunks in a V; stage 0 holds the embedding and the tied head (one module for both)
     model = PipelineModule(specs(), num_stages=stages, loss_fn=loss_fn, partition_method="parameters",
                            seed_layers=True, base_seed=SEED, activation_checkpoint_interval=interval,
-                           tensor_parallel=tp, virtual_stages=virtual)
+                           tensor_parallel=tp, virtual_stages=virtual, placement="v" if schedule == "zb_v" else "loop")
     if tp > 1:  # each block's attention (one head per rank) and MLP split over the tensor group
         tessera.tensor_parallel.parallelize(model, {
             "local_layers.*.attn.c_attn": tessera.tensor_parallel.Colwise(fused=3), "local_layers.*.attn.c_proj": "rowwise",
