@@ -94,7 +94,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impl", choices=["tessera", "deepspeed"], required=True)
     ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--schedule", default="1f1b", help="tessera: 1f1b, gpipe, zb_h1, interleaved_1f1b")
+    ap.add_argument("--schedule", default="1f1b", help="tessera: 1f1b, gpipe, zb_h1, interleaved_1f1b, zb_v (with --virtual 2)")
     ap.add_argument("--virtual", type=int, default=1)
     ap.add_argument("--stage", type=int, default=1, help="ZeRO stage")
     ap.add_argument("--zero3-gather", default="step")
@@ -114,7 +114,7 @@ def main():
         from tessera import pipe
         model = pipe.PipelineModule(layers(pipe, args), num_stages=args.stages, loss_fn=loss_fn,
                                     partition_method="type:Block", seed_layers=True, base_seed=args.seed,
-                                    virtual_stages=args.virtual)
+                                    virtual_stages=args.virtual, placement="v" if args.schedule == "zb_v" else "loop")
         engine, _, _, _ = tessera.initialize(model=model, config=config(args))
         rank, world = tessera.comm.get_rank(), tessera.comm.get_world_size()
         stage = model.stage_id

@@ -3,10 +3,11 @@
 # benchmark), bench/pipe_train.py: the example GPT at ~85M parameters (12 × 768, 12 heads, block
 # 128) as one layer list both engines take, fp32 AdamW, 8 micro-batches of MICRO sequences a step,
 # 1 thread per rank, Gloo.
-#   p4-gpipe, p4-1f1b, p4-interleaved (v 3: the 12 blocks in 12 chunks), p4-zb_h1
+#   p4-gpipe, p4-1f1b, p4-interleaved (v 3: the 12 blocks in 12 chunks), p4-zb_h1, p4-zb_v (8
+#   chunks in a V: LAYERS=16, or 12 blocks fail to divide)
 #                                                        tessera.pipe on 4 ranks, pp 4, ZeRO-1
 #   p4-deepspeed                                         DeepSpeed 0.19.8's PipelineEngine (1F1B), ZeRO-1
-#   p2-1f1b, p2-interleaved (v 2), p2-zb_h1, p2-deepspeed   the same on 2 ranks, pp 2 (one core per rank)
+#   p2-1f1b, p2-interleaved (v 2), p2-zb_h1, p2-zb_v, p2-deepspeed   the same on 2 ranks, pp 2 (one core per rank)
 #   pp2dp2-z1, pp2dp2-z3, pp2dp2-z3-micro                pp 2 x dp 2: ZeRO-1, ZeRO-3 gathered per
 #                                                        batch, ZeRO-3 gathered per micro-batch
 # Medians of ROUNDS interleaved rounds: samples/s, the ratios to tessera's 1F1B and DeepSpeed's at
@@ -14,6 +15,7 @@
 # simulator's (the schedule timed with that stage's measured forward, backward and W costs).
 #
 #   bench/run_pp_schedules.sh [ROUNDS=2]     LAYERS=12 EMBD=768 HEADS=12 MICRO=1 STEPS=6
+#                                            RUNS="p2-1f1b p2-zb_v ..." (default: all but p4-zb_v)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -26,8 +28,9 @@ out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"
 common=(--layers "$layers" --embd "$embd" --heads "$heads" --micro "$micro" --micro-batches 8 --steps "$steps"
         --warmup $((steps / 3)))
-runs=(p4-gpipe p4-1f1b p4-interleaved p4-zb_h1 p4-deepspeed p2-1f1b p2-interleaved p2-zb_h1 p2-deepspeed
+runs=(p4-gpipe p4-1f1b p4-interleaved p4-zb_h1 p4-deepspeed p2-1f1b p2-interleaved p2-zb_h1 p2-zb_v p2-deepspeed
       pp2dp2-z1 pp2dp2-z3 pp2dp2-z3-micro)
+if [ -n "${RUNS:-}" ]; then read -r -a runs <<< "$RUNS"; fi
 port=29870
 for round in $(seq 1 "$rounds"); do
   for run in "${runs[@]}"; do
@@ -38,10 +41,12 @@ for round in $(seq 1 "$rounds"); do
       p4-1f1b) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule 1f1b) ;;
       p4-interleaved) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule interleaved_1f1b --virtual 3) ;;
       p4-zb_h1) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_h1) ;;
+      p4-zb_v) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_v --virtual 2) ;;
       p4-deepspeed) ranks=4 cmd=("${deepspeed[@]}" --stages 4) ;;
       p2-1f1b) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b) ;;
       p2-interleaved) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule interleaved_1f1b --virtual 2) ;;
       p2-zb_h1) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule zb_h1) ;;
+      p2-zb_v) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule zb_v --virtual 2) ;;
       p2-deepspeed) ranks=2 cmd=("${deepspeed[@]}" --stages 2) ;;
       pp2dp2-z1) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 1) ;;
       pp2dp2-z3) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 3) ;;
