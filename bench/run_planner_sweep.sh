@@ -10,7 +10,7 @@
 #
 # local and hosts time the 1F1B layouts (the sweeps docs/benchmarks.md averages); schedules the
 # pipeline schedules against each other: every layout of tp 1 and ZeRO 0 on 4 ranks of one host
-# (1F1B, ZB-H1 and interleaved 1F1B with 2 chunks a stage; about 12 minutes); moe an MoE GPT
+# (1F1B, ZB-H1, ZB-V and interleaved 1F1B with 2 chunks a stage; about 15 minutes); moe an MoE GPT
 # (8 layers x 512, 4 experts of top-2 in every other block, dropless) on 4 ranks without a pipeline,
 # micro-batch 2: every expert degree, tensor degree and ZeRO stage (about 12 minutes).
 #

@@ -129,6 +129,7 @@ std::string describe_partition(const std::vector<LayerInfo>& layers, const std::
                                Placement placement) {
   std::string text;
   const bool chunked = stages > 0 && static_cast<int>(bounds.size()) - 1 > stages;
+  const ChunkLayout layout{std::max(stages, 1), (static_cast<int>(bounds.size()) - 1) / std::max(stages, 1), placement};
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     int64_t params = 0;
     std::string names;
@@ -136,8 +137,8 @@ std::string describe_partition(const std::vector<LayerInfo>& layers, const std::
       params += layers[i].parameters;
       names += (names.empty() ? "" : " ") + std::to_string(i) + ":" + layers[i].type;
     }
-    const int holder = chunked ? ChunkLayout{stages, static_cast<int>(bounds.size() - 1) / stages, placement}.place(static_cast<int>(s)).first : 0;
-    text += (chunked ? "chunk " + std::to_string(s) + " (stage " + std::to_string(holder) + ")" : "stage " + std::to_string(s)) +
+    const std::string holder = std::to_string(layout.place(static_cast<int>(s)).first);
+    text += (chunked ? "chunk " + std::to_string(s) + " (stage " + holder + ")" : "stage " + std::to_string(s)) +
             ": layers " + std::to_string(bounds[s]) + "-" + std::to_string(bounds[s + 1] - 1) +
             " (" + std::to_string(params) + " parameters): " + names + "\n";
   }
