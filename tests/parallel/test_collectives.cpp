@@ -170,28 +170,16 @@ TEST_CASE("pipeline executor: 1f1b and gpipe on 2 and 4 stages train as one proc
   }
 }
 
-// Interleaved 1F1B: the MLP's 8 layers in stages × 2 chunks, stage s holding chunks s and s + p; the
-// last stage's first chunk sends to the first stage's second (the wrap-around), on the activation
-// stream beside the gradients going the same way.
-TEST_CASE("pipeline executor: interleaved 1f1b with 2 chunks on 2 and 4 stages trains as one process does") {
-  struct Run { int stages, micro; };
-  for (const Run& r : {Run{2, 4}, Run{2, 6}, Run{4, 8}}) {
-    auto out = launch(r.stages, {"pipeline", "--pp", std::to_string(r.stages), "--schedule", "interleaved_1f1b", "--micro",
-                                 std::to_string(r.micro), "--chunks", "2"},
-                      tessera::testing::free_port());
-    INFO(out.output);
-    REQUIRE(out.status == 0);
-    for (int rank = 0; rank < r.stages; ++rank) CHECK(contains(out.output, "pipeline ok on rank " + std::to_string(rank)));
-  }
-}
-
-// ZB-V: the 8 layers in stages × 2 chunks placed in a V (stage s holds chunks s and 2p − 1 − s):
-// the last stage hands its first chunk's output to its second in-process, stage 0 computes the
-// loss, and every backward is split into B and W.
-TEST_CASE("pipeline executor: zb_v on 2 and 4 stages trains as one process does") {
-  struct Run { int stages, micro; };
-  for (const Run& r : {Run{2, 4}, Run{2, 3}, Run{4, 8}, Run{4, 2}}) {
-    auto out = launch(r.stages, {"pipeline", "--pp", std::to_string(r.stages), "--schedule", "zb_v", "--micro",
+// Two chunks a stage. Interleaved 1F1B: the MLP's 8 layers in stages × 2 chunks, stage s holding
+// chunks s and s + p; the last stage's first chunk sends to the first stage's second (the
+// wrap-around), on the activation stream beside the gradients going the same way. ZB-V: the chunks
+// in a V (stage s holding s and 2p − 1 − s): the last stage hands its first chunk's output to its
+// second in-process, stage 0 computes the loss, and every backward is split into B and W.
+TEST_CASE("pipeline executor: interleaved 1f1b and zb_v with 2 chunks on 2 and 4 stages train as one process does") {
+  struct Run { const char* schedule; int stages, micro; };
+  for (const Run& r : {Run{"interleaved_1f1b", 2, 4}, Run{"interleaved_1f1b", 2, 6}, Run{"interleaved_1f1b", 4, 8},
+                       Run{"zb_v", 2, 4}, Run{"zb_v", 2, 3}, Run{"zb_v", 4, 8}, Run{"zb_v", 4, 2}}) {
+    auto out = launch(r.stages, {"pipeline", "--pp", std::to_string(r.stages), "--schedule", r.schedule, "--micro",
                                  std::to_string(r.micro), "--chunks", "2"},
                       tessera::testing::free_port());
     INFO(out.output);
