@@ -12,7 +12,8 @@ Rank 0 prints one JSON line: samples_per_s (median step after --warmup), step_ms
 rank, final_loss; tessera adds each stage's measured idle fraction in the last batch (1 − time in
 forward/backward / the batch) beside the simulator's for the same schedule timed with the stages'
 mean measured forward and backward costs (and W's share of the backward, ZB-H1), and the
-activations held.
+activations held; where each stage's idle time went (waiting in receives, the other non-compute
+instructions, between instructions) and each model chunk's mean F, B and W on each rank.
 """
 import argparse
 import json
@@ -88,6 +89,17 @@ def stage_costs(timeline):
     for op, _, _, start, end in timeline:
         spent.setdefault(op, []).append(end - start)
     return [statistics.mean(spent[op]) if op in spent else 0.0 for op in ("Forward", "Backward", "BackwardWeight")]
+
+
+def idle_parts(timeline):
+    """Where the stage's non-compute time went in its last batch (seconds): waiting in receives,
+    in the other instructions (loads, posting sends, the tied reduction, the step), and between
+    instructions (the executor's own work)."""
+    compute = ("Forward", "Backward", "BackwardWeight")
+    recv = sum(end - start for op, _, _, start, end in timeline if op.startswith("Recv"))
+    other = sum(end - start for op, _, _, start, end in timeline if op not in compute and not op.startswith("Recv"))
+    gaps = sum(max(0.0, b[3] - a[4]) for a, b in zip(timeline, timeline[1:])) + (timeline[0][3] if timeline else 0.0)
+    return [recv, other, gaps]
 
 
 def main():
@@ -178,13 +190,22 @@ def main():
         sim = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
                                            forward, backward, share)
         result["simulator_costs_s"] = {"forward": forward, "backward": backward, "weight_share": share}
-        mine = torch.zeros(world, 6, dtype=torch.float64)
+        mine = torch.zeros(world, 9, dtype=torch.float64)
         mine[rank] = torch.tensor([stage, report["idle_fraction"], sim["idle_fraction"][stage], report["peak_activations"],
-                                   sim["peak_activations"][stage], report["seconds"]], dtype=torch.float64)
+                                   sim["peak_activations"][stage], report["seconds"], *idle_parts(report["timeline"])],
+                                  dtype=torch.float64)
         all_reduce(mine)
+        # Each chunk's mean forward, backward and W on this rank (the simulator takes them equal).
+        chunk_costs = torch.zeros(world, args.virtual, 3, dtype=torch.float64)
+        for c in range(args.virtual):
+            chunk_costs[rank, c] = torch.tensor(stage_costs([t for t in report["timeline"] if t[2] == c]),
+                                                dtype=torch.float64)
+        all_reduce(chunk_costs)
+        result["chunk_costs_s"] = chunk_costs.tolist()
         result["stages_last_batch"] = [
             {"stage": int(r[0]), "idle": r[1], "simulated_idle": r[2], "held": int(r[3]), "simulated_held": int(r[4]),
-             "batch_s": r[5]} for r in mine.tolist()]
+             "batch_s": r[5], "recv_wait_s": r[6], "other_instructions_s": r[7], "between_instructions_s": r[8]}
+            for r in mine.tolist()]
     if rank == 0:
         print(json.dumps(result), flush=True)
 
