@@ -87,7 +87,7 @@ StageModel stage_model(const Resolved& r, const TrainingSetup& s, int stage) {
   StageModel m;
   m.first = stage == 0;
   // The head and the loss: the last stage's, or stage 0's under zb_v (its V ends where it began).
-  m.last = stage == (pipeline::placement_of(s.pipeline_schedule) == pipeline::Placement::V ? 0 : s.pp - 1);
+  m.last = stage == pipeline::ChunkLayout{s.pp, s.virtual_stages, pipeline::placement_of(s.pipeline_schedule)}.last_stage();
   int64_t first_layer = 0, count = 0;
   if (r.shape) std::tie(first_layer, count) = stage_layers(r.shape->layers, s.pp, stage);
   m.layers = count;
