@@ -10,9 +10,10 @@ final LayerNorm, the tied head. fp32, AdamW, clipping 1.0, Gloo; --micro-batches
 
 Rank 0 prints one JSON line: samples_per_s (median step after --warmup), step_ms, peak RSS of every
 rank, final_loss; tessera adds each stage's measured idle fraction in the last batch (1 − time in
-forward/backward / the batch) beside the simulator's for the same schedule timed with the stages'
-mean measured forward and backward costs (and W's share of the backward, ZB-H1), and the
-activations held; where each stage's idle time went (waiting in receives, the other non-compute
+forward/backward / the batch) beside the simulator's for the same schedule timed with the costs
+read off that batch (the stages' mean forward and backward, W's share, the transfers' measured
+latency, the loads and step: parallel/pipeline/measured_costs.h) and with the sends counted free,
+and the activations held; where each stage's idle time went (waiting in receives, the other non-compute
 instructions, between instructions) and each model chunk's mean F, B and W on each rank.
 """
 import argparse
@@ -102,6 +103,39 @@ def idle_parts(timeline):
     return [recv, other, gaps]
 
 
+OPS = ["LoadMicroBatch", "RecvActivation", "Forward", "SendActivation", "RecvGrad", "Backward", "SendGrad",
+       "BackwardWeight", "ReduceTiedGrads", "OptimizerStep"]
+
+
+def gather_timelines(report, stages, stage, data_rank, rank, world, all_reduce):
+    """The first data rank's stages' last-batch timelines, on every rank: per stage its (op,
+    micro-batch, chunk, start, end) in program order, the times on the host's monotonic clock."""
+    where = torch.zeros(world, 3, dtype=torch.float64)  # stage, data rank, instructions
+    where[rank] = torch.tensor([stage, data_rank, len(report["timeline"])], dtype=torch.float64)
+    all_reduce(where)
+    rows = torch.zeros(world, int(where[:, 2].max().item()), 5, dtype=torch.float64)
+    rows[rank, :len(report["timeline"])] = torch.tensor(
+        [[OPS.index(op), mb, chunk, report["began"] + start, report["began"] + end]
+         for op, mb, chunk, start, end in report["timeline"]], dtype=torch.float64)
+    all_reduce(rows)
+    timelines = [None] * stages
+    for r, (s, d, n) in enumerate(where.tolist()):
+        if int(d) == 0:
+            timelines[int(s)] = [(OPS[int(op)], int(mb), int(chunk), start, end)
+                                 for op, mb, chunk, start, end in rows[r, :int(n)].tolist()]
+    return timelines
+
+
+def write_timeline(path, timelines):
+    """bench/plot_pipeline.py's JSON lines (train_gpt --timeline's), from the first stage's start."""
+    origin = min(t[0][3] for t in timelines)
+    with open(path, "w") as f:
+        for s, timeline in enumerate(timelines):
+            for op, mb, chunk, start, end in timeline:
+                f.write(json.dumps({"stage": s, "op": op, "micro_batch": mb, "chunk": chunk,
+                                    "start": start - origin, "end": end - origin}) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impl", choices=["tessera", "deepspeed"], required=True)
@@ -118,6 +152,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--timeline", help="tessera: write the last batch's instructions as run (JSON lines, "
+                                       "bench/plot_pipeline.py), every stage on one clock")
     args = ap.parse_args()
 
     if args.impl == "tessera":
@@ -175,25 +211,26 @@ def main():
               "peak_rss_bytes": [int(v) for v in rss.tolist()], "final_loss": loss,
               "parameters_this_rank": sum(p.numel() for p in model.parameters())}
     if args.impl == "tessera":
-        # Each stage's last batch: measured idle and activations, and the simulator's with its costs.
+        # Each stage's last batch: measured idle and activations, and the simulator's with the costs
+        # read off that batch (tessera._C.pipeline.measured_costs: every stage's compute, W's share,
+        # the transfers' latency, the loads and step), from the first data rank's stages' timelines
+        # on the host's clock; beside it the simulator's with the sends counted free.
         report = engine.last_report()
-        # The simulator's costs: the stages' mean forward and backward; W's share from the stages
-        # that split (the first stage's first chunk sends no input gradient: its whole backward is W).
-        costs = torch.zeros(world, 3, dtype=torch.float64)
-        costs[rank] = torch.tensor(stage_costs(report["timeline"]), dtype=torch.float64)
-        all_reduce(costs)
-        # (a chunk's costs are 1/v of the stage's, which the simulator takes)
-        forward = args.virtual * costs[:, 0].mean().item()
-        backward = args.virtual * (costs[:, 1] + costs[:, 2]).mean().item()
-        split = [r for r in costs.tolist() if r[1] > 0 and r[2] > 0]
-        share = statistics.mean(w / (b + w) for _, b, w in split) if split else 0.5
+        timelines = gather_timelines(report, args.stages, stage, data_rank, rank, world, all_reduce)
+        if args.timeline and rank == 0:
+            write_timeline(args.timeline, timelines)
+        costs = tessera._C.pipeline.measured_costs(args.schedule, args.stages, args.micro_batches, args.virtual,
+                                                   [[(start, end) for _, _, _, start, end in t] for t in timelines])
         sim = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
-                                           forward, backward, share)
-        result["simulator_costs_s"] = {"forward": forward, "backward": backward, "weight_share": share}
-        mine = torch.zeros(world, 9, dtype=torch.float64)
+                                           **{k: v for k, v in costs.items() if k != "timed_transfers"})
+        free = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
+                                            forward=costs["forward"], backward=costs["backward"],
+                                            weight_share=costs["weight_share"])
+        result["simulator_costs_s"] = costs
+        mine = torch.zeros(world, 10, dtype=torch.float64)
         mine[rank] = torch.tensor([stage, report["idle_fraction"], sim["idle_fraction"][stage], report["peak_activations"],
-                                   sim["peak_activations"][stage], report["seconds"], *idle_parts(report["timeline"])],
-                                  dtype=torch.float64)
+                                   sim["peak_activations"][stage], report["seconds"], *idle_parts(report["timeline"]),
+                                   free["idle_fraction"][stage]], dtype=torch.float64)
         all_reduce(mine)
         # Each chunk's mean forward, backward and W on this rank (the simulator takes them equal).
         chunk_costs = torch.zeros(world, args.virtual, 3, dtype=torch.float64)
@@ -204,7 +241,8 @@ def main():
         result["chunk_costs_s"] = chunk_costs.tolist()
         result["stages_last_batch"] = [
             {"stage": int(r[0]), "idle": r[1], "simulated_idle": r[2], "held": int(r[3]), "simulated_held": int(r[4]),
-             "batch_s": r[5], "recv_wait_s": r[6], "other_instructions_s": r[7], "between_instructions_s": r[8]}
+             "batch_s": r[5], "recv_wait_s": r[6], "other_instructions_s": r[7], "between_instructions_s": r[8],
+             "simulated_idle_free_sends": r[9]}
             for r in mine.tolist()]
     if rank == 0:
         print(json.dumps(result), flush=True)

@@ -59,7 +59,7 @@ def parse(path):
     if m:
         r["rss"] = [int(x) / 2**20 for x in m.group(1).split()]
     stages = re.findall(r"pipeline stage (\d+): held (\d+) micro-batches \(simulated (\d+)\); idle ([0-9.]+) of the last "
-                        r"batch's ([0-9.]+) s \(simulated with the stages. mean costs: ([0-9.]+)\); peak rss (\d+) MiB", text)
+                        r"batch's ([0-9.]+) s \(simulated with the batch's measured costs: ([0-9.]+)\); peak rss (\d+) MiB", text)
     if stages:
         r["rss"] = [float(s[6]) for s in stages]
         r["stages"] = ["held %s (sim %s), idle %s (sim %s)" % (s[1], s[2], s[3], s[5]) for s in stages]

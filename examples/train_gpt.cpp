@@ -39,6 +39,7 @@
 #include "examples/data/fortunes_corpus.h"
 #include "examples/models/gpt.h"
 #include "examples/models/gpt_stage.h"
+#include "parallel/pipeline/measured_costs.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/simulator.h"
 #include "examples/train_args.h"
@@ -268,32 +269,34 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-// The last batch as it ran beside the simulator's unit-cost model: activations held and idle
-// fraction per stage (rank 0 prints them), and with `timeline` each stage's instructions with their
-// times, one JSON object a line, in `timeline` (bench/plot_pipeline.py draws them).
+// The last batch as it ran beside the simulator timed with the costs read off it (measured_costs.h):
+// activations held and idle fraction per stage (rank 0 prints them and the costs), and with
+// `timeline` each stage's instructions with their times on one clock, one JSON object a line, in
+// `timeline` (bench/plot_pipeline.py draws them).
 void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::string& timeline) {
   const pipeline::BatchReport& report = engine.last_report();
   const int s = engine.stage(), stages = engine.stages();
-  // The simulator's costs: the stages' mean forward and backward in this batch (a chunk's times v),
-  // and W's share of the backward from the stages that split it (the first stage's first chunk
-  // sends no input gradient: its whole backward is its W).
-  double spent[3] = {0, 0, 0}, count[3] = {0, 0, 0};
-  for (const pipeline::TimedInstruction& t : report.timeline) {
-    const int k = t.instruction.op == pipeline::Op::Forward    ? 0
-                  : t.instruction.op == pipeline::Op::Backward ? 1
-                  : t.instruction.op == pipeline::Op::BackwardWeight ? 2 : -1;
-    if (k >= 0) spent[k] += t.end - t.start, count[k] += 1;
+  // The simulator's costs read off this batch: every stage's timeline gathered (times on the host's
+  // clock, which the ranks of one host share: the send latency compares one stage's send with
+  // another's receive), the stages' lists padded to the longest.
+  const pipeline::Schedule& schedule = engine.schedule();
+  size_t longest_list = 0;
+  for (const auto& list : schedule.stage) longest_list = std::max(longest_list, list.size());
+  const int64_t row = int64_t(2 * longest_list);
+  at::Tensor times = at::zeros({row}, at::kDouble), all_times = at::empty({stages * row}, at::kDouble);
+  for (size_t i = 0; i < report.timeline.size(); ++i) {
+    times.data_ptr<double>()[2 * i] = report.began + report.timeline[i].start;
+    times.data_ptr<double>()[2 * i + 1] = report.began + report.timeline[i].end;
   }
-  const int v = engine.schedule().chunks;
-  const double f = count[0] ? v * spent[0] / count[0] : 0, b = count[1] ? v * spent[1] / count[1] : 0,
-               w = count[2] ? v * spent[2] / count[2] : 0;
-  at::Tensor costs = at::tensor({f, b + w, b > 0 && w > 0 ? w / (b + w) : 0.0, b > 0 && w > 0 ? 1.0 : 0.0}, at::kDouble);
-  ctx.pipe().all_reduce(costs, ReduceOp::Sum);
-  pipeline::Costs measured;
-  measured.forward = costs[0].item<double>() / stages;
-  measured.backward = costs[1].item<double>() / stages;
-  if (costs[3].item<double>() > 0) measured.weight_share = costs[2].item<double>() / costs[3].item<double>();
-  const pipeline::Simulation sim = pipeline::simulate(engine.schedule(), measured);
+  ctx.pipe().all_gather(times, all_times);
+  std::vector<std::vector<pipeline::TimedInstruction>> timelines(stages);
+  for (int k = 0; k < stages; ++k)
+    for (size_t i = 0; i < schedule.stage[k].size(); ++i) {
+      const double* t = all_times.data_ptr<double>() + k * row + 2 * i;
+      timelines[k].push_back({schedule.stage[k][i], t[0], t[1]});
+    }
+  const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
+  const pipeline::Simulation sim = pipeline::simulate(schedule, measured.costs);
   const MemoryReport memory = engine.engine().memory();
   constexpr int kFields = 9;
   at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
@@ -306,34 +309,33 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
     for (int k = 0; k < stages; ++k) {
       const double* v = all.data_ptr<double>() + kFields * k;
       std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
-                  "(simulated with the stages' mean costs: %.3f); peak rss %.0f MiB; parameters %.0f bytes held, "
+                  "(simulated with the batch's measured costs: %.3f); peak rss %.0f MiB; parameters %.0f bytes held, "
                   "gathered now %.0f, at most %.0f\n",
                   k, int(v[0]), int(v[1]), v[2], v[4], v[3], v[5] / 1048576.0, v[6], v[7], v[8]);
     }
-  if (!timeline.empty()) {
-    // Every stage's lines, gathered to rank 0 as text (one all-gather of lengths, one of bytes).
+  if (ctx.rank() == 0) {
+    const pipeline::Costs& c = measured.costs;
+    std::printf("pipeline costs read off the last batch: forward %.4f s, backward %.4f s (W %.2f of it), send latency "
+                "%.2f ms (median of %d transfers), load %.2f ms, step %.2f ms\n",
+                c.forward, c.backward, c.weight_share, 1e3 * c.send, measured.timed_transfers, 1e3 * c.load,
+                1e3 * c.optimizer_step);
+  }
+  if (!timeline.empty() && ctx.rank() == 0) {
+    // Every stage's lines, from the gathered timelines: one clock, from the first stage's start.
+    double origin = timelines[0].front().start;
+    for (const auto& list : timelines) origin = std::min(origin, list.front().start);
     std::string text;
-    for (const pipeline::TimedInstruction& t : report.timeline)
-      text += "{\"stage\": " + std::to_string(s) + ", \"op\": \"" + pipeline::op_name(t.instruction.op) +
-              "\", \"micro_batch\": " + std::to_string(t.instruction.micro_batch) +
-              ", \"chunk\": " + std::to_string(t.instruction.chunk) +
-              ", \"start\": " + std::to_string(t.start) + ", \"end\": " + std::to_string(t.end) + "}\n";
-    at::Tensor length = at::full({1}, int64_t(text.size()), at::kLong), lengths = at::empty({stages}, at::kLong);
-    ctx.pipe().all_gather(length, lengths);
-    const int64_t longest = lengths.max().item<int64_t>();
-    at::Tensor bytes = at::zeros({longest}, at::kByte), gathered = at::empty({stages * longest}, at::kByte);
-    std::memcpy(bytes.data_ptr(), text.data(), text.size());
-    ctx.pipe().all_gather(bytes, gathered);
-    if (ctx.rank() == 0) {
-      std::string all_lines;
-      for (int k = 0; k < stages; ++k)
-        all_lines.append(reinterpret_cast<const char*>(gathered.data_ptr<uint8_t>()) + k * longest, lengths[k].item<int64_t>());
-      std::FILE* f = std::fopen(timeline.c_str(), "w");
-      if (!f) throw std::runtime_error("--timeline: cannot write " + timeline);
-      std::fputs(all_lines.c_str(), f);
-      std::fclose(f);
-      std::printf("pipeline timeline of the last batch: %s\n", timeline.c_str());
-    }
+    for (int k = 0; k < stages; ++k)
+      for (const pipeline::TimedInstruction& t : timelines[k])
+        text += "{\"stage\": " + std::to_string(k) + ", \"op\": \"" + pipeline::op_name(t.instruction.op) +
+                "\", \"micro_batch\": " + std::to_string(t.instruction.micro_batch) +
+                ", \"chunk\": " + std::to_string(t.instruction.chunk) + ", \"start\": " + std::to_string(t.start - origin) +
+                ", \"end\": " + std::to_string(t.end - origin) + "}\n";
+    std::FILE* f = std::fopen(timeline.c_str(), "w");
+    if (!f) throw std::runtime_error("--timeline: cannot write " + timeline);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    std::printf("pipeline timeline of the last batch: %s\n", timeline.c_str());
   }
 }
 

@@ -24,11 +24,16 @@ double shared_core_makespan(const pipeline::Schedule& schedule, StageOpCost forw
   std::vector<std::vector<int>> ranks(nodes, std::vector<int>(p, 0));
   for (int rank = 0; rank < p * k; ++rank) ++ranks[rank / r][rank / k];
 
-  // A chunk's share of a micro-batch's forward and backward; a split backward's B and W halves.
-  auto cost_of = [&](const Instruction& ins) {
+  // A chunk's share of a micro-batch's forward and backward; a split backward's B and W halves,
+  // but the model's first chunk, which sends no input gradient, runs its whole backward at W (the
+  // executor's way, as the simulator times it).
+  const pipeline::ChunkLayout layout = schedule.layout();
+  auto cost_of = [&](int s, const Instruction& ins) {
     const StageOpCost& c = ins.op == Op::Forward ? forward : backward;
-    const double part = (ins.op == Op::Forward || !schedule.split_backward ? 1.0 : 0.5) / v;
-    return StageOpCost{c.work * part, c.wait * part};
+    double part = 1.0;
+    if (ins.op != Op::Forward && schedule.split_backward)
+      part = !layout.first(s, ins.chunk) ? 0.5 : ins.op == Op::Backward ? 0.0 : 1.0;
+    return StageOpCost{c.work * part / v, c.wait * part / v};
   };
 
   struct Stage {
@@ -52,15 +57,19 @@ double shared_core_makespan(const pipeline::Schedule& schedule, StageOpCost forw
         case Op::Forward:
         case Op::Backward:
         case Op::BackwardWeight: {
-          const StageOpCost c = cost_of(ins);
+          const StageOpCost c = cost_of(s, ins);
           st.running = true, st.work = c.work, st.wait = c.wait;
           return std::numeric_limits<double>::infinity();
         }
         case Op::SendActivation:
-        case Op::SendGrad: sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + send; break;
+        case Op::SendGrad: {  // V's turn hands over in-process: no link to cross
+          const int to = ins.op == Op::SendActivation ? layout.next_stage(s, ins.chunk) : layout.previous_stage(s, ins.chunk);
+          sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + (to == s ? 0.0 : send);
+          break;
+        }
         case Op::RecvActivation:
         case Op::RecvGrad: {
-          auto it = sent.find(pipeline::matching_send(schedule.layout(), ins, s));
+          auto it = sent.find(pipeline::matching_send(layout, ins, s));
           if (it == sent.end()) return std::numeric_limits<double>::infinity();
           if (it->second > now + eps) return it->second;
           sent.erase(it);

@@ -69,6 +69,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
   BatchReport report;
   int held = 0;
   const auto began = clock::now();
+  report.began = std::chrono::duration<double>(began.time_since_epoch()).count();
   auto since = [&](clock::time_point t) { return std::chrono::duration<double>(t - began).count(); };
 
   for (const Instruction& ins : schedule_.stage[s]) {

@@ -55,6 +55,8 @@ struct BatchReport {
                                            // from the device once, after the batch)
   int peak_activations = 0;                // most micro-batches held at once
   double seconds = 0;                      // the whole batch
+  double began = 0;                        // when it began, seconds on the host's steady (monotonic)
+                                           // clock: the stages on one host share it (measured_costs.h)
   double compute_seconds = 0;              // in forward() and backward()
   double idle_fraction() const { return seconds > 0 ? 1.0 - compute_seconds / seconds : 0.0; }
 };

@@ -207,8 +207,9 @@ Schedule zb_v(int stages, int micro_batches) {
   schedule.split_backward = true;
   schedule.placement = Placement::V;
   const ChunkLayout layout = schedule.layout();
-  // The list scheduler: time in units of one chunk's F (= B = W). When each model chunk's forward
-  // and B of each micro-batch finished (-1: not yet).
+  // The list scheduler: time in units of one chunk's F (= B = W), but as the executor runs the
+  // model's first chunk: it sends no input gradient, so its B is empty and its W the whole backward
+  // (2). When each model chunk's forward and B of each micro-batch finished (-1: not yet).
   std::vector<std::vector<double>> forward_done(2 * p, std::vector<double>(m, -1)), input_grad_done = forward_done;
   struct StageState {
     double free_at = 0;
@@ -265,7 +266,7 @@ Schedule zb_v(int stages, int micro_batches) {
     StageState& st = state[best_stage];
     const int g = layout.model_chunk(best_stage, best.chunk), mb = best.micro_batch;
     std::vector<Instruction>& program = schedule.stage[best_stage];
-    st.free_at = best_start + 1.0;
+    st.free_at = best_start + (g != 0 ? 1.0 : best.op == Op::Backward ? 0.0 : best.op == Op::BackwardWeight ? 2.0 : 1.0);
     switch (best.op) {
       case Op::Forward:
         append(program, forward_pass(best_stage, layout, mb, best.chunk));

@@ -165,6 +165,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
   // When each message can be received: (from stage, op it answers, micro-batch, chunk) -> time.
   std::map<SendKey, double> sent;
   const int v = schedule.chunks;
+  const ChunkLayout layout = schedule.layout();
   // A chunk's share; a split backward's B and W.
   const double forward_cost = costs.forward / v,
                weight_cost = schedule.split_backward ? costs.backward * costs.weight_share / v : 0.0,
@@ -192,21 +193,27 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
       case Op::BackwardWeight: {
         // Activations are held until the last part of the backward that reads them.
         const bool frees = schedule.split_backward == (ins.op == Op::BackwardWeight);
-        const double cost = ins.op == Op::Backward ? backward_cost : weight_cost;
+        // The model's first chunk sends no input gradient: the executor runs its whole backward at W.
+        const bool whole_at_w = schedule.split_backward && layout.first(s, ins.chunk);
+        const double cost = ins.op == Op::Backward ? (whole_at_w ? 0.0 : backward_cost)
+                                                   : (whole_at_w ? backward_cost + weight_cost : weight_cost);
         if (frees) held[s] -= 1;
         sim.busy[s] += cost;
         record(s, ins, now, now + cost);
         return true;
       }
       case Op::SendActivation:
-      case Op::SendGrad:
+      case Op::SendGrad: {
         if (!schedule.training && ins.op == Op::SendActivation) held[s] -= 1;  // nothing kept for a backward
-        sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + costs.send;
+        // V's turn hands over in-process: no link to cross.
+        const int to = ins.op == Op::SendActivation ? layout.next_stage(s, ins.chunk) : layout.previous_stage(s, ins.chunk);
+        sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + (to == s ? 0.0 : costs.send);
         record(s, ins, now, now);
         return true;
+      }
       case Op::RecvActivation:
       case Op::RecvGrad: {
-        auto it = sent.find(matching_send(schedule.layout(), ins, s));
+        auto it = sent.find(matching_send(layout, ins, s));
         if (it == sent.end()) return false;
         record(s, ins, now, std::max(now, it->second));
         sent.erase(it);

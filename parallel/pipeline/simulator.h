@@ -22,7 +22,7 @@ struct Costs {
   double forward = 1.0;
   double backward = 1.0;
   double weight_share = 0.5;  // split schedules: W's share of the backward (B gets the rest)
-  double send = 0.0;     // from the send until the receiver may start
+  double send = 0.0;     // from the send until the receiver may start (a stage to itself: 0)
   double load = 0.0;
   double reduce_tied = 0.0;
   double optimizer_step = 0.0;

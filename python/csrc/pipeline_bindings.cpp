@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "engine_handle.h"
+#include "parallel/pipeline/measured_costs.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/simulator.h"
 
@@ -69,12 +70,13 @@ void bind_pipeline(py::module& m) {
            py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0, py::arg("placement") = "loop");
   // The simulator (parallel/pipeline/simulator.h) for a schedule by its config name: each stage's idle
   // fraction and peak activations with the given costs (a stage's forward, its whole backward, W's
-  // share of it in split schedules).
+  // share of it in split schedules, a transfer's latency, a load, the tied reduction, the step).
   pipe.def("simulate",
            [](const std::string& name, int stages, int micro_batches, int chunks, double forward, double backward,
-              double weight_share) {
+              double weight_share, double send, double load, double reduce_tied, double optimizer_step) {
              pipeline::Costs costs;
              costs.forward = forward, costs.backward = backward, costs.weight_share = weight_share;
+             costs.send = send, costs.load = load, costs.reduce_tied = reduce_tied, costs.optimizer_step = optimizer_step;
              const pipeline::Simulation sim = pipeline::simulate(pipeline::make_schedule(name, stages, micro_batches, chunks), costs);
              py::dict d;
              d["idle_fraction"] = sim.idle_fraction;
@@ -83,7 +85,32 @@ void bind_pipeline(py::module& m) {
              return d;
            },
            py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks") = 1, py::arg("forward") = 1.0,
-           py::arg("backward") = 2.0, py::arg("weight_share") = 0.5);
+           py::arg("backward") = 2.0, py::arg("weight_share") = 0.5, py::arg("send") = 0.0, py::arg("load") = 0.0,
+           py::arg("reduce_tied") = 0.0, py::arg("optimizer_step") = 0.0);
+  // The costs a measured batch ran with (parallel/pipeline/measured_costs.h), as simulate()'s keywords
+  // plus timed_transfers: `timelines[s]` is stage s's (start, end) per instruction of its list, on one
+  // clock (last_report()'s times plus its "began", for the stages of one host).
+  pipe.def("measured_costs",
+           [](const std::string& name, int stages, int micro_batches, int chunks,
+              const std::vector<std::vector<std::pair<double, double>>>& times) {
+             const pipeline::Schedule schedule = pipeline::make_schedule(name, stages, micro_batches, chunks);
+             std::vector<std::vector<pipeline::TimedInstruction>> timelines(times.size());
+             for (size_t s = 0; s < times.size(); ++s)
+               for (size_t i = 0; i < times[s].size(); ++i) {
+                 const pipeline::Instruction ins = s < schedule.stage.size() && i < schedule.stage[s].size()
+                                                       ? schedule.stage[s][i]
+                                                       : pipeline::Instruction{pipeline::Op::OptimizerStep};
+                 timelines[s].push_back({ins, times[s][i].first, times[s][i].second});
+               }
+             const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
+             const pipeline::Costs& c = measured.costs;
+             py::dict d;
+             d["forward"] = c.forward, d["backward"] = c.backward, d["weight_share"] = c.weight_share, d["send"] = c.send;
+             d["load"] = c.load, d["reduce_tied"] = c.reduce_tied, d["optimizer_step"] = c.optimizer_step;
+             d["timed_transfers"] = measured.timed_transfers;
+             return d;
+           },
+           py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks"), py::arg("timelines"));
   pipe.def("broadcast_between_stages",
            [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
              blocking([&] {
@@ -142,6 +169,7 @@ void bind_pipeline(py::module& m) {
         d["peak_activations"] = r.peak_activations;
         d["idle_fraction"] = r.idle_fraction();
         d["seconds"] = r.seconds;
+        d["began"] = r.began;  // the host's monotonic clock (time.monotonic()), shared by its processes
         d["losses"] = r.losses;
         py::list timeline;  // (op, micro-batch, chunk, start, end): seconds since the batch began
         for (const pipeline::TimedInstruction& t : r.timeline)

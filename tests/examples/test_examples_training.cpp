@@ -10,6 +10,7 @@
 #include <map>
 #include <regex>
 
+#include "parallel/pipeline/schedule.h"
 #include "tests/example_runs.h"
 #include "tests/examples/gpt_runs.h"
 #include "tests/subprocess.h"
@@ -168,12 +169,39 @@ TEST_CASE("train_gpt: ZB-V (pp 2 and 4 - pp 2 x dp 2 at ZeRO 0-3 - pp 2 x tp 2) 
             ", \"sequence_parallel\": " + (r.tp > 1 ? "true" : "false") + "}");
     std::vector<std::string> flags;
     if (*r.n_layer) flags = {"--n-layer", r.n_layer};
+    tessera::testing::TempDir dir;
+    const bool timeline = r.ranks == 2;
+    if (timeline) flags.insert(flags.end(), {"--timeline", dir.file("timeline.jsonl")});
     const std::string output = check_against_reference(
         r.ranks, config,
         "ranks " + std::to_string(r.ranks) + " pp " + std::to_string(r.pp) + " tp " + std::to_string(r.tp) + " ZeRO " +
             std::to_string(r.stage) + " zb_v",
         flags);
     CHECK(contains(output, "zb_v schedule"));
+    CHECK(contains(output, "pipeline costs read off the last batch"));
+    if (timeline) {
+      // Every stage's list on one clock (each stage's times plus its batch's start on the host's
+      // clock): no activation is received before the other stage began to send it.
+      std::ifstream in(dir.file("timeline.jsonl"));
+      const std::regex line(R"re(\{"stage": (\d+), "op": "(\w+)", "micro_batch": (-?\d+), "chunk": (\d+), "start": ([0-9.]+), "end": ([0-9.]+)\})re");
+      std::map<std::pair<int, int>, double> sent, received;  // (micro-batch, chunk 0 → 1 across stages) -> time
+      int lines[2] = {0, 0};
+      for (std::string text; std::getline(in, text);) {
+        std::smatch f;
+        REQUIRE(std::regex_match(text, f, line));
+        const int stage = std::stoi(f[1]), mb = std::stoi(f[3]), chunk = std::stoi(f[4]);
+        ++lines[stage];
+        CHECK(std::stod(f[6]) >= std::stod(f[5]));
+        // Stage 0's chunk 0 sends to stage 1's chunk 0 (model chunk 1).
+        if (stage == 0 && f[2] == "SendActivation" && chunk == 0) sent[{mb, 0}] = std::stod(f[5]);
+        if (stage == 1 && f[2] == "RecvActivation" && chunk == 0) received[{mb, 0}] = std::stod(f[6]);
+      }
+      CHECK(lines[0] == int(tessera::pipeline::zb_v(2, 4).stage[0].size()));
+      CHECK(lines[1] == int(tessera::pipeline::zb_v(2, 4).stage[1].size()));
+      REQUIRE(sent.size() == 4);
+      REQUIRE(received.size() == 4);
+      for (const auto& [key, at] : received) CHECK(at >= sent[key]);
+    }
     CHECK(contains(output, "chunk " + std::to_string(2 * r.pp - 1) + " (stage 0)"));  // the V's last chunk
     const std::regex held("held (\\d+) micro-batches \\(simulated (\\d+)\\)");
     for (auto it = std::sregex_iterator(output.begin(), output.end(), held); it != std::sregex_iterator(); ++it)

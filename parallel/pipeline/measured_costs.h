@@ -1,0 +1,30 @@
+// The simulator's Costs (simulator.h) read off one measured batch: every stage's timeline (the
+// executor's BatchReport) on one clock. The simulator timed with them predicts what the run's own
+// compute, transfers, loads and step allow, so a stage's measured idle time has a prediction beside
+// it that counts what the run paid; with sends counted free it would blame the schedule for the link.
+#pragma once
+
+#include <vector>
+
+#include "parallel/pipeline/simulator.h"
+
+namespace tessera::pipeline {
+
+struct MeasuredCosts {
+  Costs costs;
+  int timed_transfers = 0;  // the cross-stage receives the send latency comes from (0: none, send = 0)
+};
+
+// `timelines[s]`: stage s's instructions of one batch, in its program order (schedule.stage[s]), on
+// a clock the stages share (the processes of one host: each time plus BatchReport::began).
+//   forward, backward: a stage's mean per micro-batch (all its chunks together, the simulator's unit);
+//   weight_share: W's share of the backward in the split chunks that send an input gradient (the
+//     model's first chunk runs its whole backward at W);
+//   send: the median, over the cross-stage receives posted before their send began (a receive posted
+//     later may find the data there and hides the latency), of the send's start to the receive's end;
+//   load, optimizer_step: the mean; reduce_tied: the shortest (each includes the wait for the last
+//     stage to arrive; the last to arrive waits least).
+// Throws std::invalid_argument when a timeline is not its stage's list.
+MeasuredCosts measured_costs(const Schedule& schedule, const std::vector<std::vector<TimedInstruction>>& timelines);
+
+}  // namespace tessera::pipeline
