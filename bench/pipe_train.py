@@ -11,9 +11,9 @@ final LayerNorm, the tied head. fp32, AdamW, clipping 1.0, Gloo; --micro-batches
 Rank 0 prints one JSON line: samples_per_s (median step after --warmup), step_ms, peak RSS of every
 rank, final_loss; tessera adds each stage's measured idle fraction in the last batch (1 − time in
 forward/backward / the batch) beside the simulator's for the same schedule timed with the costs
-read off that batch (the stages' mean forward and backward, W's share, the transfers' measured
-latency, the loads and step: parallel/pipeline/measured_costs.h) and with the sends counted free,
-and the activations held; where each stage's idle time went (waiting in receives, the other non-compute
+read off that batch (each stage's chunks' F, B and W, the transfers' measured latency, the loads
+and step: parallel/pipeline/measured_costs.h) and with the balanced model's (the stages' mean
+costs, sends free), and the activations held; where each stage's idle time went (waiting in receives, the other non-compute
 instructions, between instructions) and each model chunk's mean F, B and W on each rank.
 """
 import argparse
@@ -212,25 +212,25 @@ def main():
               "parameters_this_rank": sum(p.numel() for p in model.parameters())}
     if args.impl == "tessera":
         # Each stage's last batch: measured idle and activations, and the simulator's with the costs
-        # read off that batch (tessera._C.pipeline.measured_costs: every stage's compute, W's share,
+        # read off that batch (tessera._C.pipeline.measured_costs: each stage's chunks' F, B and W,
         # the transfers' latency, the loads and step), from the first data rank's stages' timelines
-        # on the host's clock; beside it the simulator's with the sends counted free.
+        # on the host's clock; beside it the balanced model's (the stages' mean costs, free sends).
         report = engine.last_report()
         timelines = gather_timelines(report, args.stages, stage, data_rank, rank, world, all_reduce)
         if args.timeline and rank == 0:
             write_timeline(args.timeline, timelines)
-        costs = tessera._C.pipeline.measured_costs(args.schedule, args.stages, args.micro_batches, args.virtual,
-                                                   [[(start, end) for _, _, _, start, end in t] for t in timelines])
+        costs = tessera._C.pipeline.measured_costs(args.schedule, args.stages, args.micro_batches, args.virtual, timelines)
         sim = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
                                            **{k: v for k, v in costs.items() if k != "timed_transfers"})
-        free = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
-                                            forward=costs["forward"], backward=costs["backward"],
-                                            weight_share=costs["weight_share"])
+        # The balanced model: every stage's chunks at the stages' mean costs, sends free.
+        balanced = tessera._C.pipeline.simulate(args.schedule, args.stages, args.micro_batches, args.virtual,
+                                                forward=costs["forward"], backward=costs["backward"],
+                                                weight_share=costs["weight_share"])
         result["simulator_costs_s"] = costs
         mine = torch.zeros(world, 10, dtype=torch.float64)
         mine[rank] = torch.tensor([stage, report["idle_fraction"], sim["idle_fraction"][stage], report["peak_activations"],
                                    sim["peak_activations"][stage], report["seconds"], *idle_parts(report["timeline"]),
-                                   free["idle_fraction"][stage]], dtype=torch.float64)
+                                   balanced["idle_fraction"][stage]], dtype=torch.float64)
         all_reduce(mine)
         # Each chunk's mean forward, backward and W on this rank (the simulator takes them equal).
         chunk_costs = torch.zeros(world, args.virtual, 3, dtype=torch.float64)
@@ -242,7 +242,7 @@ def main():
         result["stages_last_batch"] = [
             {"stage": int(r[0]), "idle": r[1], "simulated_idle": r[2], "held": int(r[3]), "simulated_held": int(r[4]),
              "batch_s": r[5], "recv_wait_s": r[6], "other_instructions_s": r[7], "between_instructions_s": r[8],
-             "simulated_idle_free_sends": r[9]}
+             "simulated_idle_balanced": r[9]}
             for r in mine.tolist()]
     if rank == 0:
         print(json.dumps(result), flush=True)

@@ -315,10 +315,12 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
     }
   if (ctx.rank() == 0) {
     const pipeline::Costs& c = measured.costs;
+    std::string receive;
+    for (double r : c.receive) receive += (receive.empty() ? "" : "/") + std::to_string(1e3 * r).substr(0, 5);
     std::printf("pipeline costs read off the last batch: forward %.4f s, backward %.4f s (W %.2f of it), send latency "
-                "%.2f ms (median of %d transfers), load %.2f ms, step %.2f ms\n",
-                c.forward, c.backward, c.weight_share, 1e3 * c.send, measured.timed_transfers, 1e3 * c.load,
-                1e3 * c.optimizer_step);
+                "%.2f ms (median of %d transfers), a receive per stage %s ms, load %.2f ms, step %.2f ms\n",
+                c.forward, c.backward, c.weight_share, 1e3 * c.send, measured.timed_transfers, receive.c_str(),
+                1e3 * c.load, 1e3 * c.optimizer_step);
   }
   if (!timeline.empty() && ctx.rank() == 0) {
     // Every stage's lines, from the gathered timelines: one clock, from the first stage's start.

@@ -17,11 +17,15 @@ struct MeasuredCosts {
 
 // `timelines[s]`: stage s's instructions of one batch, in its program order (schedule.stage[s]), on
 // a clock the stages share (the processes of one host: each time plus BatchReport::began).
-//   forward, backward: a stage's mean per micro-batch (all its chunks together, the simulator's unit);
+//   chunks: each stage's chunks' F, B and W per micro-batch, as they ran (what simulate() times with);
+//   forward, backward: their mean over the stages (all a stage's chunks together: the balanced model);
 //   weight_share: W's share of the backward in the split chunks that send an input gradient (the
 //     model's first chunk runs its whole backward at W);
 //   send: the median, over the cross-stage receives posted before their send began (a receive posted
 //     later may find the data there and hides the latency), of the send's start to the receive's end;
+//   receive: per stage, the median time its cross-stage receives took when posted at least the
+//     latency after their send began (the data there: the transport's own work, which on a host
+//     whose cores all compute includes waiting for one);
 //   load, optimizer_step: the mean; reduce_tied: the shortest (each includes the wait for the last
 //     stage to arrive; the last to arrive waits least).
 // Throws std::invalid_argument when a timeline is not its stage's list.

@@ -167,9 +167,22 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
   const int v = schedule.chunks;
   const ChunkLayout layout = schedule.layout();
   // A chunk's share; a split backward's B and W.
-  const double forward_cost = costs.forward / v,
-               weight_cost = schedule.split_backward ? costs.backward * costs.weight_share / v : 0.0,
-               backward_cost = costs.backward / v - weight_cost;
+  const double weight_cost = schedule.split_backward ? costs.backward * costs.weight_share / v : 0.0;
+  const ChunkCosts uniform{costs.forward / v, costs.backward / v - weight_cost, weight_cost};
+  if (!costs.receive.empty() && static_cast<int>(costs.receive.size()) != p)
+    throw std::invalid_argument("pipeline simulator: receive costs for " + std::to_string(costs.receive.size()) +
+                                " stages, the schedule has " + std::to_string(p));
+  if (!costs.chunks.empty() && (static_cast<int>(costs.chunks.size()) != p ||
+                                std::any_of(costs.chunks.begin(), costs.chunks.end(),
+                                            [&](const std::vector<ChunkCosts>& c) { return static_cast<int>(c.size()) != v; })))
+    throw std::invalid_argument("pipeline simulator: per-chunk costs for " + std::to_string(costs.chunks.size()) +
+                                " stages, the schedule has " + std::to_string(p) + " stages of " + std::to_string(v) + " chunks");
+  // The model's first chunk sends no input gradient: the executor runs its whole backward at W.
+  auto chunk_costs = [&](int s, int chunk) {
+    if (!costs.chunks.empty()) return costs.chunks[s][chunk];
+    if (schedule.split_backward && layout.first(s, chunk)) return ChunkCosts{uniform.forward, 0.0, uniform.backward + uniform.weight};
+    return uniform;
+  };
 
   auto record = [&](int s, const Instruction& ins, double start, double end) {
     sim.timeline[s].push_back({ins, start, end});
@@ -186,17 +199,14 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         held[s] += 1;
         sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
         if (!schedule.training && schedule.layout().last(s, ins.chunk)) held[s] -= 1;
-        sim.busy[s] += forward_cost;
-        record(s, ins, now, now + forward_cost);
+        sim.busy[s] += chunk_costs(s, ins.chunk).forward;
+        record(s, ins, now, now + chunk_costs(s, ins.chunk).forward);
         return true;
       case Op::Backward:
       case Op::BackwardWeight: {
         // Activations are held until the last part of the backward that reads them.
         const bool frees = schedule.split_backward == (ins.op == Op::BackwardWeight);
-        // The model's first chunk sends no input gradient: the executor runs its whole backward at W.
-        const bool whole_at_w = schedule.split_backward && layout.first(s, ins.chunk);
-        const double cost = ins.op == Op::Backward ? (whole_at_w ? 0.0 : backward_cost)
-                                                   : (whole_at_w ? backward_cost + weight_cost : weight_cost);
+        const double cost = ins.op == Op::Backward ? chunk_costs(s, ins.chunk).backward : chunk_costs(s, ins.chunk).weight;
         if (frees) held[s] -= 1;
         sim.busy[s] += cost;
         record(s, ins, now, now + cost);
@@ -213,9 +223,11 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
       }
       case Op::RecvActivation:
       case Op::RecvGrad: {
-        auto it = sent.find(matching_send(layout, ins, s));
+        const SendKey from = matching_send(layout, ins, s);
+        auto it = sent.find(from);
         if (it == sent.end()) return false;
-        record(s, ins, now, std::max(now, it->second));
+        const double receive = from.stage != s && !costs.receive.empty() ? costs.receive[s] : 0.0;
+        record(s, ins, now, std::max(now + receive, it->second));
         sent.erase(it);
         return true;
       }

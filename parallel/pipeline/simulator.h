@@ -15,6 +15,11 @@
 
 namespace tessera::pipeline {
 
+// One model chunk's Forward, Backward (a split schedule's B) and BackwardWeight (W) per micro-batch.
+struct ChunkCosts {
+  double forward = 0, backward = 0, weight = 0;
+};
+
 // What each instruction costs (time units; equal forward and backward costs on every stage give
 // the textbook bubble). forward and backward are a whole stage's: a chunk of an interleaved
 // schedule costs 1/v of them. Loads, steps and tied reductions cost nothing unless set.
@@ -23,9 +28,15 @@ struct Costs {
   double backward = 1.0;
   double weight_share = 0.5;  // split schedules: W's share of the backward (B gets the rest)
   double send = 0.0;     // from the send until the receiver may start (a stage to itself: 0)
+  // When set, receive[s]: what a receive on stage s takes when its data has long been sent (the
+  // transport's own work; a busy host's threads waiting for a core), not less than the latency.
+  std::vector<double> receive;
   double load = 0.0;
   double reduce_tied = 0.0;
   double optimizer_step = 0.0;
+  // When set, chunks[s][c] is stage s's local chunk c as it is (a measured run's stages differ:
+  // the embedding, the head and the loss sit on some), in place of the three above.
+  std::vector<std::vector<ChunkCosts>> chunks;
 };
 
 struct TimedInstruction {

@@ -5,6 +5,7 @@
 #include "handles.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "engine_handle.h"
 #include "parallel/pipeline/measured_costs.h"
@@ -47,6 +48,13 @@ MicroBatchSource source_of(const py::function& next) {
   };
 }
 
+// An instruction's op by its name (op_name's), as last_report() gives it.
+pipeline::Op op_of_name(const std::string& name) {
+  for (int k = 0; k <= static_cast<int>(pipeline::Op::OptimizerStep); ++k)
+    if (name == pipeline::op_name(static_cast<pipeline::Op>(k))) return static_cast<pipeline::Op>(k);
+  throw std::invalid_argument("tessera.pipeline: no pipeline instruction is called \"" + name + "\"");
+}
+
 }  // namespace
 
 void bind_pipeline(py::module& m) {
@@ -70,43 +78,69 @@ void bind_pipeline(py::module& m) {
            py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0, py::arg("placement") = "loop");
   // The simulator (parallel/pipeline/simulator.h) for a schedule by its config name: each stage's idle
   // fraction and peak activations with the given costs (a stage's forward, its whole backward, W's
-  // share of it in split schedules, a transfer's latency, a load, the tied reduction, the step).
+  // share of it in split schedules, a transfer's latency, a load, the tied reduction, the step; or
+  // `chunk_costs`, each stage's chunks' (F, B, W), in place of the first three; `receive`, what a
+  // receive takes on each stage when its data is there).
   pipe.def("simulate",
            [](const std::string& name, int stages, int micro_batches, int chunks, double forward, double backward,
-              double weight_share, double send, double load, double reduce_tied, double optimizer_step) {
+              double weight_share, double send, double load, double reduce_tied, double optimizer_step,
+              const std::vector<std::vector<std::tuple<double, double, double>>>& chunk_costs,
+              const std::vector<double>& receive) {
              pipeline::Costs costs;
+             costs.receive = receive;
              costs.forward = forward, costs.backward = backward, costs.weight_share = weight_share;
              costs.send = send, costs.load = load, costs.reduce_tied = reduce_tied, costs.optimizer_step = optimizer_step;
+             for (const auto& stage : chunk_costs) {
+               costs.chunks.emplace_back();
+               for (const auto& [f, b, w] : stage) costs.chunks.back().push_back({f, b, w});
+             }
              const pipeline::Simulation sim = pipeline::simulate(pipeline::make_schedule(name, stages, micro_batches, chunks), costs);
              py::dict d;
              d["idle_fraction"] = sim.idle_fraction;
              d["peak_activations"] = sim.peak_activations;
              d["makespan"] = sim.makespan;
+             py::list timeline;  // per stage: (op, micro-batch, chunk, start, end), as last_report()'s
+             for (const auto& stage : sim.timeline) {
+               py::list rows;
+               for (const pipeline::TimedInstruction& t : stage)
+                 rows.append(py::make_tuple(pipeline::op_name(t.instruction.op), t.instruction.micro_batch,
+                                            t.instruction.chunk, t.start, t.end));
+               timeline.append(rows);
+             }
+             d["timeline"] = timeline;
              return d;
            },
            py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks") = 1, py::arg("forward") = 1.0,
            py::arg("backward") = 2.0, py::arg("weight_share") = 0.5, py::arg("send") = 0.0, py::arg("load") = 0.0,
-           py::arg("reduce_tied") = 0.0, py::arg("optimizer_step") = 0.0);
+           py::arg("reduce_tied") = 0.0, py::arg("optimizer_step") = 0.0,
+           py::arg("chunk_costs") = std::vector<std::vector<std::tuple<double, double, double>>>{},
+           py::arg("receive") = std::vector<double>{});
   // The costs a measured batch ran with (parallel/pipeline/measured_costs.h), as simulate()'s keywords
-  // plus timed_transfers: `timelines[s]` is stage s's (start, end) per instruction of its list, on one
-  // clock (last_report()'s times plus its "began", for the stages of one host).
+  // (chunk_costs: each stage's chunks' (F, B, W)) plus timed_transfers: `timelines[s]` is stage s's
+  // last_report()["timeline"], (op, micro-batch, chunk, start, end) in its list's order, the times on
+  // one clock (plus its "began": the stages of one host share it).
   pipe.def("measured_costs",
            [](const std::string& name, int stages, int micro_batches, int chunks,
-              const std::vector<std::vector<std::pair<double, double>>>& times) {
+              const std::vector<std::vector<std::tuple<std::string, int, int, double, double>>>& rows) {
              const pipeline::Schedule schedule = pipeline::make_schedule(name, stages, micro_batches, chunks);
-             std::vector<std::vector<pipeline::TimedInstruction>> timelines(times.size());
-             for (size_t s = 0; s < times.size(); ++s)
-               for (size_t i = 0; i < times[s].size(); ++i) {
-                 const pipeline::Instruction ins = s < schedule.stage.size() && i < schedule.stage[s].size()
-                                                       ? schedule.stage[s][i]
-                                                       : pipeline::Instruction{pipeline::Op::OptimizerStep};
-                 timelines[s].push_back({ins, times[s][i].first, times[s][i].second});
-               }
+             std::vector<std::vector<pipeline::TimedInstruction>> timelines;
+             for (const auto& stage : rows) {
+               timelines.emplace_back();
+               for (const auto& [op, mb, chunk, start, end] : stage)
+                 timelines.back().push_back({{op_of_name(op), mb, chunk}, start, end});
+             }
              const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
              const pipeline::Costs& c = measured.costs;
              py::dict d;
              d["forward"] = c.forward, d["backward"] = c.backward, d["weight_share"] = c.weight_share, d["send"] = c.send;
              d["load"] = c.load, d["reduce_tied"] = c.reduce_tied, d["optimizer_step"] = c.optimizer_step;
+             std::vector<std::vector<std::tuple<double, double, double>>> per_chunk;
+             for (const auto& stage : c.chunks) {
+               per_chunk.emplace_back();
+               for (const pipeline::ChunkCosts& k : stage) per_chunk.back().emplace_back(k.forward, k.backward, k.weight);
+             }
+             d["chunk_costs"] = per_chunk;
+             d["receive"] = c.receive;
              d["timed_transfers"] = measured.timed_transfers;
              return d;
            },

@@ -31,13 +31,23 @@ TEST_CASE("measured_costs: the costs a simulated batch ran with, from its timeli
     for (const bool sends_cost : {true, false}) {
       INFO(c.name << " p " << c.p << " m " << c.m << " v " << c.v << (sends_cost ? ", sends with latency" : ", free sends"));
       Costs truth = some_costs(schedule.split_backward);
-      if (!sends_cost) truth.send = 0;
+      if (sends_cost) truth.receive.assign(c.p, 0.1);
+      else truth.send = 0;
       const Simulation ran = simulate(schedule, truth);
       const MeasuredCosts measured = measured_costs(schedule, ran.timeline);
       CHECK(measured.costs.forward == Approx(truth.forward));
       CHECK(measured.costs.backward == Approx(truth.backward));
       CHECK(measured.costs.weight_share == Approx(truth.weight_share));
       CHECK(measured.costs.send == Approx(truth.send).margin(1e-12));
+      // A stage's receive cost from its receives posted after their data came (a stage that always
+      // waits has none: 0, and it times the same).
+      int read = 0;
+      for (int s = 0; s < c.p; ++s) {
+        const double r = measured.costs.receive[s];
+        CHECK((r == 0.0 || r == Approx(0.1)));
+        read += r > 0;
+      }
+      CHECK((read > 0) == sends_cost);
       CHECK(measured.costs.load == Approx(truth.load));
       CHECK(measured.costs.reduce_tied == Approx(truth.reduce_tied));
       CHECK(measured.costs.optimizer_step == Approx(truth.optimizer_step));
@@ -71,4 +81,31 @@ TEST_CASE("measured_costs: a timeline that is not the schedule's is refused nami
   CHECK_THROWS_WITH(measured_costs(schedule, timelines), Catch::Contains("stage 1's timeline is not its list"));
   timelines.pop_back();
   CHECK_THROWS_WITH(measured_costs(schedule, timelines), Catch::Contains("1 timelines for a schedule of 2 stages"));
+}
+
+TEST_CASE("measured_costs: each stage's chunks as they ran - an uneven pipeline idles where the mean does not", "[pipeline]") {
+  // ZB-H1 at p = 2 as the benchmark's GPT runs it: stage 0's chunk has no B (the model's first
+  // chunk), its whole backward at W; stage 1's backward 5% slower than stage 0's.
+  const Schedule schedule = make_schedule("zb_h1", 2, 8);
+  Costs uneven;
+  uneven.chunks = {{ChunkCosts{1.0, 0.0, 2.0}}, {ChunkCosts{1.0, 1.05, 1.05}}};
+  const Simulation ran = simulate(schedule, uneven);
+  const MeasuredCosts measured = measured_costs(schedule, ran.timeline);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(measured.costs.chunks[s][0].forward == Approx(uneven.chunks[s][0].forward));
+    CHECK(measured.costs.chunks[s][0].backward == Approx(uneven.chunks[s][0].backward).margin(1e-12));
+    CHECK(measured.costs.chunks[s][0].weight == Approx(uneven.chunks[s][0].weight));
+  }
+  CHECK(simulate(schedule, measured.costs).makespan == Approx(ran.makespan));
+  // The means (a stage's F 1.0, backward 2.05, W half of stage 1's) balance the stages: stage 0
+  // no longer waits for the slower one at the end.
+  Costs mean = measured.costs;
+  mean.chunks.clear();
+  CHECK(mean.backward == Approx(2.05));
+  CHECK(mean.weight_share == Approx(0.5));
+  CHECK(simulate(schedule, mean).idle_fraction[0] < ran.idle_fraction[0] - 0.01);
+  // A table that is not the schedule's shape is refused.
+  Costs wrong;
+  wrong.chunks = {{ChunkCosts{1, 1, 1}}};
+  CHECK_THROWS_WITH(simulate(schedule, wrong), Catch::Contains("per-chunk costs for 1 stages, the schedule has 2 stages of 1 chunks"));
 }
