@@ -7,7 +7,8 @@
 #   chunks in a V: LAYERS=16, or 12 blocks fail to divide)
 #                                                        tessera.pipe on 4 ranks, pp 4, ZeRO-1
 #   p4-deepspeed                                         DeepSpeed 0.19.8's PipelineEngine (1F1B), ZeRO-1
-#   p2-1f1b, p2-interleaved (v 2), p2-zb_h1, p2-zb_v, p2-deepspeed   the same on 2 ranks, pp 2 (one core per rank)
+#   p2-1f1b, p2-gpipe, p2-interleaved (v 2), p2-zb_h1, p2-zb_v, p2-deepspeed
+#                                                        the same on 2 ranks, pp 2 (one core per rank)
 #   pp2dp2-z1, pp2dp2-z3, pp2dp2-z3-micro                pp 2 x dp 2: ZeRO-1, ZeRO-3 gathered per
 #                                                        batch, ZeRO-3 gathered per micro-batch
 # Medians of ROUNDS interleaved rounds: samples/s, the ratios to tessera's 1F1B and DeepSpeed's at
@@ -46,6 +47,7 @@ for round in $(seq 1 "$rounds"); do
       p4-zb_v) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_v --virtual 2) ;;
       p4-deepspeed) ranks=4 cmd=("${deepspeed[@]}" --stages 4) ;;
       p2-1f1b) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b) ;;
+      p2-gpipe) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule gpipe) ;;
       p2-interleaved) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule interleaved_1f1b --virtual 2) ;;
       p2-zb_h1) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule zb_h1) ;;
       p2-zb_v) ranks=2 cmd=("${tessera[@]}" --stages 2 --schedule zb_v --virtual 2) ;;
@@ -53,6 +55,7 @@ for round in $(seq 1 "$rounds"); do
       pp2dp2-z1) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 1) ;;
       pp2dp2-z3) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 3) ;;
       pp2dp2-z3-micro) ranks=4 cmd=("${tessera[@]}" --stages 2 --schedule 1f1b --stage 3 --zero3-gather micro_batch) ;;
+      *) echo "unknown run: $run" >&2; exit 2 ;;
     esac
     echo "round $round/$rounds: $run" >&2
     # A rank that dies after the result is printed (DeepSpeed 0.19.8 over Gloo sometimes aborts in its

@@ -31,11 +31,12 @@
 //   chunks s and 2p − 1 − s — so a micro-batch goes down the stages and back up: the last stage hands
 //   chunk p − 1's output to its own chunk p without a send, and stage 0 holds both the embedding side
 //   and the loss. Each backward split into B and W as in ZB-H1. The lists come from a list scheduler
-//   (zb_v below) that runs the stages forward in time with F = B = W per chunk and lets each stage,
+//   (zb_v below) that runs the stages forward in time with F = B = W per chunk (the model's first
+//   chunk as the executor runs it: no B, its whole backward at W) and lets each stage,
 //   when free, run a ready B first (the critical path), else a ready F while it holds fewer than 2p
 //   chunk activations (1F1B's peak: p stage-sized micro-batches), else a deferred W, else wait; the
 //   order found is deadlock-free under any costs (every receive follows its send in one timing).
-//   With m >= 2p its bubble is a fraction of ZB-H1's at the same peak activations.
+//   With m >= 2p its bubble is never above ZB-H1's, below it from p = 4, at the same peak activations.
 //
 // Instructions name a micro-batch and a model chunk (0 but for interleaved and V schedules). Backward is
 // the whole backward of a micro-batch, or in a split schedule (Schedule::split_backward) its B, with
