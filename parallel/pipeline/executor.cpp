@@ -50,8 +50,22 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     if (peer == s) handed[{stream, mb}] = stream == Stream::Activation ? t.detach() : t;
     else link_.send(t, peer, stream);
   };
+  // Each link stream's receives still to come this batch: one is kept posted ahead on each, so its
+  // transfer lands while the stage computes (p2p.h); none is left posted after the batch.
+  std::map<std::pair<int, Stream>, int> to_come;
+  for (const Instruction& ins : schedule_.stage[s]) {
+    if (ins.op != Op::RecvActivation && ins.op != Op::RecvGrad) continue;
+    const bool activation = ins.op == Op::RecvActivation;
+    const int peer = activation ? layout.previous_stage(s, ins.chunk) : layout.next_stage(s, ins.chunk);
+    if (peer != s) ++to_come[{peer, activation ? Stream::Activation : Stream::Gradient}];
+  }
+  for (const auto& [key, count] : to_come) link_.post_recv(key.first, key.second);
   auto recv = [&](int peer, Stream stream, int mb) {
-    if (peer != s) return link_.recv(peer, stream);
+    if (peer != s) {
+      at::Tensor t = link_.recv(peer, stream);
+      if (--to_come[{peer, stream}] > 0) link_.post_recv(peer, stream);
+      return t;
+    }
     auto it = handed.find({stream, mb});
     if (it == handed.end()) throw std::logic_error("pipeline: a receive from this stage before its send");
     at::Tensor t = std::move(it->second);
@@ -157,6 +171,7 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     report.timeline.push_back({ins, since(start), since(end)});
   }
   if (!schedule_.training) link_.wait_sends();
+  if (link_.posted() != 0) throw std::logic_error("pipeline: a receive was posted ahead that this batch did not make");
   if (!losses.empty()) {
     const at::Tensor values = at::stack(losses).to(at::kCPU, at::kDouble);
     report.losses.assign(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());

@@ -46,6 +46,13 @@ void StageLink::send(const at::Tensor& tensor, int peer, Stream stream) {
 
 at::Tensor StageLink::recv(int peer, Stream stream) {
   const Key key{peer, stream};
+  if (auto ahead = posted_.find(key); ahead != posted_.end() && !ahead->second.empty()) {
+    InFlight next = std::move(ahead->second.front());
+    ahead->second.pop_front();
+    next.handle.wait();
+    bytes_received_ += static_cast<int64_t>(next.tensor.nbytes());
+    return next.tensor;
+  }
   auto known = received_shape_.find(key);
   if (known == received_shape_.end() || dynamic_shape_) {
     at::Tensor header = at::empty({kMaxDims + 2}, at::TensorOptions().dtype(at::kLong).device(pipe_.device()));
@@ -59,6 +66,21 @@ at::Tensor StageLink::recv(int peer, Stream stream) {
   pipe_.recv(data, peer, tag_of(kDataTag, stream, kGradientTags));
   bytes_received_ += static_cast<int64_t>(data.nbytes());
   return data;
+}
+
+void StageLink::post_recv(int peer, Stream stream) {
+  const Key key{peer, stream};
+  const auto known = received_shape_.find(key);
+  if (dynamic_shape_ || known == received_shape_.end()) return;
+  at::Tensor data = at::empty(known->second.sizes, at::TensorOptions().dtype(known->second.dtype).device(pipe_.device()));
+  CommHandle handle = pipe_.recv_async(data, peer, tag_of(kDataTag, stream, kGradientTags));
+  posted_[key].push_back({data, std::move(handle)});
+}
+
+int StageLink::posted() const {
+  int n = 0;
+  for (const auto& [key, queue] : posted_) n += static_cast<int>(queue.size());
+  return n;
 }
 
 void StageLink::wait_sends() {

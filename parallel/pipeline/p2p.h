@@ -9,10 +9,16 @@
 // the sender's and receiver's orders agree). Two streams, because with interleaved schedules one
 // direction carries both: the last stage sends activations to the first (the wrap-around to its
 // next chunk) as well as gradients back to its neighbour.
+//
+// A receive can be posted ahead (post_recv) once its stream's shape is known: the transfer then
+// lands while the stage computes, instead of starting when the stage asks for it (Gloo, like NCCL,
+// moves a large message only once its receive is posted; measured at pp 2 on 2 cores, 2-5 ms a
+// receive whose data had long been sent: docs/pipeline.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <map>
 #include <vector>
 
@@ -27,8 +33,15 @@ class StageLink {
   StageLink(Communicator& pipe, bool dynamic_shape);
   // Sends `tensor` (kept alive until the send completes) to stage `peer` on `stream`.
   void send(const at::Tensor& tensor, int peer, Stream stream);
-  // The next tensor stage `peer` sends here on `stream`, in a buffer of its own.
+  // The next tensor stage `peer` sends here on `stream`, in a buffer of its own (the oldest posted
+  // one when post_recv posted it).
   at::Tensor recv(int peer, Stream stream);
+  // Posts the next receive on (peer, stream) now, for a later recv() to return; nothing when the
+  // stream's shape is not known yet (before its first tensor) or shapes vary (dynamic_shape: each
+  // tensor's header decides its buffer). The caller posts only receives it will make.
+  void post_recv(int peer, Stream stream);
+  // Receives posted and not yet returned by recv().
+  int posted() const;
   // Waits for every send in flight (before their tensors may change, and at the end of a batch).
   void wait_sends();
   // Bytes of tensors (headers excluded) sent and received since construction.
@@ -52,6 +65,7 @@ class StageLink {
   bool dynamic_shape_;
   std::map<Key, Shape> sent_shape_, received_shape_;  // by peer and stream: the shape the stream carries
   std::vector<InFlight> in_flight_;
+  std::map<Key, std::deque<InFlight>> posted_;  // receives posted ahead, oldest first
   int64_t bytes_sent_ = 0, bytes_received_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "tests/workers/worker_pipeline.h"
 
+#include <ATen/ops/full.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randn.h>
@@ -113,6 +114,29 @@ void check_pipeline(ParallelContext& ctx, const std::string& schedule_name, int 
   const std::vector<int> bounds = partition_layers(infos, p * v, v > 1 ? "uniform" : "parameters");
   if (ctx.rank() == 0) std::printf("%s", describe_partition(infos, bounds, p, placement).c_str());
   const std::vector<std::pair<int, int>> mine = stage_layer_ranges(bounds, s, p, placement);
+
+  // StageLink's receives posted ahead (p2p.h): stage 0 sends three tensors; stage 1 receives the
+  // first (the stream's shape), posts the other two and gets them back in order; with dynamic
+  // shapes nothing is posted (each tensor's header decides its buffer).
+  if (p == 2) {
+    StageLink link(pipe, dynamic_shape);
+    if (s == 0) {
+      for (int k = 0; k < 3; ++k) link.send(at::full({2, 3}, double(k)), 1, Stream::Activation);
+      link.wait_sends();
+    } else {
+      at::Tensor first = link.recv(0, Stream::Activation);
+      link.post_recv(0, Stream::Activation);
+      link.post_recv(0, Stream::Activation);
+      if (link.posted() != (dynamic_shape ? 0 : 2))
+        throw std::runtime_error("check failed: " + std::to_string(link.posted()) + " receives posted ahead");
+      for (int k = 0; k < 3; ++k) {
+        const at::Tensor t = k == 0 ? first : link.recv(0, Stream::Activation);
+        if (t.sizes() != at::IntArrayRef({2, 3}) || t.min().item<double>() != k || t.max().item<double>() != k)
+          throw std::runtime_error("check failed: posted receive " + std::to_string(k) + " got another tensor");
+      }
+      if (link.posted() != 0) throw std::runtime_error("check failed: a posted receive left over");
+    }
+  }
 
   // The reference: the whole model in this process, micro-batches accumulated in order.
   std::vector<Layer> reference = build_model();
