@@ -51,7 +51,11 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     else link_.send(t, peer, stream);
   };
   // Each link stream's receives still to come this batch: one is kept posted ahead on each, so its
-  // transfer lands while the stage computes (p2p.h); none is left posted after the batch.
+  // transfer lands while the stage computes (p2p.h); none is left posted after the batch. Only on
+  // host groups (Gloo: each message matched by its tag, sends and receives independent); NCCL
+  // matches a pair's messages in issue order on one stream, where a receive posted early would
+  // hold this stage's sends behind it.
+  const bool post_ahead = pipe_.device().is_cpu();
   std::map<std::pair<int, Stream>, int> to_come;
   for (const Instruction& ins : schedule_.stage[s]) {
     if (ins.op != Op::RecvActivation && ins.op != Op::RecvGrad) continue;
@@ -59,11 +63,12 @@ BatchReport PipelineExecutor::run(PipelineStage& stage) {
     const int peer = activation ? layout.previous_stage(s, ins.chunk) : layout.next_stage(s, ins.chunk);
     if (peer != s) ++to_come[{peer, activation ? Stream::Activation : Stream::Gradient}];
   }
-  for (const auto& [key, count] : to_come) link_.post_recv(key.first, key.second);
+  if (post_ahead)
+    for (const auto& [key, count] : to_come) link_.post_recv(key.first, key.second);
   auto recv = [&](int peer, Stream stream, int mb) {
     if (peer != s) {
       at::Tensor t = link_.recv(peer, stream);
-      if (--to_come[{peer, stream}] > 0) link_.post_recv(peer, stream);
+      if (--to_come[{peer, stream}] > 0 && post_ahead) link_.post_recv(peer, stream);
       return t;
     }
     auto it = handed.find({stream, mb});

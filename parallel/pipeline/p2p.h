@@ -11,9 +11,10 @@
 // next chunk) as well as gradients back to its neighbour.
 //
 // A receive can be posted ahead (post_recv) once its stream's shape is known: the transfer then
-// lands while the stage computes, instead of starting when the stage asks for it (Gloo, like NCCL,
-// moves a large message only once its receive is posted; measured at pp 2 on 2 cores, 2-5 ms a
-// receive whose data had long been sent: docs/pipeline.md).
+// lands while the stage computes, instead of starting when the stage asks for it (Gloo moves a
+// large message only once its receive is posted; measured at pp 2 on 2 cores, 2-5 ms a receive
+// whose data had long been sent: docs/pipeline.md). For tag-matched transports (Gloo): NCCL
+// matches a pair's messages in issue order, so the executor posts ahead only on host groups.
 #pragma once
 
 #include <ATen/core/Tensor.h>
