@@ -76,6 +76,26 @@ void bind_pipeline(py::module& m) {
                                                  placement == "v" ? pipeline::Placement::V : pipeline::Placement::Loop);
            },
            py::arg("layers"), py::arg("bounds"), py::arg("stages") = 0, py::arg("placement") = "loop");
+  // Where the model's stages·chunks chunks sit (parallel/pipeline/schedule.h ChunkLayout): per model
+  // chunk its stage, and per stage its model chunks in local order.
+  pipe.def("chunk_layout",
+           [](int stages, int chunks, const std::string& placement) {
+             if (placement != "loop" && placement != "v")
+               throw std::invalid_argument("tessera.pipeline: placement must be \"loop\" or \"v\", got \"" + placement + "\"");
+             const pipeline::ChunkLayout layout{stages, chunks,
+                                                placement == "v" ? pipeline::Placement::V : pipeline::Placement::Loop};
+             std::vector<int> stage_of;
+             for (int g = 0; g < stages * chunks; ++g) stage_of.push_back(layout.place(g).first);
+             std::vector<std::vector<int>> held(stages);
+             for (int s = 0; s < stages; ++s)
+               for (int c = 0; c < chunks; ++c) held[s].push_back(layout.model_chunk(s, c));
+             py::dict d;
+             d["stage_of"] = stage_of;
+             d["chunks_of"] = held;
+             d["loss_stage"] = layout.last_stage();
+             return d;
+           },
+           py::arg("stages"), py::arg("chunks"), py::arg("placement") = "loop");
   // The simulator (parallel/pipeline/simulator.h) for a schedule by its config name: each stage's idle
   // fraction and peak activations with the given costs (a stage's forward, its whole backward, W's
   // share of it in split schedules, a transfer's latency, a load, the tied reduction, the step; or

@@ -138,11 +138,10 @@ class PipelineModule(nn.Module):
                 self.num_stages, partition_method,
                 _C.pipeline.describe_partition(infos, self.parts, self.num_stages, placement)), end="", flush=True)
         chunks, p = len(self.parts) - 1, self.num_stages
-
-        def stage_of(c):  # the stage that holds model chunk c
-            return (c if c < p else 2 * p - 1 - c) if placement == "v" else c % p
-        self.loss_stage = stage_of(chunks - 1)
-        holder = {i: stage_of(c) for c in range(chunks) for i in range(self.parts[c], self.parts[c + 1])}
+        # Which stage holds each model chunk, and this stage's chunks (ChunkLayout in C++).
+        layout = _C.pipeline.chunk_layout(p, self.virtual_stages, placement)
+        self.loss_stage = layout["loss_stage"]
+        holder = {i: layout["stage_of"][c] for c in range(chunks) for i in range(self.parts[c], self.parts[c + 1])}
         # Which stages hold each tied key (its weights' gradients are summed over them).
         self._tied_stages = {}
         for i, layer in enumerate(layers):
@@ -154,8 +153,7 @@ class PipelineModule(nn.Module):
         self.local_layers = nn.ModuleList()  # the stage's modules, in order, for parameters()
         self._global_index = []  # per local layer: its index in the whole model's layers
         self.layers_by_index = {}  # layer index -> its module (or callable) on this stage
-        mine = [self.stage_id, 2 * p - 1 - self.stage_id] if placement == "v" else range(self.stage_id, chunks, p)
-        for chunk in mine:
+        for chunk in layout["chunks_of"][self.stage_id]:
             funcs = []
             for i in range(self.parts[chunk], self.parts[chunk + 1]):
                 funcs.append(self._build(layers[i], i, seed_layers, base_seed))
