@@ -14,7 +14,8 @@ forward/backward / the batch) beside the simulator's for the same schedule timed
 read off that batch (each stage's chunks' F, B and W, the transfers' measured latency, the loads
 and step: parallel/pipeline/measured_costs.h) and with the balanced model's (the stages' mean
 costs, sends free), and the activations held; where each stage's idle time went (waiting in receives, the other non-compute
-instructions, between instructions) and each model chunk's mean F, B and W on each rank.
+instructions, between instructions); each stage's chunks' mean F, B and W are in
+simulator_costs_s["chunk_costs"].
 """
 import argparse
 import json
@@ -81,15 +82,6 @@ def config(args):
             "zero_optimization": {"stage": args.stage, "stage3_param_persistence_threshold": 0},
             "pipeline": {"stages": args.stages, "schedule": args.schedule, "virtual_stages": args.virtual,
                          "zero3_gather": args.zero3_gather}}
-
-
-def stage_costs(timeline):
-    """The stage's mean forward, backward (B: the whole backward in unsplit schedules) and weight
-    pass (W) in its last batch."""
-    spent = {}
-    for op, _, _, start, end in timeline:
-        spent.setdefault(op, []).append(end - start)
-    return [statistics.mean(spent[op]) if op in spent else 0.0 for op in ("Forward", "Backward", "BackwardWeight")]
 
 
 def idle_parts(timeline):
@@ -232,13 +224,6 @@ def main():
                                    sim["peak_activations"][stage], report["seconds"], *idle_parts(report["timeline"]),
                                    balanced["idle_fraction"][stage]], dtype=torch.float64)
         all_reduce(mine)
-        # Each chunk's mean forward, backward and W on this rank (the simulator takes them equal).
-        chunk_costs = torch.zeros(world, args.virtual, 3, dtype=torch.float64)
-        for c in range(args.virtual):
-            chunk_costs[rank, c] = torch.tensor(stage_costs([t for t in report["timeline"] if t[2] == c]),
-                                                dtype=torch.float64)
-        all_reduce(chunk_costs)
-        result["chunk_costs_s"] = chunk_costs.tolist()
         result["stages_last_batch"] = [
             {"stage": int(r[0]), "idle": r[1], "simulated_idle": r[2], "held": int(r[3]), "simulated_held": int(r[4]),
              "batch_s": r[5], "recv_wait_s": r[6], "other_instructions_s": r[7], "between_instructions_s": r[8],

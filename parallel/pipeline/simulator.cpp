@@ -198,7 +198,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
       case Op::Forward:
         held[s] += 1;
         sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
-        if (!schedule.training && schedule.layout().last(s, ins.chunk)) held[s] -= 1;
+        if (!schedule.training && layout.last(s, ins.chunk)) held[s] -= 1;
         sim.busy[s] += chunk_costs(s, ins.chunk).forward;
         record(s, ins, now, now + chunk_costs(s, ins.chunk).forward);
         return true;
