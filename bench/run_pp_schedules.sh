@@ -14,8 +14,9 @@
 # Medians of ROUNDS interleaved rounds: samples/s, the ratios to tessera's 1F1B and DeepSpeed's at
 # the same pp, peak RSS per rank, and each stage's idle fraction in the last batch beside the
 # simulator's: the schedule timed with the costs read off that batch (each stage's chunks' F, B and
-# W, the transfers' measured latency, the loads and step), and the balanced model's (the stages'
-# mean costs on every stage, sends free).
+# W, the transfers' measured latency, the loads and step), the idle to expect with those costs'
+# spread (measured_costs.h expected_idle), the batch replayed with each instruction's own cost, and
+# the balanced model's (the stages' mean costs on every stage, sends free).
 #
 #   bench/run_pp_schedules.sh [ROUNDS=2]     LAYERS=12 EMBD=768 HEADS=12 MICRO=1 STEPS=6
 #                                            RUNS="p2-1f1b p2-zb_v ..." (default: all but p4-zb_v)
@@ -75,23 +76,26 @@ def result(path):
     return next(json.loads(l) for l in open(path) if l.startswith("{"))
 runs = {k: [result("%s/%s.%d.log" % (d, k, r)) for r in range(1, rounds + 1)] for k in names}
 med = {k: sorted(v, key=lambda x: x["samples_per_s"])[(rounds - 1) // 2] for k, v in runs.items()}
-print("| run | samples/s | vs tessera 1F1B | vs DeepSpeed | peak RSS per rank (MiB) | send latency (ms, transfers timed); receive per stage (ms) | last batch per stage: idle (simulated; balanced), held (simulated) | samples/s by round | final loss |")
+print("| run | samples/s | vs tessera 1F1B | vs DeepSpeed | peak RSS per rank (MiB) | send latency (ms, transfers timed); receive, posting a send per stage (ms) | last batch per stage: idle (simulated; expected [10th, 90th percentile]; replayed; balanced), held (simulated) | samples/s by round | final loss |")
 print("|---|---|---|---|---|---|---|---|---|")
 for k in names:
     m = med[k]
     pp = k.split("-")[0]
     one = med.get(pp + "-1f1b") or med.get("pp2dp2-z1")
     ds = med.get(pp + "-deepspeed")
-    stages = "; ".join("%d: %.3f (%.3f; %.3f), %d (%d)" % (s["stage"], s["idle"], s["simulated_idle"],
-                                                          s["simulated_idle_balanced"], s["held"], s["simulated_held"])
+    stages = "; ".join("%d: %.3f (%.3f; %.3f [%.3f, %.3f]; %.3f; %.3f), %d (%d)" % (
+                           s["stage"], s["idle"], s["simulated_idle"], s["expected_idle"], *s["expected_idle_range"],
+                           s["replayed_idle"], s["simulated_idle_balanced"], s["held"], s["simulated_held"])
                        for s in m.get("stages_last_batch", []))
     costs = m.get("simulator_costs_s")
     print("| %s | %.3f | %s | %s | %s | %s | %s | %s | %.4f |" % (
         k, m["samples_per_s"], "%.2f" % (m["samples_per_s"] / one["samples_per_s"]) if one else "-",
         "%.2f" % (m["samples_per_s"] / ds["samples_per_s"]) if ds else "-",
         " ".join(str(b >> 20) for b in m["peak_rss_bytes"]),
-        "%.1f (%d); receive %s" % (1e3 * costs["send"], costs["timed_transfers"],
-                                   "/".join("%.1f" % (1e3 * r) for r in costs["receive"])) if costs else "-", stages or "-",
+        "%.1f (%d); receive %s; posting %s" % (1e3 * costs["send"], costs["timed_transfers"],
+                                               "/".join("%.1f" % (1e3 * r) for r in costs["receive"]),
+                                               "/".join("%.1f" % (1e3 * r) for r in costs["posting"]))
+        if costs else "-", stages or "-",
         " ".join("%.3f" % r["samples_per_s"] for r in runs[k]), m["final_loss"]))
 PY
 echo "logs: $out" >&2

@@ -297,6 +297,8 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
     }
   const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
   const pipeline::Simulation sim = pipeline::simulate(schedule, measured.costs);
+  // The same costs with their spread in this batch (the same on every rank: seeded).
+  const pipeline::ExpectedIdle expected = pipeline::expected_idle(schedule, measured, timelines);
   const MemoryReport memory = engine.engine().memory();
   constexpr int kFields = 9;
   at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
@@ -309,18 +311,23 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
     for (int k = 0; k < stages; ++k) {
       const double* v = all.data_ptr<double>() + kFields * k;
       std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
-                  "(simulated with the batch's measured costs: %.3f); peak rss %.0f MiB; parameters %.0f bytes held, "
-                  "gathered now %.0f, at most %.0f\n",
-                  k, int(v[0]), int(v[1]), v[2], v[4], v[3], v[5] / 1048576.0, v[6], v[7], v[8]);
+                  "(simulated with the batch's measured costs: %.3f; expected with their spread: %.3f, %.3f-%.3f); "
+                  "peak rss %.0f MiB; parameters %.0f bytes held, gathered now %.0f, at most %.0f\n",
+                  k, int(v[0]), int(v[1]), v[2], v[4], v[3], expected.mean[k], expected.low[k], expected.high[k],
+                  v[5] / 1048576.0, v[6], v[7], v[8]);
     }
   if (ctx.rank() == 0) {
     const pipeline::Costs& c = measured.costs;
-    std::string receive;
-    for (double r : c.receive) receive += (receive.empty() ? "" : "/") + std::to_string(1e3 * r).substr(0, 5);
+    auto per_stage_ms = [](const std::vector<double>& costs) {
+      std::string text;
+      for (double r : costs) text += (text.empty() ? "" : "/") + std::to_string(1e3 * r).substr(0, 5);
+      return text;
+    };
     std::printf("pipeline costs read off the last batch: forward %.4f s, backward %.4f s (W %.2f of it), send latency "
-                "%.2f ms (median of %d transfers), a receive per stage %s ms, load %.2f ms, step %.2f ms\n",
-                c.forward, c.backward, c.weight_share, 1e3 * c.send, measured.timed_transfers, receive.c_str(),
-                1e3 * c.load, 1e3 * c.optimizer_step);
+                "%.2f ms (median of %d transfers), a receive per stage %s ms, posting a send per stage %s ms, load %.2f ms, "
+                "step %.2f ms\n",
+                c.forward, c.backward, c.weight_share, 1e3 * c.send, measured.timed_transfers,
+                per_stage_ms(c.receive).c_str(), per_stage_ms(c.posting).c_str(), 1e3 * c.load, 1e3 * c.optimizer_step);
   }
   if (!timeline.empty() && ctx.rank() == 0) {
     // Every stage's lines, from the gathered timelines: one clock, from the first stage's start.

@@ -26,9 +26,32 @@ struct MeasuredCosts {
 //   receive: per stage, the median time its cross-stage receives took when posted at least the
 //     latency after their send began (the data there: the transport's own work, which on a host
 //     whose cores all compute includes waiting for one);
+//   posting: per stage, the median time its sends to another stage took it;
 //   load, optimizer_step: the mean; reduce_tied: the shortest (each includes the wait for the last
 //     stage to arrive; the last to arrive waits least).
 // Throws std::invalid_argument when a timeline is not its stage's list.
 MeasuredCosts measured_costs(const Schedule& schedule, const std::vector<std::vector<TimedInstruction>>& timelines);
+
+// Each instruction's own cost in the measured batch, for Costs::own (the batch replayed): compute,
+// loads, sends and the step as they took; a cross-stage receive what it took when posted at least
+// the latency after its send (its data there), else its stage's receive cost; V's turn 0.
+std::vector<std::vector<double>> own_costs(const Schedule& schedule, const MeasuredCosts& measured,
+                                           const std::vector<std::vector<TimedInstruction>>& timelines);
+
+// The idle each stage can expect from the run's costs with their spread. Mean costs let a stage wait
+// for the later of two producers at their means, but it waits for the later of their actual times,
+// and the mean of a maximum exceeds the maximum of the means (Jensen), so a measured stage idles more
+// than the mean-cost simulation says, the more so the more hand-offs its schedule has. Per draw,
+// each instruction costs one of the durations its kind (op and chunk) took on its stage in the
+// measured batch (own_costs: a receive's when its data was there), drawn with replacement (a
+// bootstrap, seeded: the same draws each call); the transfers' latency and the tied reduction as in
+// `measured.costs`. Per stage over `draws` simulations:
+// the mean idle fraction and its 10th and 90th percentiles.
+struct ExpectedIdle {
+  std::vector<double> mean, low, high;
+};
+ExpectedIdle expected_idle(const Schedule& schedule, const MeasuredCosts& measured,
+                           const std::vector<std::vector<TimedInstruction>>& timelines, int draws = 200,
+                           unsigned seed = 0);
 
 }  // namespace tessera::pipeline

@@ -177,6 +177,19 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
                                             [&](const std::vector<ChunkCosts>& c) { return static_cast<int>(c.size()) != v; })))
     throw std::invalid_argument("pipeline simulator: per-chunk costs for " + std::to_string(costs.chunks.size()) +
                                 " stages, the schedule has " + std::to_string(p) + " stages of " + std::to_string(v) + " chunks");
+  if (!costs.posting.empty() && static_cast<int>(costs.posting.size()) != p)
+    throw std::invalid_argument("pipeline simulator: posting costs for " + std::to_string(costs.posting.size()) +
+                                " stages, the schedule has " + std::to_string(p));
+  if (!costs.own.empty()) {
+    bool fits = static_cast<int>(costs.own.size()) == p;
+    for (int s = 0; fits && s < p; ++s) fits = costs.own[s].size() == schedule.stage[s].size();
+    if (!fits)
+      throw std::invalid_argument("pipeline simulator: each instruction's own cost must be given for every stage's list "
+                                  "of schedule \"" + schedule.name + "\" (" + std::to_string(costs.own.size()) + " lists for " +
+                                  std::to_string(p) + " stages, or a list of another length)");
+  }
+  // What stage s's next instruction takes of itself: its own measured cost when given.
+  auto own_or = [&](int s, double modelled) { return costs.own.empty() ? modelled : costs.own[s][pc[s]]; };
   // The model's first chunk sends no input gradient: the executor runs its whole backward at W.
   auto chunk_costs = [&](int s, int chunk) {
     if (!costs.chunks.empty()) return costs.chunks[s][chunk];
@@ -194,19 +207,22 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
     const Instruction& ins = schedule.stage[s][pc[s]];
     const double now = clock[s];
     switch (ins.op) {
-      case Op::LoadMicroBatch: record(s, ins, now, now + costs.load); return true;
-      case Op::Forward:
+      case Op::LoadMicroBatch: record(s, ins, now, now + own_or(s, costs.load)); return true;
+      case Op::Forward: {
         held[s] += 1;
         sim.peak_activations[s] = std::max(sim.peak_activations[s], held[s]);
         if (!schedule.training && layout.last(s, ins.chunk)) held[s] -= 1;
-        sim.busy[s] += chunk_costs(s, ins.chunk).forward;
-        record(s, ins, now, now + chunk_costs(s, ins.chunk).forward);
+        const double cost = own_or(s, chunk_costs(s, ins.chunk).forward);
+        sim.busy[s] += cost;
+        record(s, ins, now, now + cost);
         return true;
+      }
       case Op::Backward:
       case Op::BackwardWeight: {
         // Activations are held until the last part of the backward that reads them.
         const bool frees = schedule.split_backward == (ins.op == Op::BackwardWeight);
-        const double cost = ins.op == Op::Backward ? chunk_costs(s, ins.chunk).backward : chunk_costs(s, ins.chunk).weight;
+        const double cost =
+            own_or(s, ins.op == Op::Backward ? chunk_costs(s, ins.chunk).backward : chunk_costs(s, ins.chunk).weight);
         if (frees) held[s] -= 1;
         sim.busy[s] += cost;
         record(s, ins, now, now + cost);
@@ -217,8 +233,9 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         if (!schedule.training && ins.op == Op::SendActivation) held[s] -= 1;  // nothing kept for a backward
         // V's turn hands over in-process: no link to cross.
         const int to = ins.op == Op::SendActivation ? layout.next_stage(s, ins.chunk) : layout.previous_stage(s, ins.chunk);
+        const double posting = own_or(s, to == s || costs.posting.empty() ? 0.0 : costs.posting[s]);
         sent[{s, ins.op, ins.micro_batch, ins.chunk}] = now + (to == s ? 0.0 : costs.send);
-        record(s, ins, now, now);
+        record(s, ins, now, now + posting);
         return true;
       }
       case Op::RecvActivation:
@@ -226,7 +243,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         const SendKey from = matching_send(layout, ins, s);
         auto it = sent.find(from);
         if (it == sent.end()) return false;
-        const double receive = from.stage != s && !costs.receive.empty() ? costs.receive[s] : 0.0;
+        const double receive = from.stage == s ? 0.0 : own_or(s, costs.receive.empty() ? 0.0 : costs.receive[s]);
         record(s, ins, now, std::max(now + receive, it->second));
         sent.erase(it);
         return true;
@@ -239,7 +256,7 @@ Simulation simulate(const Schedule& schedule, const Costs& costs) {
         for (int other = 0; other < p; ++other) record(other, schedule.stage[other][pc[other]], start, start + costs.reduce_tied);
         return true;
       }
-      case Op::OptimizerStep: record(s, ins, now, now + costs.optimizer_step); return true;
+      case Op::OptimizerStep: record(s, ins, now, now + own_or(s, costs.optimizer_step)); return true;
     }
     return false;
   };

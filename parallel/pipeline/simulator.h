@@ -37,6 +37,14 @@ struct Costs {
   // When set, chunks[s][c] is stage s's local chunk c as it is (a measured run's stages differ:
   // the embedding, the head and the loss sit on some), in place of the three above.
   std::vector<std::vector<ChunkCosts>> chunks;
+  // When set, posting[s]: what a send to another stage takes stage s itself (the transport queueing
+  // it; the stage goes on while it travels).
+  std::vector<double> posting;
+  // When set, own[s][i]: what stage s's i-th instruction takes of itself, in place of the costs above
+  // (a receive: what it takes once its data is there, in place of receive[s]): a measured batch
+  // replayed, or its costs redrawn (measured_costs.h). A receive still waits for its data; the tied
+  // reduction waits for every stage and costs reduce_tied.
+  std::vector<std::vector<double>> own;
 };
 
 struct TimedInstruction {

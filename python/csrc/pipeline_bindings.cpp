@@ -55,6 +55,17 @@ pipeline::Op op_of_name(const std::string& name) {
   throw std::invalid_argument("tessera.pipeline: no pipeline instruction is called \"" + name + "\"");
 }
 
+// Each stage's last_report()["timeline"]: (op, micro-batch, chunk, start, end) in its list's order.
+using TimelineRows = std::vector<std::vector<std::tuple<std::string, int, int, double, double>>>;
+std::vector<std::vector<pipeline::TimedInstruction>> timelines_of(const TimelineRows& rows) {
+  std::vector<std::vector<pipeline::TimedInstruction>> timelines;
+  for (const auto& stage : rows) {
+    timelines.emplace_back();
+    for (const auto& [op, mb, chunk, start, end] : stage) timelines.back().push_back({{op_of_name(op), mb, chunk}, start, end});
+  }
+  return timelines;
+}
+
 }  // namespace
 
 void bind_pipeline(py::module& m) {
@@ -100,14 +111,16 @@ void bind_pipeline(py::module& m) {
   // fraction and peak activations with the given costs (a stage's forward, its whole backward, W's
   // share of it in split schedules, a transfer's latency, a load, the tied reduction, the step; or
   // `chunk_costs`, each stage's chunks' (F, B, W), in place of the first three; `receive`, what a
-  // receive takes on each stage when its data is there).
+  // receive takes on each stage when its data is there; `posting`, what a send to another stage takes
+  // each stage; `own`, each stage's instructions' own costs in its list's order: a batch replayed).
   pipe.def("simulate",
            [](const std::string& name, int stages, int micro_batches, int chunks, double forward, double backward,
               double weight_share, double send, double load, double reduce_tied, double optimizer_step,
               const std::vector<std::vector<std::tuple<double, double, double>>>& chunk_costs,
-              const std::vector<double>& receive) {
+              const std::vector<double>& receive, const std::vector<double>& posting,
+              const std::vector<std::vector<double>>& own) {
              pipeline::Costs costs;
-             costs.receive = receive;
+             costs.receive = receive, costs.posting = posting, costs.own = own;
              costs.forward = forward, costs.backward = backward, costs.weight_share = weight_share;
              costs.send = send, costs.load = load, costs.reduce_tied = reduce_tied, costs.optimizer_step = optimizer_step;
              for (const auto& stage : chunk_costs) {
@@ -134,22 +147,17 @@ void bind_pipeline(py::module& m) {
            py::arg("backward") = 2.0, py::arg("weight_share") = 0.5, py::arg("send") = 0.0, py::arg("load") = 0.0,
            py::arg("reduce_tied") = 0.0, py::arg("optimizer_step") = 0.0,
            py::arg("chunk_costs") = std::vector<std::vector<std::tuple<double, double, double>>>{},
-           py::arg("receive") = std::vector<double>{});
+           py::arg("receive") = std::vector<double>{}, py::arg("posting") = std::vector<double>{},
+           py::arg("own") = std::vector<std::vector<double>>{});
   // The costs a measured batch ran with (parallel/pipeline/measured_costs.h), as simulate()'s keywords
   // (chunk_costs: each stage's chunks' (F, B, W)) plus timed_transfers: `timelines[s]` is stage s's
   // last_report()["timeline"], (op, micro-batch, chunk, start, end) in its list's order, the times on
   // one clock (plus its "began": the stages of one host share it).
   pipe.def("measured_costs",
            [](const std::string& name, int stages, int micro_batches, int chunks,
-              const std::vector<std::vector<std::tuple<std::string, int, int, double, double>>>& rows) {
+              const TimelineRows& rows) {
              const pipeline::Schedule schedule = pipeline::make_schedule(name, stages, micro_batches, chunks);
-             std::vector<std::vector<pipeline::TimedInstruction>> timelines;
-             for (const auto& stage : rows) {
-               timelines.emplace_back();
-               for (const auto& [op, mb, chunk, start, end] : stage)
-                 timelines.back().push_back({{op_of_name(op), mb, chunk}, start, end});
-             }
-             const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
+             const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines_of(rows));
              const pipeline::Costs& c = measured.costs;
              py::dict d;
              d["forward"] = c.forward, d["backward"] = c.backward, d["weight_share"] = c.weight_share, d["send"] = c.send;
@@ -161,10 +169,31 @@ void bind_pipeline(py::module& m) {
              }
              d["chunk_costs"] = per_chunk;
              d["receive"] = c.receive;
+             d["posting"] = c.posting;
              d["timed_transfers"] = measured.timed_transfers;
              return d;
            },
            py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks"), py::arg("timelines"));
+  // The idle each stage can expect from a measured batch's costs with their spread
+  // (measured_costs.h expected_idle): per stage the mean idle fraction over `draws` simulations and
+  // its 10th and 90th percentiles; and "replayed", the simulator's idle with each instruction's own
+  // cost in the batch (own_costs): `timelines` as measured_costs takes them.
+  pipe.def("expected_idle",
+           [](const std::string& name, int stages, int micro_batches, int chunks, const TimelineRows& rows, int draws,
+              unsigned seed) {
+             const pipeline::Schedule schedule = pipeline::make_schedule(name, stages, micro_batches, chunks);
+             const std::vector<std::vector<pipeline::TimedInstruction>> timelines = timelines_of(rows);
+             const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
+             const pipeline::ExpectedIdle expected = pipeline::expected_idle(schedule, measured, timelines, draws, seed);
+             pipeline::Costs replay = measured.costs;
+             replay.own = pipeline::own_costs(schedule, measured, timelines);
+             py::dict d;
+             d["mean"] = expected.mean, d["low"] = expected.low, d["high"] = expected.high;
+             d["replayed"] = pipeline::simulate(schedule, replay).idle_fraction;
+             return d;
+           },
+           py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks"), py::arg("timelines"),
+           py::arg("draws") = 200, py::arg("seed") = 0u);
   pipe.def("broadcast_between_stages",
            [](ParallelContext& c, at::Tensor& t, const std::vector<int>& stages, int root_stage) {
              blocking([&] {

@@ -179,6 +179,16 @@ TEST_CASE("train_gpt: ZB-V (pp 2 and 4 - pp 2 x dp 2 at ZeRO 0-3 - pp 2 x tp 2) 
         flags);
     CHECK(contains(output, "zb_v schedule"));
     CHECK(contains(output, "pipeline costs read off the last batch"));
+    // Each stage's idle beside the simulation's and the idle its costs' spread leads to expect (a
+    // range around its mean).
+    const std::regex expected(R"re(simulated with the batch's measured costs: ([0-9.]+); expected with their spread: ([0-9.]+), ([0-9.]+)-([0-9.]+)\))re");
+    int stages_expected = 0;
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), expected); it != std::sregex_iterator(); ++it) {
+      ++stages_expected;
+      CHECK(std::stod((*it)[3]) <= std::stod((*it)[2]));
+      CHECK(std::stod((*it)[2]) <= std::stod((*it)[4]));
+    }
+    CHECK(stages_expected == r.pp);
     if (timeline) {
       // Every stage's list on one clock (each stage's times plus its batch's start on the host's
       // clock): no activation is received before the other stage began to send it.

@@ -2,14 +2,34 @@
 // the simulator's own timeline, made with known costs, is a measurement whose answer is known.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "parallel/pipeline/measured_costs.h"
 
 using namespace tessera::pipeline;
 
 namespace {
+
+// A batch whose instructions each took their own time: compute spread by ±`spread` of its mean,
+// varying along the list (a deterministic pattern); receives 0.1 once their data is there.
+Costs spread_costs(const Schedule& schedule, double spread) {
+  Costs c;
+  c.send = 0.25, c.receive.assign(schedule.stages, 0.1);
+  for (int s = 0; s < schedule.stages; ++s) {
+    c.own.emplace_back();
+    for (size_t i = 0; i < schedule.stage[s].size(); ++i) {
+      const Op op = schedule.stage[s][i].op;
+      const bool compute = op == Op::Forward || op == Op::Backward || op == Op::BackwardWeight;
+      const bool receive = op == Op::RecvActivation || op == Op::RecvGrad;
+      const double wobble = 1.0 + spread * std::sin(1.7 * static_cast<double>(i) + 2.3 * s);
+      c.own.back().push_back(compute ? (op == Op::Forward ? 1.0 : 1.5) * wobble : receive ? 0.1 : 0.01);
+    }
+  }
+  return c;
+}
 
 Costs some_costs(bool split) {
   Costs c;
@@ -31,7 +51,7 @@ TEST_CASE("measured_costs: the costs a simulated batch ran with, from its timeli
     for (const bool sends_cost : {true, false}) {
       INFO(c.name << " p " << c.p << " m " << c.m << " v " << c.v << (sends_cost ? ", sends with latency" : ", free sends"));
       Costs truth = some_costs(schedule.split_backward);
-      if (sends_cost) truth.receive.assign(c.p, 0.1);
+      if (sends_cost) truth.receive.assign(c.p, 0.1), truth.posting.assign(c.p, 0.02);
       else truth.send = 0;
       const Simulation ran = simulate(schedule, truth);
       const MeasuredCosts measured = measured_costs(schedule, ran.timeline);
@@ -48,6 +68,7 @@ TEST_CASE("measured_costs: the costs a simulated batch ran with, from its timeli
         read += r > 0;
       }
       CHECK((read > 0) == sends_cost);
+      for (int s = 0; s < c.p; ++s) CHECK(measured.costs.posting[s] == Approx(sends_cost ? 0.02 : 0.0).margin(1e-12));
       CHECK(measured.costs.load == Approx(truth.load));
       CHECK(measured.costs.reduce_tied == Approx(truth.reduce_tied));
       CHECK(measured.costs.optimizer_step == Approx(truth.optimizer_step));
@@ -108,4 +129,63 @@ TEST_CASE("measured_costs: each stage's chunks as they ran - an uneven pipeline 
   Costs wrong;
   wrong.chunks = {{ChunkCosts{1, 1, 1}}};
   CHECK_THROWS_WITH(simulate(schedule, wrong), Catch::Contains("per-chunk costs for 1 stages, the schedule has 2 stages of 1 chunks"));
+}
+
+TEST_CASE("own_costs: a batch whose every instruction took its own time is replayed exactly", "[pipeline]") {
+  for (const char* name : {"1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    const int v = std::string(name) == "interleaved_1f1b" || std::string(name) == "zb_v" ? 2 : 1;
+    const Schedule schedule = make_schedule(name, 4, 8, v);
+    INFO(name);
+    const Simulation ran = simulate(schedule, spread_costs(schedule, 0.3));
+    const MeasuredCosts measured = measured_costs(schedule, ran.timeline);
+    Costs replay = measured.costs;
+    replay.own = own_costs(schedule, measured, ran.timeline);
+    const Simulation again = simulate(schedule, replay);
+    CHECK(again.makespan == Approx(ran.makespan));
+    for (int s = 0; s < 4; ++s) CHECK(again.idle_fraction[s] == Approx(ran.idle_fraction[s]));
+    // The same batch timed by its mean costs idles less: a stage waits for the later of two
+    // producers at their means, not at their actual times.
+    double ran_idle = 0, mean_idle = 0;
+    const Simulation mean = simulate(schedule, measured.costs);
+    for (int s = 0; s < 4; ++s) ran_idle += ran.idle_fraction[s], mean_idle += mean.idle_fraction[s];
+    CHECK(mean_idle < ran_idle);
+  }
+}
+
+TEST_CASE("expected_idle: the mean over the costs redrawn from the batch's own spread", "[pipeline]") {
+  const Schedule schedule = make_schedule("zb_v", 4, 8, 2);
+  // Without spread every draw is the batch: mean, low and high are its idle.
+  Costs plain = some_costs(true);
+  plain.receive.assign(4, 0.1);
+  const Simulation steady = simulate(schedule, plain);
+  const ExpectedIdle same = expected_idle(schedule, measured_costs(schedule, steady.timeline), steady.timeline, 20);
+  for (int s = 0; s < 4; ++s) {
+    CHECK(same.mean[s] == Approx(steady.idle_fraction[s]));
+    CHECK(same.low[s] == Approx(steady.idle_fraction[s]));
+    CHECK(same.high[s] == Approx(steady.idle_fraction[s]));
+  }
+  // With spread: above the mean-cost simulation's on every stage, a range around it, the same draws
+  // for the same seed.
+  const Simulation ran = simulate(schedule, spread_costs(schedule, 0.3));
+  const MeasuredCosts measured = measured_costs(schedule, ran.timeline);
+  const Simulation mean = simulate(schedule, measured.costs);
+  const ExpectedIdle expected = expected_idle(schedule, measured, ran.timeline, 100, 7);
+  for (int s = 0; s < 4; ++s) {
+    INFO("stage " << s);
+    CHECK(expected.mean[s] > mean.idle_fraction[s]);
+    CHECK(expected.low[s] < expected.mean[s]);
+    CHECK(expected.high[s] > expected.mean[s]);
+  }
+  CHECK(expected_idle(schedule, measured, ran.timeline, 100, 7).mean == expected.mean);
+  CHECK_THROWS_WITH(expected_idle(schedule, measured, ran.timeline, 0), Catch::Contains("at least one draw, got 0"));
+}
+
+TEST_CASE("simulate: per-instruction and posting costs of another shape are refused", "[pipeline]") {
+  const Schedule schedule = make_schedule("1f1b", 2, 4);
+  Costs costs;
+  costs.posting = {0.1};
+  CHECK_THROWS_WITH(simulate(schedule, costs), Catch::Contains("posting costs for 1 stages, the schedule has 2"));
+  costs = spread_costs(schedule, 0.1);
+  costs.own[1].pop_back();
+  CHECK_THROWS_WITH(simulate(schedule, costs), Catch::Contains("own cost must be given for every stage's list"));
 }

@@ -6,6 +6,7 @@ AdamW; 1F1B, GPipe, ZB-H1, interleaved 1F1B and ZB-V (2 chunks per stage); pp 2 
 and 3 (gathered per batch, and per micro-batch under ZB-H1); pp 2 x tp 2 and pp 2 x dp 2 x tp 2;
 activation_checkpoint_interval; and
 fp16's overflow decision shared by the stages."""
+import math
 import re
 
 import pytest
@@ -95,6 +96,34 @@ def test_simulator_and_chunk_partition_from_python():
     with pytest.raises(ValueError, match=r"pipeline.virtual_stages 2 x pipeline.stages 4 = 8 model chunks do not "
                                          r"divide the 12 layers matching \"type:Block\""):
         pipeline.partition_chunks(blocks, 4, 2, "type:Block")
+
+
+def test_measured_costs_replay_and_expected_idle_from_python():
+    """measured_costs reads a batch's costs back off its timelines (posting a send among them);
+    expected_idle replays the batch exactly and, where its instructions' costs spread, expects more
+    idle than the simulation with their means."""
+    import tessera
+    pipeline = tessera._C.pipeline
+    args = ("zb_v", 2, 4, 2)
+    plain = pipeline.simulate(*args, 1.0, 2.0, 0.5, send=0.1, receive=[0.05, 0.05], posting=[0.01, 0.02])
+    costs = pipeline.measured_costs(*args, plain["timeline"])
+    assert costs["posting"] == pytest.approx([0.01, 0.02]) and costs["send"] == pytest.approx(0.1)
+    steady = pipeline.expected_idle(*args, plain["timeline"], draws=10)
+    assert steady["replayed"] == pytest.approx(plain["idle_fraction"])
+    assert steady["mean"] == pytest.approx(plain["idle_fraction"])
+    # Each compute instruction its own cost, spread +-30% along the list.
+    own = [[(1.0 if op == "Forward" else 1.5) * (1 + 0.3 * math.sin(1.7 * i + 2.3 * s))
+            if op in ("Forward", "Backward", "BackwardWeight") else 0.01
+            for i, (op, _, _, _, _) in enumerate(stage)] for s, stage in enumerate(plain["timeline"])]
+    ran = pipeline.simulate(*args, send=0.1, receive=[0.05, 0.05], own=own)
+    spread = pipeline.expected_idle(*args, ran["timeline"], draws=50, seed=3)
+    assert spread["replayed"] == pytest.approx(ran["idle_fraction"])
+    mean = pipeline.simulate(*args, **{k: v for k, v in pipeline.measured_costs(*args, ran["timeline"]).items()
+                                       if k != "timed_transfers"})
+    assert all(e > m for e, m in zip(spread["mean"], mean["idle_fraction"]))
+    assert all(lo <= e <= hi for lo, e, hi in zip(spread["low"], spread["mean"], spread["high"]))
+    with pytest.raises(ValueError, match="own cost must be given for every stage's list"):
+        pipeline.simulate(*args, own=[own[0]])
 
 
 def test_a_v_placed_module_and_the_schedule_must_agree():
