@@ -223,17 +223,18 @@ def main():
         expected = tessera._C.pipeline.expected_idle(args.schedule, args.stages, args.micro_batches, args.virtual,
                                                      timelines)
         result["simulator_costs_s"] = costs
-        mine = torch.zeros(world, 14, dtype=torch.float64)
+        mine = torch.zeros(world, 15, dtype=torch.float64)
         mine[rank] = torch.tensor([stage, report["idle_fraction"], sim["idle_fraction"][stage], report["peak_activations"],
                                    sim["peak_activations"][stage], report["seconds"], *idle_parts(report["timeline"]),
                                    balanced["idle_fraction"][stage], expected["mean"][stage], expected["low"][stage],
-                                   expected["high"][stage], expected["replayed"][stage]], dtype=torch.float64)
+                                   expected["high"][stage], expected["replayed"][stage], expected["measured"][stage]],
+                                  dtype=torch.float64)
         all_reduce(mine)
         result["stages_last_batch"] = [
             {"stage": int(r[0]), "idle": r[1], "simulated_idle": r[2], "held": int(r[3]), "simulated_held": int(r[4]),
              "batch_s": r[5], "recv_wait_s": r[6], "other_instructions_s": r[7], "between_instructions_s": r[8],
              "simulated_idle_balanced": r[9], "expected_idle": r[10], "expected_idle_range": [r[11], r[12]],
-             "replayed_idle": r[13]}
+             "replayed_idle": r[13], "idle_on_shared_span": r[14]}
             for r in mine.tolist()]
     if rank == 0:
         print(json.dumps(result), flush=True)

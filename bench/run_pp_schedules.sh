@@ -12,7 +12,8 @@
 #   pp2dp2-z1, pp2dp2-z3, pp2dp2-z3-micro                pp 2 x dp 2: ZeRO-1, ZeRO-3 gathered per
 #                                                        batch, ZeRO-3 gathered per micro-batch
 # Medians of ROUNDS interleaved rounds: samples/s, the ratios to tessera's 1F1B and DeepSpeed's at
-# the same pp, peak RSS per rank, and each stage's idle fraction in the last batch beside the
+# the same pp, peak RSS per rank, and each stage's idle fraction in the last batch (over the stages'
+# shared span on the host's clock, the simulator's definition: measured_costs.h measured_idle) beside the
 # simulator's: the schedule timed with the costs read off that batch (each stage's chunks' F, B and
 # W, the transfers' measured latency, the loads and step), the idle to expect with those costs'
 # spread (measured_costs.h expected_idle), the batch replayed with each instruction's own cost, and
@@ -84,7 +85,7 @@ for k in names:
     one = med.get(pp + "-1f1b") or med.get("pp2dp2-z1")
     ds = med.get(pp + "-deepspeed")
     stages = "; ".join("%d: %.3f (%.3f; %.3f [%.3f, %.3f]; %.3f; %.3f), %d (%d)" % (
-                           s["stage"], s["idle"], s["simulated_idle"], s["expected_idle"], *s["expected_idle_range"],
+                           s["stage"], s["idle_on_shared_span"], s["simulated_idle"], s["expected_idle"], *s["expected_idle_range"],
                            s["replayed_idle"], s["simulated_idle_balanced"], s["held"], s["simulated_held"])
                        for s in m.get("stages_last_batch", []))
     costs = m.get("simulator_costs_s")

@@ -299,6 +299,9 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
   const pipeline::Simulation sim = pipeline::simulate(schedule, measured.costs);
   // The same costs with their spread in this batch (the same on every rank: seeded).
   const pipeline::ExpectedIdle expected = pipeline::expected_idle(schedule, measured, timelines);
+  // Each stage's idle over the stages' shared span (the simulator's definition; a stage's own report
+  // is over its own span, shorter for a stage that ends early).
+  const std::vector<double> idle = pipeline::measured_idle(timelines);
   const MemoryReport memory = engine.engine().memory();
   constexpr int kFields = 9;
   at::Tensor mine = at::tensor({double(report.peak_activations), double(sim.peak_activations[s]), report.idle_fraction(),
@@ -310,10 +313,10 @@ void report_pipeline(PipelineEngine& engine, ParallelContext& ctx, const std::st
   if (ctx.rank() == 0)
     for (int k = 0; k < stages; ++k) {
       const double* v = all.data_ptr<double>() + kFields * k;
-      std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch's %.3f s "
-                  "(simulated with the batch's measured costs: %.3f; expected with their spread: %.3f, %.3f-%.3f); "
-                  "peak rss %.0f MiB; parameters %.0f bytes held, gathered now %.0f, at most %.0f\n",
-                  k, int(v[0]), int(v[1]), v[2], v[4], v[3], expected.mean[k], expected.low[k], expected.high[k],
+      std::printf("pipeline stage %d: held %d micro-batches (simulated %d); idle %.3f of the last batch (%.3f of "
+                  "its own %.3f s; simulated with the batch's measured costs: %.3f; expected with their spread: %.3f, "
+                  "%.3f-%.3f); peak rss %.0f MiB; parameters %.0f bytes held, gathered now %.0f, at most %.0f\n",
+                  k, int(v[0]), int(v[1]), idle[k], v[2], v[4], v[3], expected.mean[k], expected.low[k], expected.high[k],
                   v[5] / 1048576.0, v[6], v[7], v[8]);
     }
   if (ctx.rank() == 0) {

@@ -132,6 +132,21 @@ MeasuredCosts measured_costs(const Schedule& schedule, const std::vector<std::ve
   return measured;
 }
 
+std::vector<double> measured_idle(const std::vector<std::vector<TimedInstruction>>& timelines) {
+  double first = std::numeric_limits<double>::infinity(), last = -first;
+  for (const std::vector<TimedInstruction>& timeline : timelines)
+    if (!timeline.empty()) first = std::min(first, timeline.front().start), last = std::max(last, timeline.back().end);
+  std::vector<double> idle;
+  for (const std::vector<TimedInstruction>& timeline : timelines) {
+    double busy = 0;
+    for (const TimedInstruction& t : timeline)
+      if (t.instruction.op == Op::Forward || t.instruction.op == Op::Backward || t.instruction.op == Op::BackwardWeight)
+        busy += t.end - t.start;
+    idle.push_back(last > first ? 1.0 - busy / (last - first) : 0.0);
+  }
+  return idle;
+}
+
 std::vector<std::vector<double>> own_costs(const Schedule& schedule, const MeasuredCosts& measured,
                                            const std::vector<std::vector<TimedInstruction>>& timelines) {
   check_timelines(schedule, timelines);

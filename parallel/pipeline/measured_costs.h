@@ -32,6 +32,12 @@ struct MeasuredCosts {
 // Throws std::invalid_argument when a timeline is not its stage's list.
 MeasuredCosts measured_costs(const Schedule& schedule, const std::vector<std::vector<TimedInstruction>>& timelines);
 
+// Each stage's idle fraction over the batch's span on the shared clock, from the first stage's
+// start to the last stage's end: the simulator's definition (1 − busy / makespan). A stage's own
+// BatchReport::idle_fraction is over its own span, which a stage that ends early (one without tied
+// weights, which waits for the others in the step or the next batch's first receive) shortens.
+std::vector<double> measured_idle(const std::vector<std::vector<TimedInstruction>>& timelines);
+
 // Each instruction's own cost in the measured batch, for Costs::own (the batch replayed): compute,
 // loads, sends and the step as they took; a cross-stage receive what it took when posted at least
 // the latency after its send (its data there), else its stage's receive cost; V's turn 0.

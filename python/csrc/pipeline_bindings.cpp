@@ -176,8 +176,9 @@ void bind_pipeline(py::module& m) {
            py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks"), py::arg("timelines"));
   // The idle each stage can expect from a measured batch's costs with their spread
   // (measured_costs.h expected_idle): per stage the mean idle fraction over `draws` simulations and
-  // its 10th and 90th percentiles; and "replayed", the simulator's idle with each instruction's own
-  // cost in the batch (own_costs): `timelines` as measured_costs takes them.
+  // its 10th and 90th percentiles; "replayed", the simulator's idle with each instruction's own cost
+  // in the batch (own_costs); "measured", the batch's own idle on the simulator's definition (over
+  // the stages' shared span: measured_idle): `timelines` as measured_costs takes them.
   pipe.def("expected_idle",
            [](const std::string& name, int stages, int micro_batches, int chunks, const TimelineRows& rows, int draws,
               unsigned seed) {
@@ -190,6 +191,7 @@ void bind_pipeline(py::module& m) {
              py::dict d;
              d["mean"] = expected.mean, d["low"] = expected.low, d["high"] = expected.high;
              d["replayed"] = pipeline::simulate(schedule, replay).idle_fraction;
+             d["measured"] = pipeline::measured_idle(timelines);
              return d;
            },
            py::arg("schedule"), py::arg("stages"), py::arg("micro_batches"), py::arg("chunks"), py::arg("timelines"),

@@ -73,10 +73,15 @@ TEST_CASE("measured_costs: the costs a simulated batch ran with, from its timeli
       CHECK(measured.costs.reduce_tied == Approx(truth.reduce_tied));
       CHECK(measured.costs.optimizer_step == Approx(truth.optimizer_step));
       CHECK(measured.timed_transfers > 0);
-      // Timed again with what was read, the batch is the same batch.
+      // Timed again with what was read, the batch is the same batch; its idle measured on the
+      // stages' shared span is the simulator's.
       const Simulation again = simulate(schedule, measured.costs);
       CHECK(again.makespan == Approx(ran.makespan));
-      for (int s = 0; s < c.p; ++s) CHECK(again.idle_fraction[s] == Approx(ran.idle_fraction[s]));
+      const std::vector<double> idle = measured_idle(ran.timeline);
+      for (int s = 0; s < c.p; ++s) {
+        CHECK(again.idle_fraction[s] == Approx(ran.idle_fraction[s]));
+        CHECK(idle[s] == Approx(ran.idle_fraction[s]));
+      }
     }
   }
 }
@@ -188,4 +193,15 @@ TEST_CASE("simulate: per-instruction and posting costs of another shape are refu
   costs = spread_costs(schedule, 0.1);
   costs.own[1].pop_back();
   CHECK_THROWS_WITH(simulate(schedule, costs), Catch::Contains("own cost must be given for every stage's list"));
+}
+
+TEST_CASE("measured_idle: over the stages' shared span, not each stage's own", "[pipeline]") {
+  // Stage 0 computes 0-1 and ends; stage 1 waits, computes 0.5-2.5. Over its own span stage 0 never
+  // idles; over the batch's (0-2.5) it idles 60%.
+  const std::vector<std::vector<TimedInstruction>> timelines{
+      {{{Op::Forward, 0}, 0.0, 1.0}, {{Op::SendActivation, 0}, 1.0, 1.0}},
+      {{{Op::RecvActivation, 0}, 0.2, 0.5}, {{Op::Forward, 0}, 0.5, 2.5}}};
+  const std::vector<double> idle = measured_idle(timelines);
+  CHECK(idle[0] == Approx(0.6));
+  CHECK(idle[1] == Approx(0.2));
 }

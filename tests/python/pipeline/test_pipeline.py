@@ -111,6 +111,7 @@ def test_measured_costs_replay_and_expected_idle_from_python():
     steady = pipeline.expected_idle(*args, plain["timeline"], draws=10)
     assert steady["replayed"] == pytest.approx(plain["idle_fraction"])
     assert steady["mean"] == pytest.approx(plain["idle_fraction"])
+    assert steady["measured"] == pytest.approx(plain["idle_fraction"])  # the simulator's own batch, measured
     # Each compute instruction its own cost, spread +-30% along the list.
     own = [[(1.0 if op == "Forward" else 1.5) * (1 + 0.3 * math.sin(1.7 * i + 2.3 * s))
             if op in ("Forward", "Backward", "BackwardWeight") else 0.01
