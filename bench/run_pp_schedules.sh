@@ -4,7 +4,7 @@
 # 128) as one layer list both engines take, fp32 AdamW, 8 micro-batches of MICRO sequences a step,
 # 1 thread per rank, Gloo.
 #   p4-gpipe, p4-1f1b, p4-interleaved (v 3: the 12 blocks in 12 chunks), p4-zb_h1, p4-zb_v (8
-#   chunks in a V: LAYERS=16, or 12 blocks fail to divide)
+#   chunks in a V: LAYERS=16, or 12 blocks fail to divide), p4-interleaved-v2 (8 chunks: LAYERS=16)
 #                                                        tessera.pipe on 4 ranks, pp 4, ZeRO-1
 #   p4-deepspeed                                         DeepSpeed 0.19.8's PipelineEngine (1F1B), ZeRO-1
 #   p2-1f1b, p2-gpipe, p2-interleaved (v 2), p2-zb_h1, p2-zb_v, p2-deepspeed
@@ -45,6 +45,7 @@ for round in $(seq 1 "$rounds"); do
       p4-gpipe) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule gpipe) ;;
       p4-1f1b) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule 1f1b) ;;
       p4-interleaved) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule interleaved_1f1b --virtual 3) ;;
+      p4-interleaved-v2) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule interleaved_1f1b --virtual 2) ;;
       p4-zb_h1) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_h1) ;;
       p4-zb_v) ranks=4 cmd=("${tessera[@]}" --stages 4 --schedule zb_v --virtual 2) ;;
       p4-deepspeed) ranks=4 cmd=("${deepspeed[@]}" --stages 4) ;;
