@@ -5,7 +5,6 @@
 #include <limits>
 #include <map>
 #include <random>
-#include <tuple>
 #include <stdexcept>
 #include <string>
 

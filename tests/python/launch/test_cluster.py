@@ -155,6 +155,7 @@ t = torch.ones(1)
 torch.distributed.all_reduce(t)
 print("rank %s reduced %s" % (os.environ["RANK"], t.item()), flush=True)  # one write: ranks share the stream
 if os.environ["RANK"] == "3":
+    time.sleep(1)  # every rank's line relayed to the launcher first: stopping the hosts drops what is in flight
     os._exit(7)
 for _ in range(6000):
     torch.distributed.all_reduce(t)
