@@ -169,26 +169,29 @@ ExpectedIdle expected_idle(const Schedule& schedule, const MeasuredCosts& measur
   if (draws < 1) throw std::invalid_argument("pipeline: expected_idle needs at least one draw, got " + std::to_string(draws));
   const std::vector<std::vector<double>> own = own_costs(schedule, measured, timelines);
   const int p = schedule.stages;
-  // Per stage, each kind's own costs in the measured batch: (op, chunk) -> what its instructions took.
+  // Per stage, each kind's own costs in the measured batch: (op, chunk) -> what its instructions took;
+  // and per instruction the pool it draws from.
   std::vector<std::map<std::pair<Op, int>, std::vector<double>>> took(p);
   for (int s = 0; s < p; ++s)
     for (size_t i = 0; i < own[s].size(); ++i) took[s][{schedule.stage[s][i].op, schedule.stage[s][i].chunk}].push_back(own[s][i]);
-  std::mt19937 random(seed);
+  std::vector<std::vector<const std::vector<double>*>> pool(p);
+  for (int s = 0; s < p; ++s)
+    for (const Instruction& ins : schedule.stage[s]) pool[s].push_back(&took[s][{ins.op, ins.chunk}]);
+  ExpectedIdle expected;
   Costs costs = measured.costs;
-  costs.own.assign(p, {});
+  costs.own = own;
+  expected.replayed = simulate(schedule, costs).idle_fraction;
+  std::mt19937 random(seed);
   std::vector<std::vector<double>> idle(p);
   for (int draw = 0; draw < draws; ++draw) {
-    for (int s = 0; s < p; ++s) {
-      costs.own[s].clear();
-      for (const Instruction& ins : schedule.stage[s]) {
-        const std::vector<double>& kind = took[s][{ins.op, ins.chunk}];
-        costs.own[s].push_back(kind[std::uniform_int_distribution<size_t>(0, kind.size() - 1)(random)]);
+    for (int s = 0; s < p; ++s)
+      for (size_t i = 0; i < pool[s].size(); ++i) {
+        const std::vector<double>& kind = *pool[s][i];
+        costs.own[s][i] = kind[std::uniform_int_distribution<size_t>(0, kind.size() - 1)(random)];
       }
-    }
     const Simulation sim = simulate(schedule, costs);
     for (int s = 0; s < p; ++s) idle[s].push_back(sim.idle_fraction[s]);
   }
-  ExpectedIdle expected;
   for (std::vector<double>& fractions : idle) {
     std::sort(fractions.begin(), fractions.end());
     double sum = 0;

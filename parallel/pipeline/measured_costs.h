@@ -51,10 +51,12 @@ std::vector<std::vector<double>> own_costs(const Schedule& schedule, const Measu
 // each instruction costs one of the durations its kind (op and chunk) took on its stage in the
 // measured batch (own_costs: a receive's when its data was there), drawn with replacement (a
 // bootstrap, seeded: the same draws each call); the transfers' latency and the tied reduction as in
-// `measured.costs`. Per stage over `draws` simulations:
-// the mean idle fraction and its 10th and 90th percentiles.
+// `measured.costs`. Per stage over `draws` simulations: the mean idle fraction and its 10th and
+// 90th percentiles; and `replayed`, the idle of the batch replayed with each instruction's own cost
+// (where it matches the measured idle, the simulator's model of the executor is right and what
+// the mean-cost simulation misses is the spread).
 struct ExpectedIdle {
-  std::vector<double> mean, low, high;
+  std::vector<double> mean, low, high, replayed;
 };
 ExpectedIdle expected_idle(const Schedule& schedule, const MeasuredCosts& measured,
                            const std::vector<std::vector<TimedInstruction>>& timelines, int draws = 200,

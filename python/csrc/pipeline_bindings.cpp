@@ -177,20 +177,18 @@ void bind_pipeline(py::module& m) {
   // The idle each stage can expect from a measured batch's costs with their spread
   // (measured_costs.h expected_idle): per stage the mean idle fraction over `draws` simulations and
   // its 10th and 90th percentiles; "replayed", the simulator's idle with each instruction's own cost
-  // in the batch (own_costs); "measured", the batch's own idle on the simulator's definition (over
+  // in the batch; "measured", the batch's own idle on the simulator's definition (over
   // the stages' shared span: measured_idle): `timelines` as measured_costs takes them.
   pipe.def("expected_idle",
            [](const std::string& name, int stages, int micro_batches, int chunks, const TimelineRows& rows, int draws,
               unsigned seed) {
              const pipeline::Schedule schedule = pipeline::make_schedule(name, stages, micro_batches, chunks);
              const std::vector<std::vector<pipeline::TimedInstruction>> timelines = timelines_of(rows);
-             const pipeline::MeasuredCosts measured = pipeline::measured_costs(schedule, timelines);
-             const pipeline::ExpectedIdle expected = pipeline::expected_idle(schedule, measured, timelines, draws, seed);
-             pipeline::Costs replay = measured.costs;
-             replay.own = pipeline::own_costs(schedule, measured, timelines);
+             const pipeline::ExpectedIdle expected =
+                 pipeline::expected_idle(schedule, pipeline::measured_costs(schedule, timelines), timelines, draws, seed);
              py::dict d;
              d["mean"] = expected.mean, d["low"] = expected.low, d["high"] = expected.high;
-             d["replayed"] = pipeline::simulate(schedule, replay).idle_fraction;
+             d["replayed"] = expected.replayed;
              d["measured"] = pipeline::measured_idle(timelines);
              return d;
            },

@@ -178,6 +178,7 @@ TEST_CASE("expected_idle: the mean over the costs redrawn from the batch's own s
   for (int s = 0; s < 4; ++s) {
     INFO("stage " << s);
     CHECK(expected.mean[s] > mean.idle_fraction[s]);
+    CHECK(expected.replayed[s] == Approx(ran.idle_fraction[s]));  // the batch itself
     CHECK(expected.low[s] < expected.mean[s]);
     CHECK(expected.high[s] > expected.mean[s]);
   }
